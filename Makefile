@@ -1,0 +1,34 @@
+# Each target does its own set-up: a fresh clone needs only `make demo` or `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?= -m "not slow"
+
+.PHONY: venv test test-all demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# The CPU build of torch first: a bare `torch` requirement could pull a multi-GB CUDA build.
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	MOLPREDICT_LOAD_PLUGINS= $(PY) -m pytest -q $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+test-all: PYTEST_ARGS =
+test-all: test
+
+demo: $(STAMP)
+	$(PY) -m molpredict.demo
+
+bench: $(STAMP)
+	$(PY) benchmarks/engine.py --out bench-out
+
+clean:
+	rm -rf $(VENV) bench-out .pytest_cache

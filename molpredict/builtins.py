@@ -1,0 +1,65 @@
+"""The built-in components, registered through the same hooks as any third-party plugin.
+
+Targets are lazy ``"module:Class"`` references so that ``molpredict --help`` imports no numerical code.
+"""
+from __future__ import annotations
+
+from .hookspecs import Register, hookimpl
+
+INPUT_KERNELS = {
+    "ppk": "molpredict.kernels.spectra:PPKernel",
+    "ppk-losses": "molpredict.kernels.spectra:PPKLossesKernel",
+    "cosine": "molpredict.kernels.spectra:CosineKernel",
+}
+OUTPUT_KERNELS = {
+    "tanimoto": "molpredict.kernels.fingerprints:TanimotoKernel",
+    "gaussian-tanimoto": "molpredict.kernels.fingerprints:GaussianTanimotoKernel",
+    "wl-subtree": "molpredict.kernels.graphs:WLSubtreeKernel",
+    "nspd": "molpredict.kernels.graphs:NSPDKernel",
+    "core-wl": "molpredict.kernels.graphs:CoreWLKernel",
+}
+SKETCHES = {
+    "subsample": "molpredict.sketches:SubsampleSketch",
+    "gaussian": "molpredict.sketches:GaussianSketch",
+    "p-sparsified-rademacher": "molpredict.sketches:PSparsifiedRademacherSketch",
+    "p-sparsified-gaussian": "molpredict.sketches:PSparsifiedGaussianSketch",
+    "accumulation": "molpredict.sketches:AccumulationSketch",
+    "adaptive": "molpredict.sketches:AdaptiveSketch",
+}
+MODELS = {
+    "iokr": "molpredict.models.okr:IOKR",
+    "siokr": "molpredict.models.okr:SIOKR",
+    "isokr": "molpredict.models.okr:ISOKR",
+    "sisokr": "molpredict.models.okr:SISOKR",
+}
+ENCODERS: dict[str, str] = {}
+
+
+def _register_all(register: Register, table: dict[str, str]) -> None:
+    for name, target in table.items():
+        register(name, target)
+
+
+@hookimpl
+def register_input_kernels(register: Register) -> None:
+    _register_all(register, INPUT_KERNELS)
+
+
+@hookimpl
+def register_output_kernels(register: Register) -> None:
+    _register_all(register, OUTPUT_KERNELS)
+
+
+@hookimpl
+def register_sketches(register: Register) -> None:
+    _register_all(register, SKETCHES)
+
+
+@hookimpl
+def register_models(register: Register) -> None:
+    _register_all(register, MODELS)
+
+
+@hookimpl
+def register_encoders(register: Register) -> None:
+    _register_all(register, ENCODERS)

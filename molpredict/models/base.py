@@ -1,0 +1,70 @@
+"""The ``Model`` ABC: every model scores candidates by a dot product in a d-dimensional output space.
+
+IOKR-family models, DSOKR and the baselines all reduce decoding to
+
+    score(x, c) = predict_coordinates(x) . candidate_coordinates(c)
+
+where ``predict_coordinates`` maps inputs to R^d (SISOKR: coefficients over the m_y sketched training outputs;
+DSOKR: the network's g(x) in the sketched eigenbasis) and ``candidate_coordinates`` maps molecules to R^d
+(SISOKR: R_y K_y(train, c); DSOKR: psi~(c)). Candidate coordinates depend only on the fitted output side, so
+they are computed once per (model, molecule) and cached on disk (``coordinates_key`` names that output side).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..component import Component
+
+__all__ = ["Model"]
+
+
+class Model(Component, ABC):
+    """A fitted mapping from inputs to output coordinates, and from molecules to the same coordinates."""
+
+    #: what the model takes as inputs: "spectrum" or "text"
+    input_type: str = "spectrum"
+
+    @abstractmethod
+    def fit(self, inputs: Sequence[Any], molecules: Sequence[Any],
+            val: tuple[Sequence[Any], Sequence[Any]] | None = None) -> "Model":
+        """Train on inputs (``Spectrum`` records or strings) and their ``Molecule`` labels.
+
+        ``val`` = (val_inputs, val_molecules) selects grid parameters by validation kernel loss.
+        """
+
+    @abstractmethod
+    def predict_coordinates(self, inputs: Sequence[Any]) -> np.ndarray:
+        """ndarray of shape (n_inputs, d), float64."""
+
+    @abstractmethod
+    def candidate_coordinates(self, molecules: Sequence[Any]) -> np.ndarray:
+        """ndarray of shape (n_molecules, d), float64."""
+
+    def score(self, inputs: Sequence[Any], candidates: Sequence[Any]) -> np.ndarray:
+        """Scores of every candidate for every input, shape (n_inputs, n_candidates); higher is better."""
+        return self.predict_coordinates(inputs) @ self.candidate_coordinates(candidates).T
+
+    @abstractmethod
+    def get_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The fitted state: (named arrays, JSON-serialisable metadata). No pickled objects."""
+
+    @classmethod
+    @abstractmethod
+    def from_state(cls, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> "Model":
+        """Rebuild a fitted model from :meth:`get_state`'s output."""
+
+    def coordinates_key(self) -> str:
+        """A content hash of everything that determines :meth:`candidate_coordinates` (the cache key)."""
+        arrays, metadata = self.get_state()
+        digest = hashlib.sha256()
+        digest.update(json.dumps(metadata.get("output", metadata), sort_keys=True, default=str).encode())
+        for name in sorted(arrays):
+            if name.startswith("output"):
+                digest.update(name.encode())
+                digest.update(np.ascontiguousarray(arrays[name]).tobytes())
+        return digest.hexdigest()[:32]

@@ -1,0 +1,348 @@
+"""The plugin registry: one pluggy manager that collects input kernels, output kernels, sketches, models and
+encoders from the built-ins, from installed entry points (group ``molpredict``) and from a directory of
+``*.py`` plugin files.
+
+Environment
+-----------
+MOLPREDICT_LOAD_PLUGINS
+    Comma-separated names of the external plugins to load (entry-point names or plugin-file stems). Unset:
+    all; empty string: none (the test suite sets this so installed plugins never leak into tests).
+MOLPREDICT_BLOCK_PLUGINS
+    Comma-separated names of external plugins never to load.
+MOLPREDICT_PLUGINS_DIR
+    A directory of ``*.py`` plugin files (the CLI's ``--plugins-dir`` sets it).
+MOLPREDICT_STRICT_PLUGINS
+    ``1``: a plugin that fails to load is a fatal error instead of a one-line warning.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import inspect
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import pluggy
+
+from . import hookspecs
+from .errors import PluginError, SpecError
+from .specs import ComponentSpec, parse_spec
+
+__all__ = [
+    "KINDS",
+    "Entry",
+    "PluginFailure",
+    "Registry",
+    "get_registry",
+    "reset_registry",
+    "create",
+]
+
+#: kind -> hook name. The order is the order of ``plugins list``.
+KINDS: dict[str, str] = {
+    "input_kernel": "register_input_kernels",
+    "output_kernel": "register_output_kernels",
+    "sketch": "register_sketches",
+    "model": "register_models",
+    "encoder": "register_encoders",
+}
+BUILTIN_PROVIDER = "molpredict"
+ENTRY_POINT_GROUP = "molpredict"
+
+
+@dataclass
+class Entry:
+    """One registered component.
+
+    Attributes
+    ----------
+    name, kind : str
+        Registry name and kind (a key of :data:`KINDS`).
+    provider : str
+        The plugin that registered it (``molpredict`` for built-ins).
+    version : str
+        The provider's version.
+    target : type or str
+        The class, or a lazy ``"package.module:ClassName"`` reference imported on first use.
+    """
+
+    name: str
+    kind: str
+    provider: str
+    version: str
+    target: Any
+    _loaded: Any = field(default=None, repr=False)
+
+    def load(self) -> type:
+        """The component class (imported on first use); sets its ``registry_name``."""
+        if self._loaded is None:
+            target = self.target
+            if isinstance(target, str):
+                module_name, _, attr = target.partition(":")
+                try:
+                    target = getattr(importlib.import_module(module_name), attr)
+                except (ImportError, AttributeError) as exc:
+                    raise PluginError(
+                        f"{self.kind} {self.name!r} from plugin {self.provider!r} could not be loaded "
+                        f"({target}): {exc}") from exc
+            try:
+                target.registry_name = self.name
+            except (AttributeError, TypeError):
+                pass
+            self._loaded = target
+        return self._loaded
+
+
+@dataclass
+class PluginFailure:
+    """A plugin that could not be loaded or registered, with the reason in one line."""
+
+    plugin: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"plugin {self.plugin!r} skipped: {self.reason}"
+
+
+def _env_list(name: str) -> list[str] | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _one_line(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return " ".join(text.split())
+
+
+class Registry:
+    """Name -> component maps per kind, built from a pluggy plugin manager.
+
+    Use :func:`get_registry` for the process-wide instance; construct one directly in tests.
+
+    Parameters
+    ----------
+    plugins_dir : str or Path, optional
+        A directory of ``*.py`` plugin files (default: ``MOLPREDICT_PLUGINS_DIR``).
+    load_external : bool
+        Load entry points and the plugins directory (subject to the allow/block lists).
+    strict : bool, optional
+        Raise on a failing plugin (default: ``MOLPREDICT_STRICT_PLUGINS=1``).
+    extra_plugins : iterable, optional
+        Plugin objects (modules or instances with hook implementations) registered after the built-ins.
+    """
+
+    def __init__(self, plugins_dir: str | os.PathLike | None = None, load_external: bool = True,
+                 strict: bool | None = None, extra_plugins: Iterable[Any] = ()) -> None:
+        self.strict = os.environ.get("MOLPREDICT_STRICT_PLUGINS", "") == "1" if strict is None else strict
+        self.plugins_dir = plugins_dir if plugins_dir is not None else os.environ.get("MOLPREDICT_PLUGINS_DIR")
+        self.failures: list[PluginFailure] = []
+        self._entries: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
+        self._versions: dict[str, str] = {}
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.pm.add_hookspecs(hookspecs)
+        for name in _env_list("MOLPREDICT_BLOCK_PLUGINS") or []:
+            self.pm.set_blocked(name)
+
+        from . import __version__, builtins
+        self._add_plugin(builtins, BUILTIN_PROVIDER, __version__)
+        if load_external:
+            self._load_entry_points()
+            if self.plugins_dir:
+                self._load_directory(Path(self.plugins_dir))
+        for i, plugin in enumerate(extra_plugins):
+            name = getattr(plugin, "__name__", None) or f"{type(plugin).__name__}-{i}"
+            self._add_plugin(plugin, name, getattr(plugin, "__version__", "local"))
+
+    # -- loading ---------------------------------------------------------------------------------------
+    def _fail(self, plugin: str, reason: str) -> None:
+        failure = PluginFailure(plugin, reason)
+        if self.strict:
+            raise PluginError(str(failure))
+        self.failures.append(failure)
+        print(f"molpredict: warning: {failure}", file=sys.stderr)
+
+    def _wanted(self, name: str) -> bool:
+        allow = _env_list("MOLPREDICT_LOAD_PLUGINS")
+        return (allow is None or name in allow) and not self.pm.is_blocked(name)
+
+    def _load_entry_points(self) -> None:
+        if os.environ.get("MOLPREDICT_LOAD_PLUGINS") == "":
+            return
+        for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if not self._wanted(ep.name) or self.pm.has_plugin(ep.name):
+                continue
+            try:
+                plugin = ep.load()
+            except Exception as exc:  # a broken plugin must never break unrelated commands
+                self._fail(ep.name, f"import failed: {_one_line(exc)}")
+                continue
+            version = ep.dist.version if ep.dist is not None else "unknown"
+            self._add_plugin(plugin, ep.name, version)
+
+    def _load_directory(self, directory: Path) -> None:
+        if not directory.is_dir():
+            self._fail(str(directory), "plugins directory does not exist")
+            return
+        for path in sorted(directory.glob("*.py")):
+            name = path.stem
+            if name.startswith("_") or not self._wanted(name) or self.pm.has_plugin(name):
+                continue
+            module_name = f"molpredict_plugin_{name}"
+            try:
+                spec = importlib.util.spec_from_file_location(module_name, path)
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[module_name] = module
+                spec.loader.exec_module(module)
+            except Exception as exc:
+                sys.modules.pop(module_name, None)
+                self._fail(name, f"import of {path} failed: {_one_line(exc)}")
+                continue
+            self._add_plugin(module, name, str(getattr(module, "__version__", "local")))
+
+    def _add_plugin(self, plugin: Any, name: str, version: str) -> None:
+        try:
+            self.pm.register(plugin, name=name)
+        except Exception as exc:
+            self._fail(name, f"registration failed: {_one_line(exc)}")
+            return
+        misspelled = self._unknown_hooks(name)
+        if misspelled:
+            self.pm.unregister(name=name)
+            self._fail(name, "unknown hook(s) " + ", ".join(misspelled) + " (misspelled? valid hooks: "
+                       + ", ".join(list(KINDS.values()) + ["register_commands"]) + ")")
+            return
+        self._versions[name] = version
+        for kind, hook_name in KINDS.items():
+            for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+                if impl.plugin_name != name:
+                    continue
+                try:
+                    impl.function(register=self._registrar(kind, name, version))
+                except (PluginError, SpecError):
+                    raise
+                except Exception as exc:
+                    self._fail(name, f"hook {hook_name} raised {_one_line(exc)}")
+
+    def _unknown_hooks(self, plugin_name: str) -> list[str]:
+        """Hook implementations of ``plugin_name`` that match no hook spec (pluggy's check_pending, per plugin)."""
+        unknown = []
+        for hook_name in dir(self.pm.hook):
+            if hook_name.startswith("_"):
+                continue
+            caller = getattr(self.pm.hook, hook_name)
+            if getattr(caller, "has_spec", lambda: True)():
+                continue
+            if any(impl.plugin_name == plugin_name for impl in caller.get_hookimpls()):
+                unknown.append(hook_name)
+        return unknown
+
+    def _registrar(self, kind: str, provider: str, version: str):
+        def register(name: str, component: Any) -> None:
+            if not isinstance(name, str) or not name:
+                raise PluginError(f"plugin {provider!r} registered a {kind} without a name")
+            if not (isinstance(component, str) and ":" in component) and not inspect.isclass(component):
+                raise PluginError(f"plugin {provider!r}: {kind} {name!r} must be a class or 'module:Class'")
+            existing = self._entries[kind].get(name)
+            if existing is not None:
+                message = (f"{kind} {name!r} registered twice: by {existing.provider!r} and by {provider!r}")
+                if provider == BUILTIN_PROVIDER or existing.provider == provider:
+                    raise PluginError(message)
+                self._fail(provider, message)
+                return
+            self._entries[kind][name] = Entry(name, kind, provider, version, component)
+        return register
+
+    # -- queries ---------------------------------------------------------------------------------------
+    def names(self, kind: str) -> list[str]:
+        """Registered names of one kind, sorted."""
+        self._check_kind(kind)
+        return sorted(self._entries[kind])
+
+    def entries(self) -> list[Entry]:
+        """Every registered component, by kind then name."""
+        return [self._entries[kind][name] for kind in KINDS for name in sorted(self._entries[kind])]
+
+    def entry(self, kind: str, name: str) -> Entry:
+        self._check_kind(kind)
+        try:
+            return self._entries[kind][name]
+        except KeyError:
+            valid = ", ".join(self.names(kind)) or "(none)"
+            raise SpecError(f"unknown {kind.replace('_', ' ')} {name!r}; valid names: {valid}") from None
+
+    def get(self, kind: str, name: str) -> type:
+        """The class registered as ``name`` under ``kind``.
+
+        Raises
+        ------
+        SpecError
+            Unknown name (the message lists the valid ones).
+        """
+        return self.entry(kind, name).load()
+
+    def create(self, kind: str, spec: "str | ComponentSpec", **overrides: Any) -> Any:
+        """Instantiate a component from a spec; ``overrides`` fill parameters the spec does not set."""
+        spec = parse_spec(spec)
+        if spec.is_grid:
+            raise SpecError(f"{spec} is a grid; choose one value (or let the model search it on validation data)")
+        cls = self.get(kind, spec.name)
+        valid = cls.param_names() if hasattr(cls, "param_names") else list(
+            inspect.signature(cls.__init__).parameters)[1:]
+        unknown = sorted(set(spec.params) - set(valid))
+        if unknown:
+            raise SpecError(f"{kind.replace('_', ' ')} {spec.name!r} has no parameter(s) {', '.join(unknown)}; "
+                            f"valid: {', '.join(valid) or '(none)'}")
+        params = {k: v for k, v in overrides.items() if k in valid}
+        params.update(spec.params)
+        try:
+            return cls(**params)
+        except (TypeError, ValueError) as exc:
+            raise SpecError(f"{spec}: {exc}") from exc
+
+    def providers(self) -> dict[str, str]:
+        """Plugin name -> version, for every plugin that registered successfully."""
+        return dict(self._versions)
+
+    def register_commands(self, cli: Any) -> None:
+        """Let every plugin add its click commands to ``cli``; a failing plugin is reported and skipped."""
+        for impl in self.pm.hook.register_commands.get_hookimpls():
+            try:
+                impl.function(cli=cli)
+            except PluginError:
+                raise
+            except Exception as exc:
+                self._fail(impl.plugin_name, f"hook register_commands raised {_one_line(exc)}")
+
+    @staticmethod
+    def _check_kind(kind: str) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown component kind {kind!r}; valid: {', '.join(KINDS)}")
+
+
+_REGISTRY: Registry | None = None
+
+
+def get_registry() -> Registry:
+    """The process-wide registry, built on first use."""
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = Registry()
+    return _REGISTRY
+
+
+def reset_registry(registry: Registry | None = None) -> None:
+    """Drop (or replace) the process-wide registry; the next :func:`get_registry` rebuilds it."""
+    global _REGISTRY
+    _REGISTRY = registry
+
+
+def create(kind: str, spec: "str | ComponentSpec", **overrides: Any) -> Any:
+    """Shorthand for ``get_registry().create(kind, spec, **overrides)``."""
+    return get_registry().create(kind, spec, **overrides)
+

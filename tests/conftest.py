@@ -1,0 +1,58 @@
+"""Shared fixtures: the ../shared/data location (fail, not skip, under CI=true), plugin isolation."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Installed third-party plugins must never leak into the tests (test_registry.py checks this holds).
+os.environ["MOLPREDICT_LOAD_PLUGINS"] = ""
+os.environ.pop("MOLPREDICT_PLUGINS_DIR", None)
+os.environ.pop("MOLPREDICT_STRICT_PLUGINS", None)
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("MOLPREDICT_SHARED_DATA", PROJECT_ROOT.parent / "shared" / "data"))
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def require_shared(*relative: str) -> Path:
+    """Path under ../shared/data; skips when absent locally, fails when CI=true (CI always has it)."""
+    path = SHARED_DATA.joinpath(*relative)
+    if not path.exists():
+        message = f"shared data not found: {path}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """The ../shared/data directory."""
+    return require_shared()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_registry():
+    """Each test sees a registry built from the built-ins only (and its own throw-away plugins)."""
+    from molpredict.registry import reset_registry
+    reset_registry()
+    yield
+    reset_registry()
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_cuda = pytest.mark.skip(reason="no CUDA device")
+    if not cuda_available():
+        for item in items:
+            if "cuda" in item.keywords:
+                item.add_marker(skip_cuda)
