@@ -10,6 +10,9 @@ INPUT_KERNELS = {
     "ppk": "molpredict.kernels.spectra:PPKernel",
     "ppk-losses": "molpredict.kernels.spectra:PPKLossesKernel",
     "cosine": "molpredict.kernels.spectra:CosineKernel",
+    "text-embedding": "molpredict.kernels.text:TextEmbeddingKernel",
+    "text-ngram": "molpredict.kernels.text:TextNgramKernel",
+    "smiles-ngram": "molpredict.kernels.text:SmilesNgramKernel",
 }
 OUTPUT_KERNELS = {
     "tanimoto": "molpredict.kernels.fingerprints:TanimotoKernel",
@@ -31,8 +34,18 @@ MODELS = {
     "siokr": "molpredict.models.okr:SIOKR",
     "isokr": "molpredict.models.okr:ISOKR",
     "sisokr": "molpredict.models.okr:SISOKR",
+    "dsokr": "molpredict.models.dsokr:DSOKR",
+    "okr-robust": "molpredict.models.robust:RobustOKR",
+    "random": "molpredict.models.baselines:RandomBaseline",
+    "prior": "molpredict.models.baselines:PriorBaseline",
+    "fingerprint-ffn": "molpredict.models.baselines:FingerprintFFN",
+    "library-knn": "molpredict.models.baselines:LibraryKNN",
 }
-ENCODERS: dict[str, str] = {}
+ENCODERS = {
+    "mlp": "molpredict.encoders:MLPEncoder",
+    "transformer": "molpredict.encoders:TransformerEncoder",
+    "text-embedding": "molpredict.encoders:TextEmbeddingEncoder",
+}
 
 
 def _register_all(register: Register, table: dict[str, str]) -> None:
