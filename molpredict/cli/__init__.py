@@ -78,3 +78,4 @@ def main(argv: list[str] | None = None) -> None:
     _preset_plugins_dir(argv)
     _add_plugin_commands()
     cli.main(args=argv, prog_name="molpredict")
+

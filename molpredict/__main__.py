@@ -1,0 +1,4 @@
+"""``python -m molpredict`` runs the CLI."""
+from .cli import main
+
+main()
