@@ -1,0 +1,399 @@
+"""Model bundles: a directory holding one fitted model per ion mode, as safetensors tensors plus JSON metadata.
+
+Layout
+------
+::
+
+    BUNDLE/
+      bundle.json                 format name and version, molpredict version, ion modes, created time
+      positive/metadata.json      everything inference needs except the tensors (see below)
+      positive/tensors.safetensors
+      negative/...                (when trained)
+
+``metadata.json`` of a sub-model holds: the format version, the molpredict version, the model's registry name
+and parameters (component spec strings, grids as given), the list of components it needs (kind + registry
+name), the cleaning pipeline (``CleaningPipeline.to_dict()``), the ion mode and default adducts, the model's
+own state metadata (``Model.get_state()``), the SHA-256 and size of the tensors file, the training-set hash and
+filters, licence counts of the training records, the grid selection and validation metrics, and the created
+time.
+
+Loading never unpickles and never imports code named in a file: the model and its components are looked up by
+registry name (a name that is not registered is a :class:`~molpredict.errors.PluginError` asking for the
+plugin that provides it). A missing, truncated or corrupted bundle is a :class:`~molpredict.errors.ModelFileError`.
+
+The default bundle lives at ``$MOLPREDICT_HOME/models/default`` (``MOLPREDICT_HOME`` defaults to
+``platformdirs.user_cache_dir("molpredict")``).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from . import __version__
+from .errors import ModelFileError, PluginError, SpecError
+from .specs import ComponentSpec, Grid, parse_spec
+
+__all__ = [
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "ION_MODES",
+    "SubModel",
+    "ModelBundle",
+    "home_dir",
+    "default_bundle_path",
+    "model_components",
+    "json_ready",
+    "file_sha256",
+]
+
+FORMAT_NAME = "molpredict-model-bundle"
+FORMAT_VERSION = 1
+ION_MODES = ("positive", "negative")
+BUNDLE_FILE = "bundle.json"
+METADATA_FILE = "metadata.json"
+TENSORS_FILE = "tensors.safetensors"
+
+#: model parameter name -> registry kind, for the parameters that name components by spec
+_COMPONENT_PARAMS = {
+    "input_kernel": "input_kernel",
+    "output_kernel": "output_kernel",
+    "input_sketch": "sketch",
+    "output_sketch": "sketch",
+    "sketch": "sketch",
+    "encoder": "encoder",
+}
+
+
+def home_dir() -> Path:
+    """The base directory for default models and caches: ``$MOLPREDICT_HOME`` or the user cache directory."""
+    env = os.environ.get("MOLPREDICT_HOME")
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+    return Path(platformdirs.user_cache_dir("molpredict"))
+
+
+def default_bundle_path() -> Path:
+    """Where ``molpredict identify`` looks for a model when ``--model`` is not given."""
+    return home_dir() / "models" / "default"
+
+
+def json_ready(value: Any) -> Any:
+    """A JSON-serialisable copy of ``value`` (numpy scalars/arrays, specs, grids and paths converted)."""
+    if isinstance(value, dict):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    if isinstance(value, (ComponentSpec, Grid, Path)):
+        return str(value)
+    if isinstance(value, np.ndarray):
+        return json_ready(value.tolist())
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def file_sha256(paths: Iterable[str | os.PathLike], extra: Any = None) -> str:
+    """SHA-256 over the bytes of ``paths`` (in order) and the JSON of ``extra`` (e.g. the filters applied)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    if extra is not None:
+        digest.update(json.dumps(json_ready(extra), sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def model_components(model: Any) -> list[dict[str, str]]:
+    """The registry components a model names in its parameters: ``[{"kind", "name", "spec"}, ...]``."""
+    components = [{"kind": "model", "name": getattr(model, "registry_name", None) or type(model).__name__,
+                   "spec": ""}]
+    params = model.get_params() if hasattr(model, "get_params") else {}
+    for param, kind in _COMPONENT_PARAMS.items():
+        value = params.get(param)
+        if value is None or not isinstance(value, (str, ComponentSpec)):
+            continue
+        text = str(value)
+        try:
+            name = parse_spec(text).name
+        except SpecError:
+            continue
+        # A grid over component names (``ppk|cosine``) needs every alternative registered.
+        for alternative in name.split("|"):
+            components.append({"kind": kind, "name": alternative.strip(), "spec": text, "param": param})
+    return components
+
+
+@dataclass
+class SubModel:
+    """One fitted model of a bundle, with what inference needs around it.
+
+    Attributes
+    ----------
+    model : Model
+        The fitted model.
+    ion_mode : {"positive", "negative"}
+    cleaning : dict or None
+        ``CleaningPipeline.to_dict()`` applied to training spectra (apply the same to queries).
+    adducts : list of str
+        Default adducts to try for a query without a usable adduct.
+    info : dict
+        Training record: hashes, counts, licences, selection, validation metrics, timings.
+    metadata : dict
+        The full ``metadata.json`` as loaded (empty before saving).
+    """
+
+    model: Any
+    ion_mode: str
+    cleaning: dict | None = None
+    adducts: list[str] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def cleaning_pipeline(self):
+        """The :class:`~molpredict.spectra.CleaningPipeline` to apply to queries (None: no cleaning)."""
+        if not self.cleaning:
+            return None
+        from .spectra import CleaningPipeline
+        return CleaningPipeline.from_dict(self.cleaning)
+
+
+class ModelBundle:
+    """A set of fitted models, one per ion mode, saved as a directory.
+
+    Parameters
+    ----------
+    models : dict
+        Ion mode -> :class:`SubModel`.
+    path : Path, optional
+        Where the bundle was loaded from.
+    """
+
+    def __init__(self, models: dict[str, SubModel] | None = None, path: Path | None = None) -> None:
+        self.models: dict[str, SubModel] = dict(models or {})
+        self.path = path
+
+    @property
+    def ion_modes(self) -> list[str]:
+        return [mode for mode in ION_MODES if mode in self.models]
+
+    def for_mode(self, ion_mode: str | None) -> SubModel | None:
+        """The sub-model for ``ion_mode`` (None when the bundle has none for it)."""
+        return self.models.get(ion_mode) if ion_mode else None
+
+    # -- saving ----------------------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the bundle to ``path`` (a directory), replacing an existing bundle there atomically.
+
+        Raises
+        ------
+        ModelFileError
+            ``path`` exists and is not a model bundle (it is never overwritten), or writing failed.
+        """
+        path = Path(path)
+        if not self.models:
+            raise ModelFileError(f"{path}: nothing to save (the bundle has no models)")
+        if path.exists() and not (path / BUNDLE_FILE).is_file():
+            if path.is_file() or any(path.iterdir()):
+                raise ModelFileError(f"{path}: exists and is not a model bundle; choose another output path")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        try:
+            tmp.mkdir()
+            for mode, sub in self.models.items():
+                self._save_submodel(sub, tmp / mode, created)
+            _write_json(tmp / BUNDLE_FILE, {"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
+                                            "molpredict_version": __version__, "created": created,
+                                            "ion_modes": [m for m in ION_MODES if m in self.models]})
+            old = None
+            if path.exists():
+                old = path.parent / f".{path.name}.old-{os.getpid()}"
+                os.replace(path, old)
+            os.replace(tmp, path)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise ModelFileError(f"{path}: could not write the model bundle: {exc}") from exc
+        self.path = path
+        return path
+
+    @staticmethod
+    def _save_submodel(sub: SubModel, directory: Path, created: str) -> None:
+        from safetensors.numpy import save_file
+
+        directory.mkdir(parents=True)
+        arrays, state = sub.model.get_state()
+        tensors = {}
+        for name, array in arrays.items():
+            array = np.asarray(array)
+            if array.dtype == object:
+                raise ModelFileError(f"model state array {name!r} has dtype object: cannot be saved without pickle")
+            tensors[name] = np.ascontiguousarray(array)
+        tensor_path = directory / TENSORS_FILE
+        save_file(tensors, str(tensor_path))
+        model_name = getattr(sub.model, "registry_name", None) or type(sub.model).__name__
+        params = sub.model.get_params() if hasattr(sub.model, "get_params") else {}
+        metadata = {
+            "format_version": FORMAT_VERSION,
+            "molpredict_version": __version__,
+            "created": created,
+            "ion_mode": sub.ion_mode,
+            "default_adducts": list(sub.adducts),
+            "input_type": getattr(sub.model, "input_type", "spectrum"),
+            "model": {"name": model_name, "params": json_ready(params)},
+            "components": model_components(sub.model),
+            "cleaning": json_ready(sub.cleaning),
+            "state": json_ready(state),
+            "tensors": {"file": TENSORS_FILE, "sha256": file_sha256([tensor_path]),
+                        "n_bytes": tensor_path.stat().st_size, "names": sorted(tensors)},
+            **json_ready(sub.info),
+        }
+        _write_json(directory / METADATA_FILE, metadata)
+        sub.metadata = metadata
+
+    # -- loading ---------------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | os.PathLike, registry: Any = None, ion_modes: Iterable[str] | None = None
+             ) -> "ModelBundle":
+        """Load a bundle.
+
+        Parameters
+        ----------
+        path : str or Path
+            The bundle directory.
+        registry : Registry, optional
+            Where to look up component names (default: the process-wide registry).
+        ion_modes : iterable of str, optional
+            Load only these ion modes' models.
+
+        Raises
+        ------
+        ModelFileError
+            Missing, truncated, corrupted or too new.
+        PluginError
+            The bundle names a component that no installed plugin registers.
+        """
+        path = Path(path)
+        if not path.exists():
+            raise ModelFileError(f"{path}: model bundle not found (train one with `molpredict train`)")
+        if not path.is_dir():
+            raise ModelFileError(f"{path}: not a model bundle (expected a directory containing {BUNDLE_FILE})")
+        head = _read_json(path / BUNDLE_FILE, what="model bundle")
+        if head.get("format") != FORMAT_NAME:
+            raise ModelFileError(f"{path / BUNDLE_FILE}: not a molpredict model bundle")
+        _check_version(head.get("format_version"), path / BUNDLE_FILE)
+        modes = head.get("ion_modes")
+        if not isinstance(modes, list) or not modes or any(m not in ION_MODES for m in modes):
+            raise ModelFileError(f"{path / BUNDLE_FILE}: field ion_modes is missing or invalid")
+        if registry is None:
+            from .registry import get_registry
+            registry = get_registry()
+        wanted = set(ion_modes) if ion_modes is not None else set(modes)
+        models = {mode: cls._load_submodel(path / mode, mode, registry) for mode in modes if mode in wanted}
+        return cls(models, path)
+
+    @staticmethod
+    def _load_submodel(directory: Path, mode: str, registry: Any) -> SubModel:
+        from safetensors import SafetensorError
+        from safetensors.numpy import load_file
+
+        meta_path = directory / METADATA_FILE
+        metadata = _read_json(meta_path, what="model metadata")
+        _check_version(metadata.get("format_version"), meta_path)
+        try:
+            model_name = metadata["model"]["name"]
+            components = metadata.get("components", [])
+            tensors_info = metadata["tensors"]
+            state = metadata["state"]
+        except (KeyError, TypeError) as exc:
+            raise ModelFileError(f"{meta_path}: field {exc} is missing") from None
+        for comp in [{"kind": "model", "name": model_name}] + list(components):
+            kind, name = comp.get("kind"), comp.get("name")
+            if kind not in ("model", "input_kernel", "output_kernel", "sketch", "encoder"):
+                continue
+            if name not in registry.names(kind):
+                raise PluginError(
+                    f"{directory.parent}: the {mode} model needs the {kind.replace('_', ' ')} {name!r}, which "
+                    f"is not registered; install the plugin that provides it (see `molpredict plugins list`)")
+        tensor_path = directory / tensors_info.get("file", TENSORS_FILE)
+        if not tensor_path.is_file():
+            raise ModelFileError(f"{tensor_path}: tensors file is missing")
+        size = tensor_path.stat().st_size
+        if "n_bytes" in tensors_info and size != tensors_info["n_bytes"]:
+            raise ModelFileError(f"{tensor_path}: truncated or modified ({size} bytes, expected "
+                                 f"{tensors_info['n_bytes']})")
+        if "sha256" in tensors_info and file_sha256([tensor_path]) != tensors_info["sha256"]:
+            raise ModelFileError(f"{tensor_path}: corrupted (SHA-256 does not match metadata.json)")
+        try:
+            arrays = load_file(str(tensor_path))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ModelFileError(f"{tensor_path}: unreadable tensors file: {' '.join(str(exc).split())}") from None
+        model_cls = registry.get("model", model_name)
+        try:
+            model = model_cls.from_state(arrays, state)
+        except SpecError as exc:
+            raise PluginError(f"{directory.parent}: the {mode} model needs a component that is not registered "
+                              f"({exc}); install the plugin that provides it") from None
+        except (PluginError, ModelFileError):
+            raise
+        except (KeyError, ValueError, TypeError, IndexError) as exc:
+            raise ModelFileError(f"{directory}: model state is inconsistent ({type(exc).__name__}: "
+                                 f"{' '.join(str(exc).split())})") from None
+        info_keys = ("training", "validation", "selection", "timings", "summary")
+        return SubModel(model=model, ion_mode=metadata.get("ion_mode", mode),
+                        cleaning=metadata.get("cleaning"), adducts=list(metadata.get("default_adducts") or []),
+                        info={k: metadata[k] for k in info_keys if k in metadata}, metadata=metadata)
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-ready summary: per ion mode, the model spec, training counts and validation metrics."""
+        out: dict[str, Any] = {"path": str(self.path) if self.path else None, "ion_modes": self.ion_modes}
+        for mode, sub in self.models.items():
+            meta = sub.metadata
+            out[mode] = {"model": meta.get("model"), "created": meta.get("created"),
+                         **{k: v for k, v in sub.info.items()}}
+        return out
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(obj, handle, indent=2, sort_keys=False)
+        handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise ModelFileError(f"{path}: {what} file is missing")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            obj = json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelFileError(f"{path}: corrupted or truncated {what} ({type(exc).__name__} at "
+                             f"{getattr(exc, 'pos', '?')})") from None
+    if not isinstance(obj, dict):
+        raise ModelFileError(f"{path}: corrupted {what} (not a JSON object)")
+    return obj
+
+
+def _check_version(version: Any, path: Path) -> None:
+    if not isinstance(version, int):
+        raise ModelFileError(f"{path}: field format_version is missing or invalid")
+    if version > FORMAT_VERSION:
+        raise ModelFileError(f"{path}: format version {version} is newer than this molpredict supports "
+                             f"({FORMAT_VERSION}); upgrade molpredict")

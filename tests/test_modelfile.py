@@ -1,0 +1,182 @@
+"""Model bundles: round trip, metadata, no pickle, and one-line errors for missing / corrupted / unknown parts."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from identification_helpers import FAKE_MODEL, FingerprintRidge, install_fake_model, synthetic_spectra
+from molpredict.errors import ModelFileError, PluginError
+from molpredict.modelfile import (FORMAT_VERSION, ModelBundle, SubModel, default_bundle_path, home_dir,
+                                  model_components)
+from molpredict.registry import get_registry, reset_registry
+
+
+@pytest.fixture
+def bundle_dir(tmp_path):
+    install_fake_model()
+    spectra, molecules = synthetic_spectra(n_per=2)
+    model = get_registry().create("model", f"{FAKE_MODEL}:dim=64", lam="0.1|1",
+                                  input_kernel="ppk:mz_sigma=0.005", output_sketch="subsample:m=10")
+    model.fit(spectra, molecules)
+    sub = SubModel(model=model, ion_mode="positive", cleaning={"steps": []}, adducts=["[M+H]+", "[M+Na]+"],
+                   info={"training": {"sha256": "abc", "licenses": {"CC BY": 12, "CC BY-NC": 12}},
+                         "validation": {"loss": 0.5}})
+    path = ModelBundle({"positive": sub}).save(tmp_path / "bundle")
+    return path, model, spectra
+
+
+def test_round_trip(bundle_dir):
+    path, model, spectra = bundle_dir
+    assert sorted(p.name for p in path.iterdir()) == ["bundle.json", "positive"]
+    # no pickle anywhere: only JSON and safetensors files
+    assert sorted(p.name for p in (path / "positive").iterdir()) == ["metadata.json", "tensors.safetensors"]
+    loaded = ModelBundle.load(path)
+    assert loaded.ion_modes == ["positive"] and loaded.for_mode("negative") is None
+    sub = loaded.for_mode("positive")
+    assert isinstance(sub.model, FingerprintRidge)
+    np.testing.assert_array_equal(sub.model.predict_coordinates(spectra), model.predict_coordinates(spectra))
+    assert sub.model.coordinates_key() == model.coordinates_key()
+    assert sub.adducts == ["[M+H]+", "[M+Na]+"] and sub.cleaning == {"steps": []}
+    meta = sub.metadata
+    assert meta["format_version"] == FORMAT_VERSION and meta["molpredict_version"]
+    assert meta["model"]["name"] == FAKE_MODEL and meta["model"]["params"]["lam"] == "0.1|1"
+    kinds = {(c["kind"], c["name"]) for c in meta["components"]}
+    assert {("model", FAKE_MODEL), ("input_kernel", "ppk"), ("sketch", "subsample")} <= kinds
+    assert meta["training"]["licenses"] == {"CC BY": 12, "CC BY-NC": 12}
+    assert meta["validation"] == {"loss": 0.5} and meta["created"].endswith("Z")
+    assert len(meta["tensors"]["sha256"]) == 64
+
+
+def test_model_components_handles_grids_of_names():
+    m = FingerprintRidge(input_kernel="ppk|cosine", output_kernel="gaussian-tanimoto:gamma=0.5|1")
+    m.registry_name = FAKE_MODEL
+    names = [(c["kind"], c["name"]) for c in model_components(m)]
+    assert names == [("model", FAKE_MODEL), ("input_kernel", "ppk"), ("input_kernel", "cosine"),
+                     ("output_kernel", "gaussian-tanimoto")]
+
+
+def test_overwrite_bundle_but_never_other_directories(bundle_dir, tmp_path):
+    path, model, _ = bundle_dir
+    sub = ModelBundle.load(path).for_mode("positive")
+    ModelBundle({"negative": SubModel(sub.model, "negative")}).save(path)  # replacing a bundle is fine
+    assert ModelBundle.load(path).ion_modes == ["negative"]
+    other = tmp_path / "precious"
+    other.mkdir()
+    (other / "thesis.txt").write_text("do not delete")
+    with pytest.raises(ModelFileError, match="not a model bundle"):
+        ModelBundle({"positive": sub}).save(other)
+    assert (other / "thesis.txt").read_text() == "do not delete"
+
+
+def _one_line(exc_info) -> str:
+    text = str(exc_info.value)
+    assert "\n" not in text
+    return text
+
+
+def test_missing_and_not_a_bundle(tmp_path):
+    with pytest.raises(ModelFileError, match="not found") as e:
+        ModelBundle.load(tmp_path / "nope")
+    _one_line(e)
+    (tmp_path / "file.mgf").write_text("BEGIN IONS\nEND IONS\n")
+    with pytest.raises(ModelFileError, match="not a model bundle"):
+        ModelBundle.load(tmp_path / "file.mgf")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelFileError, match="bundle.json"):
+        ModelBundle.load(tmp_path / "empty")
+
+
+def test_truncated_metadata(bundle_dir):
+    path, _, _ = bundle_dir
+    meta = path / "positive" / "metadata.json"
+    meta.write_bytes(meta.read_bytes()[:100])
+    with pytest.raises(ModelFileError, match="corrupted or truncated") as e:
+        ModelBundle.load(path)
+    assert "metadata.json" in _one_line(e)
+
+
+def test_truncated_tensors(bundle_dir):
+    path, _, _ = bundle_dir
+    tensors = path / "positive" / "tensors.safetensors"
+    tensors.write_bytes(tensors.read_bytes()[:-40])
+    with pytest.raises(ModelFileError, match="truncated") as e:
+        ModelBundle.load(path)
+    _one_line(e)
+
+
+def test_corrupted_tensors_same_size(bundle_dir):
+    path, _, _ = bundle_dir
+    tensors = path / "positive" / "tensors.safetensors"
+    data = bytearray(tensors.read_bytes())
+    data[-8] ^= 0xFF
+    tensors.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match="SHA-256"):
+        ModelBundle.load(path)
+
+
+def test_garbage_tensors_without_checksum(bundle_dir):
+    path, _, _ = bundle_dir
+    meta_path = path / "positive" / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["tensors"]["sha256"], meta["tensors"]["n_bytes"]
+    meta_path.write_text(json.dumps(meta))
+    (path / "positive" / "tensors.safetensors").write_bytes(b"\x00garbage" * 10)
+    with pytest.raises(ModelFileError, match="unreadable tensors file") as e:
+        ModelBundle.load(path)
+    _one_line(e)
+
+
+def test_missing_tensors_file(bundle_dir):
+    path, _, _ = bundle_dir
+    (path / "positive" / "tensors.safetensors").unlink()
+    with pytest.raises(ModelFileError, match="missing"):
+        ModelBundle.load(path)
+
+
+def test_unknown_model_name_asks_for_plugin(bundle_dir):
+    path, _, _ = bundle_dir
+    reset_registry()  # built-ins only: the test model's plugin is gone
+    with pytest.raises(PluginError) as e:
+        ModelBundle.load(path)
+    text = _one_line(e)
+    assert FAKE_MODEL in text and "install the plugin" in text
+
+
+def test_unknown_component_name_asks_for_plugin(bundle_dir):
+    path, _, _ = bundle_dir
+    meta_path = path / "positive" / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    meta["components"].append({"kind": "output_kernel", "name": "quantum-fingerprint", "spec": "quantum-fingerprint"})
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(PluginError) as e:
+        ModelBundle.load(path)
+    text = _one_line(e)
+    assert "output kernel 'quantum-fingerprint'" in text and "install the plugin" in text
+
+
+def test_newer_format_and_inconsistent_state(bundle_dir):
+    path, _, _ = bundle_dir
+    head = json.loads((path / "bundle.json").read_text())
+    head["format_version"] = FORMAT_VERSION + 1
+    (path / "bundle.json").write_text(json.dumps(head))
+    with pytest.raises(ModelFileError, match="newer"):
+        ModelBundle.load(path)
+    head["format_version"] = FORMAT_VERSION
+    (path / "bundle.json").write_text(json.dumps(head))
+    meta_path = path / "positive" / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    meta["state"]["params"]["n_bins"] = 7  # does not match the stored tensor
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(ModelFileError, match="inconsistent"):
+        ModelBundle.load(path)
+
+
+def test_default_location_honours_molpredict_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("MOLPREDICT_HOME", str(tmp_path / "home"))
+    assert home_dir() == tmp_path / "home"
+    assert default_bundle_path() == tmp_path / "home" / "models" / "default"
+    monkeypatch.delenv("MOLPREDICT_HOME")
+    assert default_bundle_path().parts[-3:] == ("molpredict", "models", "default")
