@@ -1,0 +1,191 @@
+"""The sketched output basis: orthonormality in H_y, projection coordinates, duplicates, rank cut-off, state."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from molpredict.hookspecs import hookimpl
+from molpredict.kernels.base import OutputKernel
+from molpredict.models.basis import (SketchedOutputBasis, distinct_objects, eigh_truncated, frozen_spec,
+                                     objects_from_state, objects_to_state)
+from molpredict.registry import Registry, reset_registry
+
+
+class LinearVectorKernel(OutputKernel):
+    """k(a, b) = a . b on numeric vectors: an explicit feature map to test projections against."""
+
+    normalized = False
+    input_type = "vector"
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.scale = scale
+
+    def featurize(self, objects):
+        return np.stack([np.asarray(getattr(o, "vec", o), dtype=np.float64) for o in objects]) * self.scale
+
+    def pairwise(self, fa, fb):
+        return fa @ fb.T
+
+    def self_similarity(self, features):
+        return (features * features).sum(1)
+
+
+class Keyed:
+    """An output with an identity (like a molecule's InChIKey) distinct from its features."""
+
+    def __init__(self, key: str, vec) -> None:
+        self.inchikey = key
+        self.vec = np.asarray(vec, dtype=np.float64)
+
+
+class _TestPlugin:
+    @hookimpl
+    def register_output_kernels(self, register):
+        register("test-linear", LinearVectorKernel)
+
+
+@pytest.fixture
+def registry():
+    reg = Registry(load_external=False, extra_plugins=[_TestPlugin()])
+    reset_registry(reg)
+    return reg
+
+
+def _vectors(n, d, seed):
+    return list(np.random.default_rng(seed).normal(size=(n, d)))
+
+
+def _projection_gram(train, sketch_matrix, a, b):
+    """<P phi(a_i), P phi(b_j)> with P the orthogonal projection onto span{sum_i R_ki phi(y_i)}."""
+    phi = np.stack(train)                       # (n, d): explicit features of the linear kernel
+    directions = (sketch_matrix @ phi).T        # (d, m)
+    q, r = np.linalg.qr(directions)
+    keep = np.abs(np.diag(r)) > 1e-10 * np.abs(np.diag(r)).max()
+    q = q[:, keep]
+    return (np.stack(a) @ q) @ (np.stack(b) @ q).T
+
+
+def test_eigh_truncated_drops_small_and_orders():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(6, 3))
+    values, vectors = eigh_truncated(x @ x.T, 1e-10)
+    assert values.shape == (3,) and vectors.shape == (6, 3)
+    assert np.all(np.diff(values) <= 0)
+    np.testing.assert_allclose(vectors @ np.diag(values) @ vectors.T, x @ x.T, atol=1e-10)
+    assert eigh_truncated(np.zeros((3, 3)))[0].shape == (0,)
+
+
+def test_full_subsample_reproduces_the_kernel():
+    train = _vectors(25, 40, 1)  # 25 linearly independent vectors: K has full rank
+    basis = SketchedOutputBasis(LinearVectorKernel(), "subsample:m=25", seed=0).fit(train)
+    assert basis.rank_ == 25
+    psi = basis.sample_coordinates()
+    np.testing.assert_allclose(psi @ psi.T, np.stack(train) @ np.stack(train).T, atol=1e-8)
+    new = _vectors(5, 40, 2)
+    # new outputs: their projection onto span(train features)
+    expected = _projection_gram(train, np.eye(25), new, train)
+    np.testing.assert_allclose(basis.coordinates(new) @ psi.T, expected, atol=1e-8)
+
+
+@pytest.mark.parametrize("sketch", ["subsample:m=12", "gaussian:m=10", "p-sparsified-rademacher:m=10,p=0.3",
+                                    "p-sparsified-gaussian:m=10,p=0.3", "accumulation:m=10,M=4",
+                                    "adaptive:m=8"])
+def test_coordinates_are_projections(sketch):
+    train = _vectors(30, 20, 3)
+    basis = SketchedOutputBasis(LinearVectorKernel(), sketch, seed=4).fit(train)
+    r = basis.sketch_.matrix()
+    new = _vectors(7, 20, 5)
+    psi_new = basis.coordinates(new)
+    psi_train = basis.sample_coordinates()
+    np.testing.assert_allclose(psi_new @ psi_new.T, _projection_gram(train, r, new, new), atol=1e-8)
+    np.testing.assert_allclose(psi_new @ psi_train.T, _projection_gram(train, r, new, train), atol=1e-8)
+    np.testing.assert_allclose(basis.coordinates(train), psi_train, atol=1e-10)
+
+
+@pytest.mark.parametrize("sketch", ["subsample:m=9", "gaussian:m=9", "p-sparsified-rademacher:m=9,p=0.3"])
+def test_basis_functions_are_orthonormal(sketch):
+    train = _vectors(30, 20, 6)
+    basis = SketchedOutputBasis(LinearVectorKernel(), sketch, seed=7).fit(train)
+    landmarks = np.stack(basis.landmarks_)
+    gram = basis.projection_.T @ (landmarks @ landmarks.T) @ basis.projection_  # <e_j, e_l>
+    np.testing.assert_allclose(gram, np.eye(basis.rank_), atol=1e-8)
+    # and the same with the naive dense formula D^-1/2 U^T R K
+    r = basis.sketch_.matrix()
+    k = np.stack(train) @ np.stack(train).T
+    values, vectors = eigh_truncated(r @ k @ r.T)
+    naive = (k @ r.T @ vectors) / np.sqrt(values)
+    np.testing.assert_allclose(naive @ naive.T, basis.sample_coordinates() @ basis.sample_coordinates().T,
+                               atol=1e-8)
+
+
+def test_subsample_scaling_does_not_change_coordinates():
+    train = _vectors(30, 20, 8)
+    basis = SketchedOutputBasis(LinearVectorKernel(), "subsample:m=10", seed=9).fit(train)
+    assert not np.allclose(basis.sketch_.A_.toarray(), np.eye(10))  # scaled by sqrt(n/m)
+    unscaled = np.zeros((10, 30))
+    unscaled[np.arange(10), basis.landmark_index_] = 1.0
+    k = np.stack(train) @ np.stack(train).T
+    values, vectors = eigh_truncated(unscaled @ k @ unscaled.T)
+    naive = (k @ unscaled.T @ vectors) / np.sqrt(values)
+    psi = basis.sample_coordinates()
+    np.testing.assert_allclose(np.abs(naive), np.abs(psi), atol=1e-8)  # same basis up to signs
+    np.testing.assert_allclose(naive @ naive.T, psi @ psi.T, atol=1e-8)
+
+
+def test_duplicates_are_deduplicated_and_mapped_back():
+    base = _vectors(8, 5, 10)
+    objects = [Keyed(f"K{i % 8}", base[i % 8]) for i in range(24)]
+    basis = SketchedOutputBasis(LinearVectorKernel(), "subsample:m=100", seed=0).fit(objects)
+    assert len(basis.distinct_) == 8 and basis.train_coordinates_.shape[0] == 8
+    np.testing.assert_array_equal(basis.inverse_, np.arange(24) % 8)
+    np.testing.assert_allclose(basis.sample_coordinates(), basis.coordinates(objects), atol=1e-10)
+    distinct, inverse = distinct_objects(["b", "a", "b", "c", "a"])
+    assert distinct == ["b", "a", "c"] and inverse.tolist() == [0, 1, 0, 2, 1]
+
+
+def test_rank_cutoff_with_identical_outputs_under_different_keys():
+    # stereoisomers with identical fingerprints: distinct keys, identical kernel rows -> K~ singular
+    base = _vectors(4, 6, 11)
+    objects = [Keyed(f"K{i}", base[i % 4]) for i in range(12)]
+    basis = SketchedOutputBasis(LinearVectorKernel(), "subsample:m=12", seed=0).fit(objects)
+    assert basis.rank_ == 4
+    psi = basis.sample_coordinates()
+    assert np.isfinite(psi).all()
+    k = np.stack([o.vec for o in objects])
+    np.testing.assert_allclose(psi @ psi.T, k @ k.T, atol=1e-8)
+    # low-rank data: 30 outputs in a 5-dimensional feature space
+    low = list(np.random.default_rng(12).normal(size=(30, 5)) @ np.random.default_rng(13).normal(size=(5, 9)))
+    assert SketchedOutputBasis(LinearVectorKernel(), "subsample:m=20", seed=1).fit(low).rank_ == 5
+
+
+def test_sketch_larger_than_distinct_outputs_is_shrunk():
+    train = _vectors(6, 10, 14)
+    basis = SketchedOutputBasis(LinearVectorKernel(), "gaussian:m=50", seed=0).fit(train * 3)
+    assert basis.sketch_.m_ == 6 and basis.rank_ == 6
+
+
+def test_state_round_trip(registry):
+    train = _vectors(20, 8, 15)
+    basis = SketchedOutputBasis("test-linear:scale=2.0", "p-sparsified-rademacher:m=6,p=0.3", seed=3).fit(train)
+    arrays, meta = basis.get_state()
+    assert set(arrays) == {"output.landmarks.vectors", "output.projection", "output.eigenvalues"}
+    again = SketchedOutputBasis.from_state(arrays, meta)
+    new = _vectors(4, 8, 16)
+    np.testing.assert_allclose(again.coordinates(new), basis.coordinates(new), rtol=0, atol=1e-12)
+    assert meta["kernel"] == "test-linear:scale=2.0"
+
+
+def test_frozen_spec_uses_resolved_parameters(registry):
+    kernel = LinearVectorKernel(scale=1.0)
+    kernel.scale_ = 3.5  # as a kernel would resolve "auto" at fit time
+    assert str(frozen_spec(kernel)) == "test-linear:scale=3.5"
+
+
+def test_objects_state_for_text_and_molecules():
+    arrays, meta = objects_to_state(["ab", "c"], "x")
+    assert arrays == {} and objects_from_state(arrays, meta, "x") == ["ab", "c"]
+    from molpredict.molecules import Molecule
+    mols = [Molecule.from_smiles("CCO"), Molecule.from_smiles("c1ccccc1")]
+    arrays, meta = objects_to_state(mols, "x")
+    back = objects_from_state(arrays, meta, "x")
+    assert [m.inchikey for m in back] == [m.inchikey for m in mols]
