@@ -63,6 +63,8 @@ class Molecule:
     monoisotopic_mass=...)`` is how candidate libraries (millions of rows) hand out records. Any attribute not
     given is computed from the SMILES on first access, and ``rdkit_mol`` is parsed only when a representation
     needs it. A SMILES given to the constructor is kept as given (libraries store RDKit canonical SMILES).
+    ``inchikey14`` alone may be given (candidate sets list only the first block): hits then need no InChI
+    computation, while ``inchikey`` (and so equality) is still computed on demand.
 
     Attributes
     ----------
@@ -71,7 +73,8 @@ class Molecule:
     inchikey : str
         Full InChIKey; ``inchikey14`` is its first block (the 2D skeleton), the identity used for hits.
     formula : str
-        Molecular formula of the neutral molecule (Hill order, as RDKit's CalcMolFormula).
+        Molecular formula as RDKit's CalcMolFormula writes it (C, H, then alphabetical; a net charge as a suffix
+        such as ``+``); :func:`normalize_formula` brings any formula string to this form.
     monoisotopic_mass : float
         As RDKit's ``ExactMolWt`` (for a charged structure the electrons' mass is accounted).
     name, id, source : str or None
@@ -82,17 +85,19 @@ class Molecule:
     Equality and hashing use the full InChIKey.
     """
 
-    __slots__ = ("smiles", "name", "id", "source", "_inchikey", "_formula", "_mass", "_mol", "_fps",
-                 "_graphs")
+    __slots__ = ("smiles", "name", "id", "source", "_inchikey", "_inchikey14", "_formula", "_mass", "_mol",
+                 "_fps", "_graphs")
 
     def __init__(self, smiles: str, *, inchikey: str | None = None, formula: str | None = None,
                  monoisotopic_mass: float | None = None, name: str | None = None, id: str | None = None,
-                 source: str | None = None, rdkit_mol: Chem.Mol | None = None) -> None:
+                 source: str | None = None, rdkit_mol: Chem.Mol | None = None,
+                 inchikey14: str | None = None) -> None:
         self.smiles = smiles
         self.name = name
         self.id = id
         self.source = source
         self._inchikey = inchikey or None
+        self._inchikey14 = inchikey14 or None
         self._formula = formula or None
         self._mass = None if monoisotopic_mass is None else float(monoisotopic_mass)
         self._mol = rdkit_mol
@@ -150,7 +155,9 @@ class Molecule:
 
     @property
     def inchikey14(self) -> str:
-        return self.inchikey.split("-", 1)[0]
+        if self._inchikey14 is None:
+            self._inchikey14 = self.inchikey.split("-", 1)[0]
+        return self._inchikey14
 
     @property
     def formula(self) -> str:
@@ -183,7 +190,8 @@ class Molecule:
     def __getstate__(self) -> dict[str, Any]:
         # RDKit Mols pickle, but slowly and large: ship the text, re-parse on demand.
         return {"smiles": self.smiles, "name": self.name, "id": self.id, "source": self.source,
-                "_inchikey": self._inchikey, "_formula": self._formula, "_mass": self._mass}
+                "_inchikey": self._inchikey, "_inchikey14": self._inchikey14, "_formula": self._formula,
+                "_mass": self._mass}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         for key in self.__slots__:
@@ -479,9 +487,8 @@ def formula_mass(formula: str) -> float:
 
 
 def _hill(counts: dict[str, int], charge: int = 0) -> str:
-    order = sorted(counts)
-    if "C" in counts:
-        order = ["C"] + (["H"] if "H" in counts else []) + [e for e in order if e not in ("C", "H")]
+    first = [e for e in ("C", "H") if e in counts]
+    order = first + sorted(e for e in counts if e not in ("C", "H"))
     text = "".join(el + (str(counts[el]) if counts[el] != 1 else "") for el in order)
     if charge:
         text += ("+" if charge > 0 else "-") + ("" if abs(charge) == 1 else str(abs(charge)))
@@ -489,10 +496,14 @@ def _hill(counts: dict[str, int], charge: int = 0) -> str:
 
 
 def normalize_formula(text: str) -> str:
-    """The formula in Hill order (C, H, then alphabetical; all alphabetical without carbon), e.g.
-    ``"OH2" -> "H2O"``, ``"CH3COOH" -> "C2H4O2"``. The same convention as RDKit's ``CalcMolFormula`` for
-    uncharged molecules, so normalised strings can be compared for formula matching. A charge suffix is
-    kept as RDKit writes it (``"C4H12N+"``, ``"C14H30N2O4+2"``)."""
+    """The formula in RDKit's order: C, then H, then the other elements alphabetically, e.g. ``"OH2" -> "H2O"``,
+    ``"CH3COOH" -> "C2H4O2"``, ``"NaCl" -> "ClNa"``.
+
+    This is the Hill order for every formula with carbon; without carbon RDKit (and so this function) still puts
+    H first (``"H3N"``, where strict Hill writes ``"H3N"`` too but ``"CoH8N6O4"`` rather than ``"H8CoN6O4"``).
+    Following RDKit makes normalised strings equal to ``Molecule.formula`` for every structure. A charge suffix
+    is kept as RDKit writes it (``"C4H12N+"``, ``"C14H30N2O4+2"``).
+    """
     counts, charge = parse_formula(text)
     return _hill(counts, charge)
 

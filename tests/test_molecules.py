@@ -206,7 +206,8 @@ def test_formula_mass_and_normalisation():
     assert normalize_formula("CH3COOH") == "C2H4O2"
     assert normalize_formula("O2N4C8H10") == "C8H10N4O2"
     assert normalize_formula("ClNa") == "ClNa"
-    assert normalize_formula("NaCl") == "ClNa"  # no carbon: all alphabetical, H included
+    assert normalize_formula("NaCl") == "ClNa"
+    assert normalize_formula("CoH8N6O4") == "H8CoN6O4"  # RDKit puts H first even without carbon
     assert normalize_formula("NH3") == "H3N"
     assert normalize_formula("CH4") == "CH4"
     assert normalize_formula("C14H30N2O4+2") == "C14H30N2O4+2"
@@ -214,7 +215,8 @@ def test_formula_mass_and_normalisation():
 
 
 @pytest.mark.parametrize("smiles", [CAFFEINE, "O", "N", "[Na+].[Cl-]", "C[N+](C)(C)C", "CC(=O)[O-]",
-                                    "OC(=O)C(Cl)(Cl)Br", "FC(F)(F)S(=O)(=O)O", "[NH4+].[NH4+]"])
+                                    "OC(=O)C(Cl)(Cl)Br", "FC(F)(F)S(=O)(=O)O", "[NH4+].[NH4+]",
+                                    "B(O)B(O)", "[Co]"])
 def test_normalised_formula_matches_rdkit(smiles):
     m = Molecule.from_smiles(smiles)
     assert normalize_formula(m.formula) == m.formula
