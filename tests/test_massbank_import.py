@@ -1,0 +1,161 @@
+"""MassBank record import: parsing, filtering, the MGF fields, the structure-disjoint split, archives, fetch."""
+from __future__ import annotations
+
+import shutil
+import tarfile
+import urllib.error
+import zipfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from molpredict import massbank
+from molpredict.errors import InputError, ResourceError
+from molpredict.massbank import import_massbank, parse_record, release_url, split_of
+
+FIXTURES = Path(__file__).parent / "fixtures" / "massbank"
+
+MELLEIN = """BEGIN IONS
+TITLE=MSBNK-TEST-AC000001
+PEPMASS=179.0697
+CHARGE=1+
+IONMODE=positive
+ADDUCT=[M+H]+
+NAME=Mellein
+FORMULA=C10H10O3
+SMILES=CC1Cc2cccc(O)c2C(=O)O1
+INCHIKEY=KWILGNNWGSNMPA-UHFFFAOYSA-N
+INSTRUMENT_TYPE=LC-ESI-ITFT
+COLLISION_ENERGY=10(NCE)
+LICENSE=CC BY-SA
+133.065 21905.3
+151.075 9239.9
+155.974 10980.9
+161.06 96508.4
+179.07 72563.9
+END IONS
+"""
+
+
+def _entries(directory: Path) -> dict[str, str]:
+    """TITLE -> MGF entry text, over every output file."""
+    out = {}
+    for path in sorted(directory.glob("*.mgf")):
+        for block in path.read_text().split("BEGIN IONS\n")[1:]:
+            title = block.split("\n", 1)[0].removeprefix("TITLE=")
+            out[title] = "BEGIN IONS\n" + block.split("END IONS")[0] + "END IONS\n"
+    return out
+
+
+def test_parse_record_fields():
+    record = parse_record((FIXTURES / "Contributor_A" / "MSBNK-TEST-AC000001.txt").read_text())
+    assert record.accession == "MSBNK-TEST-AC000001"
+    assert record.fields["CH$NAME"] == ["Mellein", "3,4-Dihydro-8-hydroxy-3-methylisocoumarin"]
+    assert record.first("AC$MASS_SPECTROMETRY ION_MODE") == "POSITIVE"
+    assert record.first("MS$FOCUSED_ION PRECURSOR_TYPE") == "[M+H]+"
+    assert record.first("CH$LINK INCHIKEY") == "KWILGNNWGSNMPA-UHFFFAOYSA-N"
+    # the annotation block's indented lines are not peaks
+    assert record.peaks == [("133.065", "21905.3"), ("151.075", "9239.9"), ("155.974", "10980.9"),
+                            ("161.06", "96508.4"), ("179.07", "72563.9")]
+    with pytest.raises(InputError, match="ACCESSION"):
+        parse_record("CH$NAME: x\n//\n", "x.txt")
+    with pytest.raises(InputError, match="non-numeric peak"):
+        parse_record("ACCESSION: A1\nPK$PEAK: m/z int. rel.int.\n  12.0 abc 1\n//\n", "x.txt")
+
+
+def test_import_directory(tmp_path):
+    summary = import_massbank(FIXTURES, tmp_path)
+    assert summary["n_records"] == 8 and summary["n_imported"] == 4
+    assert summary["skipped"] == {"MS type MS (only MS2)": 1, "no SMILES": 1, "no precursor m/z": 1,
+                                  "SMILES not parsed by RDKit": 1}
+    assert sorted(p.name for p in tmp_path.glob("*.mgf")) == sorted(
+        f"{s}_{m}.mgf" for s in ("train", "val", "test") for m in ("pos", "neg"))
+    entries = _entries(tmp_path)
+    assert set(entries) == {"MSBNK-TEST-AC000001", "MSBNK-TEST-AC000002", "MSBNK-TEST-AC000003",
+                            "MSBNK-TEST-BC000004"}
+    assert entries["MSBNK-TEST-AC000001"] == MELLEIN
+    neg = entries["MSBNK-TEST-AC000003"]
+    assert "IONMODE=negative\n" in neg and "CHARGE=1-\n" in neg and "ADDUCT=[M-H]-\n" in neg
+    assert "SMILES=O=C(O)/C=C/c1ccc(O)c(O)c1\n" in neg and "INCHIKEY=QAIPRVGONGVQAS-DUXPYHPUSA-N\n" in neg
+    assert "CHARGE=2+\n" in entries["MSBNK-TEST-BC000004"]
+    # structure-disjoint: both Mellein spectra in the same file, the file their first block hashes to
+    split = split_of("KWILGNNWGSNMPA")
+    text = (tmp_path / f"{split}_pos.mgf").read_text()
+    assert "MSBNK-TEST-AC000001" in text and "MSBNK-TEST-AC000002" in text
+    assert summary["licenses"] == {"CC BY-SA": 2, "CC BY-NC": 1, "CC BY-NC-SA": 1}
+
+
+def test_import_archives_equal_directory(tmp_path):
+    import_massbank(FIXTURES, tmp_path / "from_dir")
+    zpath = tmp_path / "records.zip"
+    with zipfile.ZipFile(zpath, "w") as z:
+        for p in sorted(FIXTURES.rglob("*")):
+            if p.is_file():
+                z.write(p, "MassBank-data-x/" + str(p.relative_to(FIXTURES)))
+    tpath = tmp_path / "records.tar.gz"
+    with tarfile.open(tpath, "w:gz") as t:
+        t.add(FIXTURES, arcname="MassBank-data-x")
+    for archive in (zpath, tpath):
+        out = tmp_path / archive.name.split(".")[0]
+        import_massbank(archive, out)
+        for name in ("train_pos.mgf", "val_pos.mgf", "test_pos.mgf", "train_neg.mgf", "test_neg.mgf"):
+            assert (out / name).read_text() == (tmp_path / "from_dir" / name).read_text()
+
+
+def test_import_output_reads_back(tmp_path):
+    spectra_mod = pytest.importorskip("molpredict.spectra")
+    if not hasattr(spectra_mod, "read_spectra"):
+        pytest.skip("spectra readers not available")
+    import_massbank(FIXTURES, tmp_path)
+    spectra = [s for p in sorted(tmp_path.glob("*.mgf")) if p.stat().st_size for s in spectra_mod.read_spectra(p)]
+    by_id = {s.id: s for s in spectra}
+    s = by_id["MSBNK-TEST-AC000001"]
+    assert s.precursor_mz == pytest.approx(179.0697) and s.ion_mode == "positive" and s.adduct == "[M+H]+"
+    assert s.smiles == "CC1Cc2cccc(O)c2C(=O)O1" and s.n_peaks == 5
+    assert by_id["MSBNK-TEST-BC000004"].charge == 2
+
+
+def test_bad_inputs(tmp_path):
+    with pytest.raises(InputError, match="no such file"):
+        import_massbank(tmp_path / "missing", tmp_path / "out")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no MassBank record files"):
+        import_massbank(tmp_path / "empty", tmp_path / "out")
+    (tmp_path / "x.mgf").write_text("BEGIN IONS\n")
+    with pytest.raises(InputError, match="expected a directory"):
+        import_massbank(tmp_path / "x.mgf", tmp_path / "out")
+    (tmp_path / "bad.zip").write_bytes(b"PK\x03\x04 not really")
+    with pytest.raises(InputError, match="zip"):
+        import_massbank(tmp_path / "bad.zip", tmp_path / "out")
+    with pytest.raises(InputError, match="sum to 1"):
+        import_massbank(FIXTURES, tmp_path / "out", fractions=(("train", 0.5), ("test", 0.2)))
+
+
+def test_split_hash_fractions_and_stability():
+    keys = [f"K{i:013d}" for i in range(20000)]
+    counts = Counter(split_of(k) for k in keys)
+    assert counts["train"] / 20000 == pytest.approx(0.8, abs=0.015)
+    assert counts["val"] / 20000 == pytest.approx(0.1, abs=0.01)
+    assert counts["test"] / 20000 == pytest.approx(0.1, abs=0.01)
+    # the documented hash, computed independently
+    import hashlib
+    u = int(hashlib.sha256(b"KWILGNNWGSNMPA").hexdigest()[:16], 16) / 2 ** 64
+    assert split_of("KWILGNNWGSNMPA") == ("train" if u < 0.8 else "val" if u < 0.9 else "test")
+
+
+def test_release_url_and_network_failure(tmp_path, monkeypatch):
+    assert release_url("2025.05.1") == \
+        "https://github.com/MassBank/MassBank-data/archive/refs/tags/2025.05.1.tar.gz"
+    with pytest.raises(InputError):
+        release_url("../../evil")
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr("urllib.request.urlopen", offline)
+    with pytest.raises(ResourceError) as e:
+        massbank.fetch_massbank(tmp_path / "mb", release="2025.05.1", progress=False)
+    text = str(e.value)
+    assert "\n" not in text and "could not download" in text and "2025.05.1" in text
+    assert not list((tmp_path / "mb").glob("*.part"))
