@@ -1,4 +1,106 @@
-"""``molpredict candidates`` commands (filled in by its owner)."""
+"""``molpredict candidates``: build candidate libraries from SMILES / SDF / TSV files and summarise them."""
 from __future__ import annotations
 
-from . import cli  # noqa: F401
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import click
+
+from . import cli
+
+
+@cli.group()
+def candidates() -> None:
+    """Candidate libraries: build one from structures, or summarise one (schema: candidates/README.md)."""
+
+
+@candidates.command("build")
+@click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="Library TSV to write (.tsv or .tsv.gz).")
+@click.option("--source", default=None, help="Source label for records that have none.")
+@click.option("-j", "--jobs", default=-1, show_default=True, type=int,
+              help="Worker processes for RDKit (-1: all cores).")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar on stderr (default: when stderr is a terminal).")
+def build(input_path: str, output: str, source: str | None, jobs: int, progress: bool | None) -> None:
+    """Read INPUT (SMILES file, SDF or TSV), compute InChIKey, formula and monoisotopic mass with RDKit for every
+    structure, drop duplicate InChIKeys (first kept) and write a complete library TSV."""
+    from ..candidates import CandidateLibrary, _kind_of, dedupe
+
+    path = Path(input_path)
+    show = sys.stderr.isatty() if progress is None else progress
+    kind = _kind_of(path) or "tsv"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the report is printed below, in full
+        if kind == "smiles":
+            library = CandidateLibrary.from_smiles_file(path, source=source, n_jobs=jobs, progress=show)
+        elif kind == "sdf":
+            library = CandidateLibrary.from_sdf(path, source=source, n_jobs=jobs, progress=show)
+        else:
+            library = _tsv_recomputed(path, source, jobs, show)
+    report = library.report
+    library = dedupe(library, report)
+    if source is not None and not library.has_column("source"):
+        library = CandidateLibrary({**{c: library.column(c) for c in library.columns},
+                                    "source": [source] * len(library)}, path=library.path)
+    library.to_tsv(output)
+    if report is not None:
+        click.echo(report.summary(), err=True)
+        for skipped in report.skipped[:20]:
+            click.echo(f"  skipped: {skipped}", err=True)
+        if report.n_skipped > 20:
+            click.echo(f"  ... and {report.n_skipped - 20} more", err=True)
+    click.echo(f"wrote {len(library)} molecules to {output}", err=True)
+
+
+def _tsv_recomputed(path: Path, source: str | None, jobs: int, progress: bool):
+    """A TSV's SMILES (and name, id, source) with every computed column recomputed by RDKit."""
+    from ..candidates import CandidateLibrary, _read_header, _read_tsv_rows
+
+    header = _read_header(path)
+    # Read the rows without the computed columns so that every row is described afresh (canonical SMILES).
+    stripped = [h if h not in ("inchikey", "inchikey14", "formula", "monoisotopic_mass") else f"_{h}"
+                for h in header]
+    library = _read_tsv_rows(path, stripped, n_jobs=jobs, progress=progress)
+    if source is not None and library.has_column("source"):
+        filled = [s if s else source for s in library.source]
+        library = CandidateLibrary({**{c: library.column(c) for c in library.columns}, "source": filled},
+                                   path=library.path, report=library.report)
+    return library
+
+
+@candidates.command("info")
+@click.argument("library_path", metavar="LIBRARY", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
+def info(library_path: str, as_json: bool) -> None:
+    """Summarise a library: rows, distinct structures and formulas, sources, mass range."""
+    from ..candidates import read_library
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # reported as a count below
+        library = read_library(library_path)
+    summary = library.info()
+    if library.report is not None:
+        summary["skipped"] = library.report.n_skipped
+    if as_json:
+        click.echo(json.dumps(summary, indent=2))
+        return
+    click.echo(f"library      {summary['path']}")
+    click.echo(f"rows         {summary['rows']}")
+    click.echo(f"structures   {summary['distinct_inchikey14']} distinct InChIKey first blocks")
+    click.echo(f"formulas     {summary['distinct_formulas']} distinct")
+    if summary["rows"]:
+        click.echo(f"mass range   {summary['mass_min']:.4f} - {summary['mass_max']:.4f} Da")
+    if summary["sources"]:
+        click.echo("sources")
+        for name, count in summary["sources"].items():
+            click.echo(f"  {name:<20} {count}")
+    if summary["top_formulas"]:
+        click.echo("top formulas")
+        for name, count in summary["top_formulas"].items():
+            click.echo(f"  {name:<20} {count}")
+    if summary.get("skipped"):
+        click.echo(f"skipped rows {summary['skipped']} (see warnings)")

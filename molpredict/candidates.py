@@ -1,0 +1,1007 @@
+"""Candidate libraries: reading TSV / SMILES / SDF files into columns, selecting candidates by formula, by a ppm
+window of neutral mass (or precursor m/z and adduct) and by source, an on-disk cache for large libraries, and
+MassSpecGym-style candidate sets.
+
+A library is a table with the columns of :data:`COLUMNS` (see ``candidates/README.md``). It is held as one
+Apache Arrow table (memory-mapped when it comes from the cache); the public columns are numpy arrays,
+materialised on first access, and rows come out as cheap :class:`~molpredict.molecules.Molecule` records.
+
+The cache: a TSV of at least :data:`CACHE_MIN_BYTES` (or any TSV with ``cache=True``) is stored after its first
+read under ``<home>/cache/candidates/<sha256 of the file>-v<format>/``, ``<home>`` being ``$MOLPREDICT_HOME`` or
+``platformdirs.user_cache_dir("molpredict")``. The key is the SHA-256 of the file's bytes: exact (an edited file
+never hits a stale entry, a copied or moved one still hits) and cheap (0.08 s for the 65 MB pool, against 3 s to
+parse it). The entry holds the table as an uncompressed Arrow IPC file, read back memory-mapped, plus the mass and
+formula indexes and the skip report.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import shutil
+import tempfile
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import InputError
+from .molecules import Adduct, Molecule, neutral_mass, normalize_formula, parse_adduct
+
+__all__ = [
+    "COLUMNS",
+    "REQUIRED_COLUMNS",
+    "CandidateLibrary",
+    "LoadReport",
+    "SkippedRow",
+    "read_library",
+    "load_candidate_sets",
+    "candidate_set_molecules",
+    "describe_smiles",
+    "describe_many",
+    "dedupe",
+    "file_sha256",
+    "cache_dir",
+    "CACHE_MIN_BYTES",
+]
+
+#: Library columns, in the order written to TSV.
+COLUMNS = ("inchikey14", "inchikey", "smiles", "formula", "monoisotopic_mass", "name", "id", "source")
+#: Columns every library has (computed from the SMILES when a file lacks them).
+REQUIRED_COLUMNS = ("inchikey14", "inchikey", "smiles", "formula", "monoisotopic_mass")
+_OPTIONAL_COLUMNS = ("name", "id", "source")
+_COMPUTED = ("inchikey", "formula", "monoisotopic_mass")
+#: TSVs at least this large are cached on disk after the first read (unless ``cache=False``).
+CACHE_MIN_BYTES = 8 * 1024 * 1024
+_CACHE_FORMAT = 1
+_TABLE_FILE = "library.arrow"
+_REPORT_FILE = "report.json"
+_INDEX_FILES = ("mass_order.npy", "formula_order.npy", "formula_offsets.npy", "formula_keys.json")
+
+_SUFFIXES = {
+    ".tsv": "tsv", ".tab": "tsv", ".txt": "tsv",
+    ".smi": "smiles", ".smiles": "smiles", ".ism": "smiles",
+    ".sdf": "sdf", ".sd": "sdf", ".mol": "sdf",
+}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Skip report
+# ----------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SkippedRow:
+    """One record left out of a library: where, which field, why."""
+
+    path: str
+    line: int | None
+    field: str | None
+    reason: str
+
+    def __str__(self) -> str:
+        where = [self.path]
+        if self.line is not None:
+            where.append(f"line {self.line}")
+        if self.field is not None:
+            where.append(f"field {self.field}")
+        return f"{', '.join(where)}: {self.reason}"
+
+
+@dataclass
+class LoadReport:
+    """What reading a library file kept and skipped.
+
+    Attributes
+    ----------
+    path : str
+    n_read : int
+        Records read (kept + skipped; blank and comment lines are not records).
+    skipped : list of SkippedRow
+    n_duplicates : int
+        Records dropped as duplicates of an earlier InChIKey (``candidates build`` only).
+    """
+
+    path: str
+    n_read: int = 0
+    skipped: list[SkippedRow] = field(default_factory=list)
+    n_duplicates: int = 0
+
+    def skip(self, line: int | None, field_name: str | None, reason: str) -> None:
+        self.skipped.append(SkippedRow(self.path, line, field_name, reason))
+
+    @property
+    def n_skipped(self) -> int:
+        return len(self.skipped)
+
+    @property
+    def n_kept(self) -> int:
+        return self.n_read - self.n_skipped - self.n_duplicates
+
+    def __len__(self) -> int:
+        return self.n_skipped
+
+    def summary(self) -> str:
+        """One line: counts and the first problem."""
+        text = f"{self.path}: {self.n_kept} of {self.n_read} records kept"
+        if self.n_skipped:
+            text += f", {self.n_skipped} skipped (first: {self.skipped[0]})"
+        if self.n_duplicates:
+            text += f", {self.n_duplicates} duplicate InChIKeys dropped"
+        return text
+
+    def warn(self) -> None:
+        """Issue one ``UserWarning`` with :meth:`summary` when something was skipped."""
+        if self.n_skipped:
+            warnings.warn(self.summary(), UserWarning, stacklevel=3)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "n_read": self.n_read, "n_duplicates": self.n_duplicates,
+                "skipped": [[s.line, s.field, s.reason] for s in self.skipped]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], path: str | None = None) -> LoadReport:
+        report = cls(path or data["path"], n_read=int(data["n_read"]), n_duplicates=int(data["n_duplicates"]))
+        for line, field_name, reason in data["skipped"]:
+            report.skip(line, field_name, reason)
+        return report
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Computing the columns with RDKit
+# ----------------------------------------------------------------------------------------------------------
+
+def describe_smiles(smiles: str) -> tuple[str, str, str, float] | None:
+    """(canonical SMILES, InChIKey, formula, monoisotopic mass) of a SMILES, or None when RDKit cannot parse it
+    or InChI fails on it. Pure and picklable: the worker function of :func:`describe_many`."""
+    try:
+        m = Molecule.from_smiles(smiles)
+        inchikey = m.inchikey
+    except InputError:
+        return None
+    if not inchikey:
+        return None
+    return m.smiles, inchikey, m.formula, m.monoisotopic_mass
+
+
+def describe_many(smiles: Sequence[str], n_jobs: int = 1, progress: bool = False,
+                  desc: str = "molecules") -> list[tuple[str, str, str, float] | None]:
+    """:func:`describe_smiles` over many SMILES, on ``n_jobs`` processes (``-1``: all cores), in input order,
+    with an optional tqdm progress bar on stderr."""
+    from .molecules import _n_workers
+
+    workers = _n_workers(n_jobs)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(smiles), desc=desc, unit="mol", file=None, mininterval=0.5)
+    try:
+        if workers > 1 and len(smiles) > 2000:
+            from concurrent.futures import ProcessPoolExecutor
+
+            out: list = []
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                for result in pool.map(describe_smiles, smiles, chunksize=500):
+                    out.append(result)
+                    if bar is not None:
+                        bar.update(1)
+            return out
+        out = []
+        for s in smiles:
+            out.append(describe_smiles(s))
+            if bar is not None:
+                bar.update(1)
+        return out
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The library
+# ----------------------------------------------------------------------------------------------------------
+
+class CandidateLibrary:
+    """A table of candidate structures with fast selection by formula, mass window and source.
+
+    Parameters
+    ----------
+    columns : mapping of str to array-like, or pyarrow.Table
+        At least ``smiles``, ``inchikey``, ``formula`` and ``monoisotopic_mass`` (``inchikey14`` is derived
+        from ``inchikey`` when absent); optionally ``name``, ``id``, ``source``. Values are taken as given (no
+        RDKit): use :meth:`from_smiles` or the file readers to compute them.
+    path : str, optional
+        The file it came from (for messages).
+    report : LoadReport, optional
+        What reading the file skipped.
+
+    Attributes
+    ----------
+    smiles, inchikey, inchikey14, formula : ndarray of shape (n,), dtype object (str)
+    monoisotopic_mass : ndarray of shape (n,), float64
+    name, id, source : ndarray of shape (n,), dtype object, or None when the library lacks the column
+    report : LoadReport or None
+    path : str or None
+
+    Notes
+    -----
+    The string columns are materialised from the Arrow table on first access (about 1 s per column for two
+    million rows); selection, indexing and :meth:`molecules` never need them.
+    """
+
+    def __init__(self, columns: Mapping[str, Any] | pa.Table, *, path: str | os.PathLike | None = None,
+                 report: LoadReport | None = None) -> None:
+        table = columns if isinstance(columns, pa.Table) else _table_from_columns(columns)
+        self._table = _conform(table, path)
+        self.path = None if path is None else str(path)
+        self.report = report
+        self._arrays: dict[str, np.ndarray] = {}
+        self._mass_order: np.ndarray | None = None
+        self._mass_sorted: np.ndarray | None = None
+        self._formula_index: tuple[np.ndarray, np.ndarray, dict[str, list[int]]] | None = None
+
+    # -- constructors --------------------------------------------------------------------------------------
+    @classmethod
+    def from_molecules(cls, molecules: Iterable[Molecule], *, source: str | None = None) -> CandidateLibrary:
+        """A library of ``Molecule`` records (their attributes are computed if needed)."""
+        rows = list(molecules)
+        columns: dict[str, Any] = {
+            "smiles": [m.smiles for m in rows], "inchikey": [m.inchikey for m in rows],
+            "formula": [m.formula for m in rows],
+            "monoisotopic_mass": np.array([m.monoisotopic_mass for m in rows], dtype=np.float64),
+        }
+        for key in _OPTIONAL_COLUMNS:
+            values = [getattr(m, key) for m in rows]
+            if key == "source" and source is not None:
+                values = [v or source for v in values]
+            if any(v is not None for v in values):
+                columns[key] = values
+        return cls(columns)
+
+    @classmethod
+    def from_smiles(cls, smiles: Sequence[str], *, names: Sequence[str | None] | None = None,
+                    source: str | None = None, n_jobs: int = 1) -> CandidateLibrary:
+        """A library from SMILES strings, columns computed with RDKit; unparsable SMILES are skipped and reported
+        in ``report`` (record = 1-based position)."""
+        report = LoadReport("<smiles>")
+        raw = [_Raw(i + 1, s, None if names is None else names[i], None, source) for i, s in enumerate(smiles)]
+        report.n_read = len(raw)
+        return cls(_complete(raw, [], report, n_jobs=n_jobs), path=None, report=report)
+
+    @classmethod
+    def from_tsv(cls, path: str | os.PathLike, *, cache: bool | None = None, n_jobs: int = 1,
+                 progress: bool = False) -> CandidateLibrary:
+        """Read a library TSV (``.tsv`` or gzipped ``.tsv.gz``; see ``candidates/README.md``).
+
+        Only ``smiles`` is required; ``inchikey``, ``formula``, ``monoisotopic_mass`` are computed with RDKit
+        for rows that lack them, ``inchikey14`` from ``inchikey``. Bad rows are skipped and listed in
+        ``report`` with file, line and field (a ``UserWarning`` says how many). ``cache``: None caches files of
+        at least :data:`CACHE_MIN_BYTES`, True always, False never.
+        """
+        path = Path(path)
+        _check_file(path)
+        use_cache = path.stat().st_size >= CACHE_MIN_BYTES if cache is None else bool(cache)
+        if use_cache:
+            entry = _cache_entry(path)
+            cached = _load_cached(entry, path)
+            if cached is not None:
+                if cached.report is not None:
+                    cached.report.warn()
+                return cached
+        library = _read_tsv(path, n_jobs=n_jobs, progress=progress)
+        if use_cache:
+            library._build_indexes()
+            _store_cached(entry, library)
+        if library.report is not None:
+            library.report.warn()
+        return library
+
+    @classmethod
+    def from_smiles_file(cls, path: str | os.PathLike, *, source: str | None = None, n_jobs: int = 1,
+                         progress: bool = False) -> CandidateLibrary:
+        """Read a SMILES file: one ``SMILES [name]`` per line (whitespace-separated; ``#`` comments and a
+        ``smiles`` header line are ignored). Columns are computed with RDKit; bad lines are reported."""
+        path = Path(path)
+        _check_file(path)
+        report = LoadReport(str(path))
+        raw = list(_iter_smiles_file(path, report, source))
+        library = cls(_complete(raw, [], report, n_jobs=n_jobs, progress=progress), path=path, report=report)
+        report.warn()
+        return library
+
+    @classmethod
+    def from_sdf(cls, path: str | os.PathLike, *, source: str | None = None, n_jobs: int = 1,
+                 progress: bool = False) -> CandidateLibrary:
+        """Read an SDF file (``.sdf`` or ``.sdf.gz``). Name from a ``name`` data item or the title line, id from
+        an ``id`` item, source from a ``source`` item (or ``source``). Records RDKit cannot read are reported
+        with the line where they start."""
+        path = Path(path)
+        _check_file(path)
+        report = LoadReport(str(path))
+        raw = list(_iter_sdf(path, report, source))
+        library = cls(_complete(raw, [], report, n_jobs=n_jobs, progress=progress), path=path, report=report)
+        report.warn()
+        return library
+
+    # -- table access --------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._table.num_rows
+
+    def __repr__(self) -> str:
+        where = f" from {self.path}" if self.path else ""
+        return f"<CandidateLibrary {len(self)} molecules{where}>"
+
+    @property
+    def table(self) -> pa.Table:
+        """The underlying Arrow table (read-only view)."""
+        return self._table
+
+    @property
+    def columns(self) -> list[str]:
+        return list(self._table.column_names)
+
+    def has_column(self, name: str) -> bool:
+        return name in self._table.column_names
+
+    def column(self, name: str) -> np.ndarray | None:
+        """A column as a numpy array (float64 for the mass, object str otherwise); None when absent."""
+        if name not in self._table.column_names:
+            return None
+        array = self._arrays.get(name)
+        if array is None:
+            column = self._table.column(name)
+            if name == "monoisotopic_mass":
+                array = column.to_numpy()
+            else:
+                array = column.to_numpy(zero_copy_only=False)
+                if array.dtype != object:
+                    array = array.astype(object)
+            array.flags.writeable = False
+            self._arrays[name] = array
+        return array
+
+    smiles = property(lambda self: self.column("smiles"))
+    inchikey = property(lambda self: self.column("inchikey"))
+    inchikey14 = property(lambda self: self.column("inchikey14"))
+    formula = property(lambda self: self.column("formula"))
+    monoisotopic_mass = property(lambda self: self.column("monoisotopic_mass"))
+    name = property(lambda self: self.column("name"))
+    id = property(lambda self: self.column("id"))
+    source = property(lambda self: self.column("source"))
+
+    def __getitem__(self, index: int) -> Molecule:
+        if not isinstance(index, (int, np.integer)):
+            raise TypeError("CandidateLibrary[i] takes one integer; use molecules(indices) or subset(indices)")
+        n = len(self)
+        i = int(index) + n if index < 0 else int(index)
+        if not 0 <= i < n:
+            raise IndexError(f"row {index} out of range for a library of {n}")
+        row = {name: self._table.column(name)[i].as_py() for name in self._table.column_names}
+        return _molecule(row)
+
+    def __iter__(self) -> Iterator[Molecule]:
+        for start in range(0, len(self), 4096):
+            yield from self.molecules(np.arange(start, min(start + 4096, len(self))))
+
+    def molecules(self, indices: Sequence[int] | np.ndarray) -> list[Molecule]:
+        """Rows as ``Molecule`` records (cheap: nothing is parsed), in the order of ``indices``."""
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if indices.size == 0:
+            return []
+        rows = self._table.take(pa.array(self._check_indices(indices))).to_pydict()
+        keys = list(rows)
+        return [_molecule({k: rows[k][j] for k in keys}) for j in range(indices.size)]
+
+    def subset(self, indices: Sequence[int] | np.ndarray) -> CandidateLibrary:
+        """A new library of the given rows, in that order (``report`` and ``path`` carried over)."""
+        indices = self._check_indices(np.asarray(indices, dtype=np.int64).reshape(-1))
+        library = CandidateLibrary(self._table.take(pa.array(indices)), path=self.path, report=self.report)
+        return library
+
+    def _check_indices(self, indices: np.ndarray) -> np.ndarray:
+        n = len(self)
+        if indices.size and (indices.min() < -n or indices.max() >= n):
+            raise IndexError(f"row indices out of range for a library of {n}")
+        return np.where(indices < 0, indices + n, indices)
+
+    # -- selection -----------------------------------------------------------------------------------------
+    def _build_indexes(self) -> None:
+        self._mass_index()
+        self._formulas()
+
+    def _mass_index(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._mass_order is None:
+            self._mass_order = np.argsort(self.monoisotopic_mass, kind="stable")
+        if self._mass_sorted is None:
+            self._mass_sorted = np.ascontiguousarray(self.monoisotopic_mass[self._mass_order])
+        return self._mass_order, self._mass_sorted
+
+    def _formulas(self) -> tuple[np.ndarray, np.ndarray, dict[str, list[int]]]:
+        if self._formula_index is None:
+            encoded = pc.dictionary_encode(self._table.column("formula")).combine_chunks()
+            codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+            order = np.argsort(codes, kind="stable")
+            offsets = np.zeros(len(encoded.dictionary) + 1, dtype=np.int64)
+            np.cumsum(np.bincount(codes, minlength=len(encoded.dictionary)), out=offsets[1:])
+            keys: dict[str, list[int]] = {}
+            for code, raw in enumerate(encoded.dictionary.to_pylist()):
+                keys.setdefault(_formula_key(raw), []).append(code)
+            self._formula_index = (order, offsets, keys)
+        return self._formula_index
+
+    def select_by_formula(self, formula: str) -> np.ndarray:
+        """Row indices (ascending, int64) whose formula equals ``formula`` after :func:`normalize_formula` on
+        both sides (so ``"OH2"`` finds ``"H2O"``). Raises ``InputError`` on an unparsable query."""
+        key = normalize_formula(formula)
+        order, offsets, keys = self._formulas()
+        codes = keys.get(key, [])
+        if not codes:
+            return np.empty(0, dtype=np.int64)
+        parts = [order[offsets[c]:offsets[c + 1]] for c in codes]
+        selected = parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
+        return np.asarray(selected, dtype=np.int64)
+
+    def mass_windows(self, masses: Sequence[float] | np.ndarray, ppm: float = 10.0
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """For each neutral mass M, the half-open range ``[start, end)`` of positions in the mass-sorted order
+        with ``|m - M| <= M * ppm * 1e-6``. Vectorised: the building block of :meth:`select_by_mass`."""
+        masses = np.asarray(masses, dtype=np.float64)
+        _, sorted_masses = self._mass_index()
+        tolerance = np.abs(masses) * (float(ppm) * 1e-6)
+        start = np.searchsorted(sorted_masses, masses - tolerance, side="left")
+        end = np.searchsorted(sorted_masses, masses + tolerance, side="right")
+        return start, end
+
+    def select_by_mass(self, neutral_mass: float, ppm: float = 10.0) -> np.ndarray:
+        """Row indices (ascending, int64) with monoisotopic mass within ``ppm`` of ``neutral_mass`` (the window
+        is ``neutral_mass * ppm * 1e-6`` each side, bounds included)."""
+        order, _ = self._mass_index()
+        start, end = self.mass_windows(np.array([neutral_mass]), ppm)
+        return np.sort(order[int(start[0]):int(end[0])])
+
+    def select_by_masses(self, masses: Sequence[float] | np.ndarray, ppm: float = 10.0) -> list[np.ndarray]:
+        """:meth:`select_by_mass` for many masses at once (one ascending index array per mass)."""
+        order, _ = self._mass_index()
+        start, end = self.mass_windows(masses, ppm)
+        return [np.sort(order[s:e]) for s, e in zip(start.tolist(), end.tolist())]
+
+    def select_by_precursor(self, precursor_mz: float, adducts: str | Adduct | Iterable[str | Adduct],
+                            ppm: float = 10.0) -> np.ndarray:
+        """Rows whose mass matches ``precursor_mz`` as any of ``adducts`` (union, ascending indices)."""
+        if isinstance(adducts, (str, Adduct)):
+            adducts = [adducts]
+        masses = [neutral_mass(precursor_mz, parse_adduct(a)) for a in adducts]
+        if not masses:
+            return np.empty(0, dtype=np.int64)
+        return np.unique(np.concatenate(self.select_by_masses(masses, ppm)))
+
+    def select_by_source(self, sources: str | Iterable[str]) -> np.ndarray:
+        """Row indices (ascending) whose ``source`` is one of ``sources``; empty when there is no such column."""
+        if isinstance(sources, str):
+            sources = [sources]
+        if not self.has_column("source"):
+            return np.empty(0, dtype=np.int64)
+        mask = pc.is_in(self._table.column("source"), value_set=pa.array(list(sources), pa.string()))
+        return np.flatnonzero(mask.to_numpy(zero_copy_only=False))
+
+    def lookup(self, inchikey14s: Sequence[str]) -> np.ndarray:
+        """Row index of each InChIKey first block (first occurrence), -1 where the library lacks it."""
+        found = pc.index_in(pa.array(list(inchikey14s), pa.string()),
+                            value_set=self._table.column("inchikey14").combine_chunks())
+        return np.asarray(found.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+
+    # -- summaries and writing -----------------------------------------------------------------------------
+    def info(self) -> dict[str, Any]:
+        """Rows, distinct InChIKeys / formulas, sources with counts, mass range: a JSON-ready summary."""
+        mass = self.monoisotopic_mass
+        sources: dict[str, int] = {}
+        if self.has_column("source"):
+            counts = pc.value_counts(self._table.column("source")).to_pylist()
+            sources = {str(c["values"]): int(c["counts"]) for c in sorted(counts, key=lambda c: -c["counts"])}
+        formulas = pc.value_counts(self._table.column("formula")).to_pylist()
+        top = sorted(formulas, key=lambda c: -c["counts"])[:5]
+        return {
+            "path": self.path, "rows": len(self),
+            "distinct_inchikey14": int(pc.count_distinct(self._table.column("inchikey14")).as_py()),
+            "distinct_formulas": len(formulas),
+            "top_formulas": {str(c["values"]): int(c["counts"]) for c in top},
+            "sources": sources,
+            "mass_min": float(mass.min()) if len(mass) else None,
+            "mass_max": float(mass.max()) if len(mass) else None,
+            "columns": self.columns,
+        }
+
+    def to_tsv(self, path: str | os.PathLike) -> None:
+        """Write the library TSV (gzipped when ``path`` ends in ``.gz``): :data:`COLUMNS` present, in order;
+        masses with 6 decimals."""
+        path = Path(path)
+        names = [c for c in COLUMNS if self.has_column(c)]
+        opener = gzip.open if path.suffix == ".gz" else open
+        block = 65536
+        with opener(path, "wt", encoding="utf-8", newline="") as handle:
+            handle.write("\t".join(names) + "\n")
+            for start in range(0, len(self), block):
+                part = self._table.slice(start, block).select(names).to_pydict()
+                columns = []
+                for name in names:
+                    values = part[name]
+                    if name == "monoisotopic_mass":
+                        columns.append([f"{v:.6f}" for v in values])
+                    else:
+                        columns.append(["" if v is None else _clean_cell(v) for v in values])
+                handle.writelines("\t".join(row) + "\n" for row in zip(*columns))
+
+
+def _clean_cell(value: Any) -> str:
+    return str(value).replace("\t", " ").replace("\n", " ").replace("\r", " ")
+
+
+def _formula_key(raw: str | None) -> str:
+    try:
+        return normalize_formula(raw or "")
+    except InputError:
+        return f"unparsed:{raw}"  # still selectable by nothing, never confused with a real formula
+
+
+def _molecule(row: Mapping[str, Any]) -> Molecule:
+    return Molecule(row["smiles"], inchikey=row.get("inchikey"), inchikey14=row.get("inchikey14"),
+                    formula=row.get("formula"), monoisotopic_mass=row.get("monoisotopic_mass"),
+                    name=row.get("name"), id=row.get("id"), source=row.get("source"))
+
+
+def _table_from_columns(columns: Mapping[str, Any]) -> pa.Table:
+    arrays = {}
+    for name, values in columns.items():
+        if values is None:
+            continue
+        if name == "monoisotopic_mass":
+            arrays[name] = pa.array(np.asarray(values, dtype=np.float64))
+        else:
+            arrays[name] = pa.array([None if v is None else str(v) for v in values], pa.string())
+    return pa.table(arrays)
+
+
+def _conform(table: pa.Table, path: Any) -> pa.Table:
+    """Check the required columns, derive ``inchikey14``, fix types and column order, one chunk per column."""
+    missing = [c for c in ("smiles", "inchikey", "formula", "monoisotopic_mass") if c not in table.column_names]
+    if missing:
+        raise InputError(f"library lacks column(s) {', '.join(missing)}", path=path, field=missing[0])
+    if "inchikey14" not in table.column_names:
+        table = table.append_column("inchikey14", pc.utf8_slice_codeunits(table.column("inchikey"), 0, 14))
+    fields = []
+    for name in COLUMNS:
+        if name not in table.column_names:
+            continue
+        column = table.column(name)
+        wanted = pa.float64() if name == "monoisotopic_mass" else pa.string()
+        if column.type != wanted:
+            column = column.cast(wanted)
+        fields.append((name, column))
+    out = pa.table({name: column for name, column in fields})
+    return out.combine_chunks() if any(c.num_chunks > 1 for c in out.columns) else out
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Readers
+# ----------------------------------------------------------------------------------------------------------
+
+@dataclass
+class _Raw:
+    """A record as read: given fields (None when absent/empty) and the line it came from."""
+
+    line: int | None
+    smiles: str
+    name: str | None = None
+    id: str | None = None
+    source: str | None = None
+    inchikey: str | None = None
+    formula: str | None = None
+    mass: float | None = None
+
+
+def _check_file(path: Path) -> None:
+    if not path.exists():
+        raise InputError("no such file", path=path)
+    if path.is_dir():
+        raise InputError("is a directory, not a library file", path=path)
+
+
+def _is_gzip(path: Path) -> bool:
+    with open(path, "rb") as handle:
+        return handle.read(2) == b"\x1f\x8b"
+
+
+def _open_text(path: Path) -> io.TextIOBase:
+    if _is_gzip(path):
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")
+
+
+def _read_header(path: Path) -> list[str]:
+    try:
+        with _open_text(path) as handle:
+            first = handle.readline()
+    except (UnicodeDecodeError, OSError, EOFError) as exc:
+        raise InputError(f"not a text library file ({type(exc).__name__})", path=path) from None
+    if "\x00" in first:
+        raise InputError("not a text library file (binary content)", path=path)
+    names = [h.strip().lower() for h in first.rstrip("\r\n").split("\t")]
+    if "smiles" not in names:
+        raise InputError("not a library TSV: the header has no 'smiles' column", path=path, record=1,
+                         field="smiles")
+    return names
+
+
+def _read_tsv(path: Path, *, n_jobs: int = 1, progress: bool = False) -> CandidateLibrary:
+    header = _read_header(path)
+    if all(c in header for c in _COMPUTED):
+        library = _read_tsv_fast(path, header)
+        if library is not None:
+            return library
+    return _read_tsv_rows(path, header, n_jobs=n_jobs, progress=progress)
+
+
+def _read_tsv_fast(path: Path, header: list[str]) -> CandidateLibrary | None:
+    """Arrow's multithreaded reader for complete files (every computed column present): no RDKit, no Python
+    loop. Returns None on any irregularity (a bad number, a short row, an empty cell), and the row-by-row
+    reader then reports it by line."""
+    import pyarrow.csv as pcsv
+
+    if len(set(header)) != len(header):
+        return None
+    types = {name: (pa.float64() if name == "monoisotopic_mass" else pa.string()) for name in header}
+    try:
+        stream = pa.input_stream(str(path), compression="gzip" if _is_gzip(path) else None)
+        table = pcsv.read_csv(
+            stream,
+            read_options=pcsv.ReadOptions(column_names=header, skip_rows=1, block_size=1 << 24),
+            parse_options=pcsv.ParseOptions(delimiter="\t", quote_char=False, ignore_empty_lines=False),
+            convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=False,
+                                                include_columns=[c for c in header if c in COLUMNS]),
+        )
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
+        return None
+    for name in ("smiles", "inchikey", "formula"):
+        if pc.any(pc.equal(pc.utf8_length(table.column(name)), 0)).as_py():
+            return None
+    mass = table.column("monoisotopic_mass")
+    if mass.null_count or pc.any(pc.invert(pc.is_finite(mass))).as_py():
+        return None
+    for name in _OPTIONAL_COLUMNS:
+        if name in table.column_names:  # empty optional cells are missing values
+            column = table.column(name)
+            table = table.set_column(table.column_names.index(name), name,
+                                     pc.if_else(pc.equal(column, ""), pa.scalar(None, pa.string()), column))
+    report = LoadReport(str(path), n_read=table.num_rows)
+    return CandidateLibrary(table, path=path, report=report)
+
+
+def _read_tsv_rows(path: Path, header: list[str], *, n_jobs: int = 1, progress: bool = False
+                   ) -> CandidateLibrary:
+    report = LoadReport(str(path))
+    position = {name: header.index(name) for name in COLUMNS if name in header}
+    raw: list[_Raw] = []
+    with _open_text(path) as handle:
+        try:
+            handle.readline()
+            for line_number, line in enumerate(handle, start=2):
+                text = line.rstrip("\r\n")
+                if not text.strip() or text.startswith("#"):
+                    continue
+                report.n_read += 1
+                cells = text.split("\t")
+                if len(cells) != len(header):
+                    report.skip(line_number, None, f"expected {len(header)} tab-separated fields, got {len(cells)}")
+                    continue
+
+                def get(name: str) -> str | None:
+                    i = position.get(name)
+                    value = None if i is None else cells[i].strip()
+                    return value or None
+
+                smiles = get("smiles")
+                if smiles is None:
+                    report.skip(line_number, "smiles", "empty SMILES")
+                    continue
+                mass_text = get("monoisotopic_mass")
+                mass = None
+                if mass_text is not None:
+                    try:
+                        mass = float(mass_text)
+                    except ValueError:
+                        mass = float("nan")
+                    if not np.isfinite(mass) or mass < 0:
+                        report.skip(line_number, "monoisotopic_mass", f"not a mass: {mass_text!r}")
+                        continue
+                raw.append(_Raw(line_number, smiles, get("name"), get("id"), get("source"), get("inchikey"),
+                                get("formula"), mass))
+        except UnicodeDecodeError:
+            raise InputError("not a UTF-8 text file", path=path) from None
+    extra = [c for c in _OPTIONAL_COLUMNS if c in header]
+    library = CandidateLibrary(_complete(raw, extra, report, n_jobs=n_jobs, progress=progress), path=path,
+                               report=report)
+    return library
+
+
+def _complete(raw: list[_Raw], extra: Sequence[str], report: LoadReport, *, n_jobs: int = 1,
+              progress: bool = False) -> dict[str, Any]:
+    """Columns for the raw records, computing what is missing with RDKit (rows it cannot parse are reported).
+
+    A record that lacks any computed field is described from its SMILES entirely (canonical SMILES included),
+    so that the row is self-consistent; a record with all fields keeps them as given.
+    """
+    todo = [i for i, r in enumerate(raw) if r.inchikey is None or r.formula is None or r.mass is None]
+    described = describe_many([raw[i].smiles for i in todo], n_jobs=n_jobs, progress=progress)
+    keep = np.ones(len(raw), dtype=bool)
+    for i, result in zip(todo, described):
+        record = raw[i]
+        if result is None:
+            report.skip(record.line, "smiles", f"RDKit cannot parse SMILES {record.smiles[:80]!r}")
+            keep[i] = False
+            continue
+        record.smiles, record.inchikey, record.formula, record.mass = result
+    rows = [r for r, k in zip(raw, keep) if k]
+    columns: dict[str, Any] = {
+        "smiles": [r.smiles for r in rows], "inchikey": [r.inchikey for r in rows],
+        "formula": [r.formula for r in rows],
+        "monoisotopic_mass": np.array([r.mass for r in rows], dtype=np.float64),
+    }
+    for name in _OPTIONAL_COLUMNS:
+        values = [getattr(r, name) for r in rows]
+        if name in extra or any(v is not None for v in values):
+            columns[name] = values
+    return columns
+
+
+def _iter_smiles_file(path: Path, report: LoadReport, source: str | None) -> Iterator[_Raw]:
+    first = True
+    with _open_text(path) as handle:
+        try:
+            for line_number, line in enumerate(handle, start=1):
+                text = line.strip()
+                if not text or text.startswith("#"):
+                    continue
+                if "\x00" in text:
+                    raise InputError("not a SMILES file (binary content)", path=path)
+                parts = text.split(None, 1)
+                if first and parts[0].lower() == "smiles":
+                    first = False
+                    continue
+                first = False
+                report.n_read += 1
+                yield _Raw(line_number, parts[0], parts[1].strip() if len(parts) > 1 else None, None, source)
+        except UnicodeDecodeError:
+            raise InputError("not a UTF-8 text file", path=path) from None
+
+
+def _iter_sdf(path: Path, report: LoadReport, source: str | None) -> Iterator[_Raw]:
+    """Stream SDF records, parsing each block with RDKit (line numbers kept for the report)."""
+    from rdkit import Chem
+
+    def finish(start: int, lines: list[str]) -> _Raw | None:
+        block = "".join(lines)
+        if not block.strip():
+            return None
+        report.n_read += 1
+        molblock, _, data = block.partition("\nM  END")
+        mol = Chem.MolFromMolBlock(molblock + "\nM  END\n") if "M  END" in block else None
+        if mol is None:
+            report.skip(start, "molblock", "RDKit cannot read this SDF record")
+            return None
+        items = _sdf_items(data)
+        title = lines[0].strip() if lines else ""
+        name = items.get("name") or title or None
+        return _Raw(start, Chem.MolToSmiles(mol), name, items.get("id"), items.get("source") or source)
+
+    lines: list[str] = []
+    start = 1
+    with _open_text(path) as handle:
+        try:
+            for line_number, line in enumerate(handle, start=1):
+                if "\x00" in line:
+                    raise InputError("not an SDF file (binary content)", path=path)
+                if line.rstrip("\r\n") == "$$$$":
+                    record = finish(start, lines)
+                    if record is not None:
+                        yield record
+                    lines, start = [], line_number + 1
+                else:
+                    lines.append(line)
+        except UnicodeDecodeError:
+            raise InputError("not a UTF-8 text file", path=path) from None
+    record = finish(start, lines)
+    if record is not None:
+        yield record
+    if report.n_read == 0:
+        raise InputError("no SDF records found", path=path)
+
+
+def _sdf_items(data: str) -> dict[str, str]:
+    """The ``> <KEY>`` data items of an SDF record (keys lower-cased; first value line)."""
+    items: dict[str, str] = {}
+    lines = data.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(">") and "<" in line and ">" in line[1:]:
+            key = line[line.index("<") + 1:line.rindex(">")].strip().lower()
+            value = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            if key and value and key not in items:
+                items[key] = value
+    return items
+
+
+def _kind_of(path: Path) -> str | None:
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes and suffixes[-1] == ".gz":
+        suffixes = suffixes[:-1]
+    return _SUFFIXES.get(suffixes[-1]) if suffixes else None
+
+
+def read_library(path: str | os.PathLike, *, cache: bool | None = None, n_jobs: int = 1,
+                 progress: bool = False) -> CandidateLibrary:
+    """Read a candidate library, choosing the reader by extension: ``.tsv``/``.tab``/``.txt`` (TSV),
+    ``.smi``/``.smiles`` (SMILES file), ``.sdf``/``.sd``/``.mol`` (SDF), each optionally ``.gz``. A file whose
+    extension says nothing is read as TSV when its header has a ``smiles`` column; anything else is a one-line
+    ``InputError``."""
+    path = Path(path)
+    _check_file(path)
+    kind = _kind_of(path)
+    if kind == "smiles":
+        return CandidateLibrary.from_smiles_file(path, n_jobs=n_jobs, progress=progress)
+    if kind == "sdf":
+        return CandidateLibrary.from_sdf(path, n_jobs=n_jobs, progress=progress)
+    if kind is None:
+        try:
+            _read_header(path)
+        except InputError:
+            raise InputError("not a candidate library (expected .tsv, .tsv.gz, .smi or .sdf, or a TSV with a "
+                             "'smiles' column)", path=path) from None
+    return CandidateLibrary.from_tsv(path, cache=cache, n_jobs=n_jobs, progress=progress)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Cache
+# ----------------------------------------------------------------------------------------------------------
+
+def cache_dir() -> Path:
+    """Where library caches live: ``$MOLPREDICT_HOME/cache/candidates`` (``MOLPREDICT_HOME`` defaulting to
+    ``platformdirs.user_cache_dir("molpredict")``)."""
+    home = os.environ.get("MOLPREDICT_HOME")
+    if home:
+        base = Path(home).expanduser()
+    else:
+        import platformdirs
+        base = Path(platformdirs.user_cache_dir("molpredict"))
+    return base / "cache" / "candidates"
+
+
+def file_sha256(path: str | os.PathLike, block: int = 1 << 22) -> str:
+    """SHA-256 of a file's bytes (hex)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(block):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _cache_entry(path: Path) -> Path:
+    return cache_dir() / f"{file_sha256(path)}-v{_CACHE_FORMAT}"
+
+
+def _load_cached(entry: Path, path: Path) -> CandidateLibrary | None:
+    table_file = entry / _TABLE_FILE
+    if not table_file.exists():
+        return None
+    try:
+        table = pa.ipc.open_file(pa.memory_map(str(table_file), "r")).read_all()
+        report = None
+        if (entry / _REPORT_FILE).exists():
+            report = LoadReport.from_json(json.loads((entry / _REPORT_FILE).read_text()), path=str(path))
+        library = CandidateLibrary(table, path=path, report=report)
+        if all((entry / f).exists() for f in _INDEX_FILES):
+            library._mass_order = np.load(entry / "mass_order.npy", mmap_mode="r")
+            order = np.load(entry / "formula_order.npy", mmap_mode="r")
+            offsets = np.load(entry / "formula_offsets.npy")
+            keys = json.loads((entry / "formula_keys.json").read_text())
+            library._formula_index = (order, offsets, keys)
+        return library
+    except (OSError, ValueError, KeyError, pa.ArrowException, json.JSONDecodeError, InputError):
+        # A damaged entry (interrupted by a crash, disk full): ignore it; the caller rebuilds it.
+        shutil.rmtree(entry, ignore_errors=True)
+        return None
+
+
+def _store_cached(entry: Path, library: CandidateLibrary) -> None:
+    """Write the cache entry atomically (a temporary directory renamed into place); failures only warn."""
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
+        try:
+            with pa.OSFile(str(tmp / _TABLE_FILE), "wb") as sink:
+                with pa.ipc.new_file(sink, library.table.schema) as writer:
+                    writer.write_table(library.table)
+            if library.report is not None:
+                (tmp / _REPORT_FILE).write_text(json.dumps(library.report.to_json()))
+            order, offsets, keys = library._formulas()
+            np.save(tmp / "mass_order.npy", library._mass_index()[0])
+            np.save(tmp / "formula_order.npy", order)
+            np.save(tmp / "formula_offsets.npy", offsets)
+            (tmp / "formula_keys.json").write_text(json.dumps(keys))
+            try:
+                os.replace(tmp, entry)
+            except OSError:  # another process stored the same entry first
+                shutil.rmtree(tmp, ignore_errors=True)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as exc:
+        warnings.warn(f"could not cache library {library.path} in {entry.parent}: {exc}", UserWarning,
+                      stacklevel=3)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# MassSpecGym-style candidate sets
+# ----------------------------------------------------------------------------------------------------------
+
+def load_candidate_sets(path: str | os.PathLike) -> dict[str, list[tuple[str, str]]]:
+    """Read a candidate-set JSON: ``{query_inchikey14: [[inchikey14, smiles], ...]}``.
+
+    Returns the same mapping with ``(inchikey14, smiles)`` tuples, order kept (in the shared files the true
+    structure comes first: shuffle or ignore order when ranking). Raises ``InputError`` when the file is not
+    of this form.
+    """
+    path = Path(path)
+    _check_file(path)
+    try:
+        opener = gzip.open if _is_gzip(path) else open
+        with opener(path, "rt", encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"not a candidate-set JSON file ({type(exc).__name__})", path=path) from None
+    if not isinstance(data, dict):
+        raise InputError("not a candidate-set JSON file (expected an object keyed by InChIKey first block)",
+                         path=path)
+    out: dict[str, list[tuple[str, str]]] = {}
+    for query, entries in data.items():
+        if not isinstance(entries, list):
+            raise InputError("expected a list of [inchikey14, smiles] pairs", path=path, record=query)
+        pairs = []
+        for entry in entries:
+            if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and all(isinstance(v, str) for v in entry)):
+                raise InputError(f"bad candidate entry {str(entry)[:60]!r} (expected [inchikey14, smiles])",
+                                 path=path, record=query)
+            pairs.append((entry[0], entry[1]))
+        out[query] = pairs
+    return out
+
+
+def candidate_set_molecules(entries: Sequence[tuple[str, str]], source: str | None = None) -> list[Molecule]:
+    """Cheap ``Molecule`` records for one candidate set's ``(inchikey14, smiles)`` pairs (``inchikey14`` set,
+    everything else computed on demand)."""
+    return [Molecule(smiles, inchikey14=key, source=source) for key, smiles in entries]
+
+
+def dedupe(library: CandidateLibrary, report: LoadReport | None = None) -> CandidateLibrary:
+    """The first row of each InChIKey, order kept (the number dropped is added to ``report.n_duplicates``)."""
+    table = pa.table({"key": library.table.column("inchikey"), "row": pa.array(np.arange(len(library)))})
+    first = table.group_by("key", use_threads=False).aggregate([("row", "min")]).column("row_min")
+    first = np.sort(first.to_numpy(zero_copy_only=False))
+    if report is not None:
+        report.n_duplicates += len(library) - len(first)
+    if len(first) == len(library):
+        return library
+    return library.subset(first)
+
+
+def source_counts(library: CandidateLibrary) -> Counter:
+    """How many rows each source has (empty when the library has no source column)."""
+    if not library.has_column("source"):
+        return Counter()
+    return Counter({str(c["values"]): int(c["counts"])
+                    for c in pc.value_counts(library.table.column("source")).to_pylist()})
