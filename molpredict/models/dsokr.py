@@ -1,0 +1,488 @@
+"""DSOKR: a neural network g_W: X -> R^{p_y} trained to predict coordinates in a sketched output basis.
+
+El Ahmad, Yang, Laforgue, d'Alche-Buc (ECML 2024). The output side is a :class:`SketchedOutputBasis` (an
+orthonormal basis of span(R_y K_y rows) in H_y); the network is built by an :mod:`encoder <molpredict.encoders>`
+(``mlp`` on binned spectra, ``transformer`` on strings, ``text-embedding`` on text) and trained with a kernel
+loss of the squared RKHS distance (:mod:`molpredict.models.losses`: square, Huber, epsilon-insensitive).
+Decoding is argmax_c g_W(x)^T psi~(y_c): a dot product, so candidate coordinates are computed once per library.
+
+Ensembles
+---------
+``n_members = T`` networks, each with its own sketch draw (seed + t) and its own initialisation. The combined
+score of a candidate is
+
+- ``combine="mean"``: sum_t w_t g_t(x)^T psi~_t(c) with non-negative weights summing to 1 (``member_weights=
+  "uniform"``: 1/T; ``"fit"``: chosen on the validation set to minimise the kernel loss of the combined
+  predictor h = sum_t w_t h_t, a quadratic in w, needing the cross-Gram matrices between the members' bases).
+  This is again one dot product: :meth:`predict_coordinates` and :meth:`candidate_coordinates` concatenate the
+  members' coordinates scaled by sqrt(w_t), so caching and batched scoring work unchanged.
+- ``combine="max"``: max_t g_t(x)^T psi~_t(c). Not a dot product: :meth:`score` (and
+  :meth:`score_coordinates`, for cached coordinates) compute it; a caller that multiplies the concatenated
+  coordinates itself gets the (unweighted) sum instead.
+
+Early stopping
+--------------
+With validation data, each member keeps the weights of its best epoch by ``val_metric``: ``loss`` (mean
+squared RKHS distance ||h(x) - psi_y(y)||^2 on validation pairs, lower is better) or ``mrr`` (decoding the
+validation inputs against candidate sets: the distinct validation structures unless candidates are given as a
+third element of ``val``; higher is better); training stops after ``patience`` epochs without improvement.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..decoding import query_metrics, true_rank_counts
+from ..errors import ModelFileError, SpecError
+from ..specs import parse_spec
+from .base import Model
+from .basis import SketchedOutputBasis, distinct_objects, output_key
+from .losses import make_loss, squared_distance
+
+__all__ = ["DSOKR", "CandidateSets", "candidate_sets", "coordinate_metrics", "state_dict_to_arrays"]
+
+
+# -- validation decoding (pure helpers, also used by sketch-size selection) -----------------------------
+def _hit_key(obj: Any) -> Any:
+    key = getattr(obj, "inchikey14", None)
+    return key if isinstance(key, str) and key else output_key(obj)
+
+
+@dataclass
+class CandidateSets:
+    """Candidates for a batch of queries over one pool of distinct molecules.
+
+    Attributes
+    ----------
+    pool : list
+        Distinct candidate molecules (score each once).
+    index : list of ndarray
+        For each query, the positions of its candidates in ``pool``.
+    is_true : list of ndarray of bool
+        For each query, which of its candidates match the true structure (InChIKey first block).
+    """
+
+    pool: list
+    index: list
+    is_true: list
+
+
+def candidate_sets(truths: Sequence[Any], candidates: Any = None) -> CandidateSets:
+    """Candidate sets for queries whose true structures are ``truths``.
+
+    Parameters
+    ----------
+    truths : sequence of Molecule, length n_queries
+    candidates : None, sequence of Molecule, or sequence (length n_queries) of sequences of Molecule
+        None: every query is ranked among the distinct true structures; a flat sequence: one shared set; a
+        sequence of sequences: one set per query.
+    """
+    truths = list(truths)
+    if candidates is None:
+        candidates = distinct_objects(truths)[0]
+    candidates = list(candidates)
+    per_query = bool(candidates) and isinstance(candidates[0], (list, tuple))
+    flat = [c for group in candidates for c in group] if per_query else candidates
+    pool, inverse = distinct_objects(flat)
+    key_ids: dict[Any, int] = {}
+    keys = np.asarray([key_ids.setdefault(_hit_key(c), len(key_ids)) for c in pool], dtype=np.int64)
+    if per_query:
+        if len(candidates) != len(truths):
+            raise SpecError(f"{len(candidates)} candidate sets for {len(truths)} queries")
+        bounds = np.cumsum([0] + [len(g) for g in candidates])
+        index = [inverse[bounds[i]:bounds[i + 1]] for i in range(len(truths))]
+    else:
+        index = [inverse] * len(truths)
+    is_true = [keys[idx] == key_ids.get(_hit_key(t), -1) for idx, t in zip(index, truths)]
+    return CandidateSets(pool, index, is_true)
+
+
+def coordinate_metrics(predictions: np.ndarray, pool_coordinates: np.ndarray, sets: CandidateSets,
+                       ks: Sequence[int] = (1, 5, 10), policy: str = "worst", scorer: Any = None
+                       ) -> dict[str, float]:
+    """Mean hit@k and MRR of decoding by dot product (or ``scorer(P, C) -> scores``).
+
+    Parameters
+    ----------
+    predictions : ndarray of shape (n_queries, d)
+    pool_coordinates : ndarray of shape (len(sets.pool), d)
+    sets : CandidateSets
+    """
+    score = scorer or (lambda p, c: p @ c.T)
+    n = predictions.shape[0]
+    greater, ties, found = np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool)
+    n_cand = np.asarray([len(idx) for idx in sets.index])
+    shared = all(idx is sets.index[0] for idx in sets.index)
+    block = 512
+    for start in range(0, n, block):
+        stop = min(start + block, n)
+        if shared:
+            scores = score(predictions[start:stop], pool_coordinates[sets.index[0]])
+        for i in range(start, stop):
+            row = scores[i - start] if shared else score(predictions[i:i + 1], pool_coordinates[sets.index[i]])[0]
+            greater[i], ties[i], found[i] = true_rank_counts(row, sets.is_true[i])
+    metrics = query_metrics(greater, ties, found, n_cand, ks=ks, policy=policy)
+    out = {name: float(np.mean(values)) for name, values in metrics.items() if name != "rr"}
+    out["mrr"] = float(np.mean(metrics["rr"]))
+    return out
+
+
+def state_dict_to_arrays(module: torch.nn.Module, prefix: str) -> dict[str, np.ndarray]:
+    """A module's ``state_dict`` as numpy arrays named ``prefix.<parameter>`` (no pickle)."""
+    return {f"{prefix}.{name}": value.detach().cpu().numpy().copy() for name, value in module.state_dict().items()}
+
+
+def _load_state_dict(module: torch.nn.Module, arrays: dict[str, np.ndarray], prefix: str) -> None:
+    state = {name[len(prefix) + 1:]: torch.from_numpy(np.array(value)) for name, value in arrays.items()
+             if name.startswith(prefix + ".")}
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise ModelFileError(f"network weights {prefix}.* do not fit the architecture: "
+                             f"{' '.join(str(exc).split())[:300]}") from None
+
+
+def _nested_spec(text: Any) -> str:
+    """A component spec given inside another spec writes its own parameters with ``;`` (``mlp:hidden=256;layers=3``)."""
+    return str(text).replace(";", ",")
+
+
+class DSOKR(Model):
+    """Deep sketched output kernel regression.
+
+    Parameters
+    ----------
+    encoder : str
+        Encoder spec (``mlp``, ``mlp:hidden=512,layers=3``, ``transformer``, ``text-embedding``; inside a model
+        spec write the encoder's own parameters with ``;``).
+    output_kernel : str
+        Output kernel spec.
+    output_sketch : str
+        Output sketch spec (sets m_y); shrunk to the number of distinct training structures when larger.
+    loss : str
+        ``square`` (default), ``huber:delta=...``, ``eps-l1:epsilon=...``, ``eps-l2:epsilon=...``.
+    lr, epochs, batch_size, weight_decay
+        Adam settings.
+    patience : int
+        Early stopping (with validation data): epochs without improvement before stopping.
+    val_metric : {"auto", "loss", "mrr"}
+        ``auto``: ``mrr`` when validation candidates are given, else ``loss``.
+    n_members : int
+        Ensemble size T (independent sketch draws and initialisations).
+    combine : {"mean", "max"}
+    member_weights : {"uniform", "fit"}
+        Weights of ``combine="mean"``; ``fit`` needs validation data.
+    rel_cutoff : float
+        Relative eigenvalue cut-off of the output basis.
+    device : {"auto", "cpu", "cuda"}
+    seed : int
+
+    Fitted attributes
+    -----------------
+    encoder_ : Encoder
+    bases_ : list of SketchedOutputBasis, one per member
+    networks_ : list of torch.nn.Module
+    weights_ : ndarray of shape (T,)
+    history_ : list of dict per member (``train_loss``, ``val``, ``best_epoch``)
+    """
+
+    def __init__(self, encoder: str = "mlp", output_kernel: str = "gaussian-tanimoto:gamma=auto",
+                 output_sketch: str = "subsample:m=1000", loss: str = "square", lr: float = 1e-3,
+                 epochs: int = 100, batch_size: int = 128, weight_decay: float = 0.0, patience: int = 10,
+                 val_metric: str = "auto", n_members: int = 1, combine: str = "mean",
+                 member_weights: str = "uniform", rel_cutoff: float = 1e-10, device: str = "auto",
+                 seed: int = 0) -> None:
+        self.encoder = encoder
+        self.output_kernel = output_kernel
+        self.output_sketch = output_sketch
+        self.loss = loss
+        self.lr = lr
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.weight_decay = weight_decay
+        self.patience = patience
+        self.val_metric = val_metric
+        self.n_members = n_members
+        self.combine = combine
+        self.member_weights = member_weights
+        self.rel_cutoff = rel_cutoff
+        self.device = device
+        self.seed = seed
+
+    @property
+    def input_type(self) -> str:  # type: ignore[override]
+        """``spectrum`` or ``text``: what the encoder takes."""
+        from ..registry import get_registry
+        return get_registry().get("encoder", parse_spec(_nested_spec(self.encoder)).name).input_type
+
+    # -- helpers -----------------------------------------------------------------------------------------
+    def _check_params(self) -> None:
+        if self.combine not in ("mean", "max"):
+            raise SpecError(f"dsokr: combine must be mean or max, got {self.combine!r}")
+        if self.member_weights not in ("uniform", "fit"):
+            raise SpecError(f"dsokr: member_weights must be uniform or fit, got {self.member_weights!r}")
+        if self.val_metric not in ("auto", "loss", "mrr"):
+            raise SpecError(f"dsokr: val_metric must be auto, loss or mrr, got {self.val_metric!r}")
+        if int(self.n_members) < 1 or int(self.epochs) < 0 or int(self.batch_size) < 1:
+            raise SpecError("dsokr: n_members and batch_size must be >= 1 and epochs >= 0")
+        make_loss(_nested_spec(self.loss))
+
+    def _device(self) -> torch.device:
+        from ..device import resolve_device
+        return resolve_device(self.device)
+
+    def _forward(self, network: torch.nn.Module, features: Any, device: torch.device, block: int = 1024
+                 ) -> torch.Tensor:
+        """Network outputs for a whole feature table, in eval mode, float32 on ``device``."""
+        network.eval()
+        outs = []
+        n = len(features) if not hasattr(features, "shape") else features.shape[0]
+        with torch.no_grad():
+            for start in range(0, n, block):
+                index = np.arange(start, min(start + block, n))
+                outs.append(network(self.encoder_.to_tensor(self.encoder_.take(features, index), device)))
+        if not outs:
+            return torch.zeros((0, 0), device=device)
+        return torch.cat(outs).float()
+
+    @staticmethod
+    def _n(features: Any) -> int:
+        return features.shape[0] if hasattr(features, "shape") else len(features)
+
+    # -- training ----------------------------------------------------------------------------------------
+    def fit(self, inputs: Sequence[Any], molecules: Sequence[Any],
+            val: tuple | None = None) -> "DSOKR":
+        """Train the members.
+
+        Parameters
+        ----------
+        inputs : sequence of Spectrum or str, length n
+        molecules : sequence of Molecule, length n
+        val : (inputs, molecules) or (inputs, molecules, candidates), optional
+            Validation data for early stopping and member weights; ``candidates`` as in :func:`candidate_sets`.
+        """
+        self._check_params()
+        inputs, molecules = list(inputs), list(molecules)
+        if len(inputs) != len(molecules) or not inputs:
+            raise SpecError(f"dsokr: {len(inputs)} inputs for {len(molecules)} outputs")
+        if self.member_weights == "fit" and val is None:
+            raise SpecError("dsokr: member_weights=fit needs validation data")
+        device = self._device()
+        loss_fn = make_loss(_nested_spec(self.loss))
+        from ..registry import create
+        self.encoder_ = create("encoder", _nested_spec(self.encoder)).fit(inputs, device=device)
+        features = self.encoder_.featurize(inputs)
+        val_data = self._prepare_val(val) if val is not None else None
+
+        self.bases_, self.networks_, self.history_ = [], [], []
+        for t in range(int(self.n_members)):
+            member_seed = int(self.seed) * 1000 + t
+            basis = SketchedOutputBasis(_nested_spec(self.output_kernel), _nested_spec(self.output_sketch),
+                                        float(self.rel_cutoff), seed=member_seed).fit(molecules)
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+                torch.manual_seed(member_seed)
+                network, history = self._train_member(basis, features, molecules, val_data, loss_fn, device,
+                                                      member_seed)
+            self.bases_.append(basis)
+            self.networks_.append(network)
+            self.history_.append(history)
+        self.device_ = str(device)
+        if self.member_weights == "fit" and int(self.n_members) > 1:
+            self.weights_ = self._fit_weights(val_data, device)
+        else:
+            self.weights_ = np.full(int(self.n_members), 1.0 / int(self.n_members))
+        return self
+
+    def _prepare_val(self, val: tuple) -> dict[str, Any]:
+        if len(val) not in (2, 3):
+            raise SpecError("dsokr: val must be (inputs, molecules) or (inputs, molecules, candidates)")
+        v_inputs, v_molecules = list(val[0]), list(val[1])
+        if len(v_inputs) != len(v_molecules) or not v_inputs:
+            raise SpecError(f"dsokr: {len(v_inputs)} validation inputs for {len(v_molecules)} outputs")
+        metric = self.val_metric
+        if metric == "auto":
+            metric = "mrr" if len(val) == 3 and val[2] is not None else "loss"
+        data = {"features": self.encoder_.featurize(v_inputs), "molecules": v_molecules, "metric": metric}
+        if metric == "mrr":
+            data["sets"] = candidate_sets(v_molecules, val[2] if len(val) == 3 else None)
+        return data
+
+    def _val_score(self, g: torch.Tensor, basis: SketchedOutputBasis, val: dict, cache: dict) -> float:
+        """Higher is better: -kernel loss, or MRR."""
+        if val["metric"] == "loss":
+            if "psi" not in cache:
+                cache["psi"] = torch.as_tensor(basis.coordinates(val["molecules"]), dtype=torch.float32,
+                                               device=g.device)
+                cache["kyy"] = torch.as_tensor(basis.diagonal(val["molecules"]), dtype=torch.float32,
+                                               device=g.device)
+            return -float(squared_distance(g, cache["psi"], cache["kyy"]).mean())
+        if "pool" not in cache:
+            cache["pool"] = basis.coordinates(val["sets"].pool)
+        return coordinate_metrics(g.double().cpu().numpy(), cache["pool"], val["sets"])["mrr"]
+
+    def _train_member(self, basis: SketchedOutputBasis, features: Any, molecules: list, val: dict | None,
+                      loss_fn: Any, device: torch.device, seed: int) -> tuple[torch.nn.Module, dict]:
+        network = self.encoder_.build(basis.rank_).to(device)
+        psi = torch.as_tensor(basis.train_coordinates_, dtype=torch.float32, device=device)  # distinct outputs
+        kyy = torch.as_tensor(basis.diagonal(basis.distinct_), dtype=torch.float32, device=device)
+        target = torch.as_tensor(basis.inverse_, device=device)
+        optimizer = torch.optim.Adam(network.parameters(), lr=float(self.lr), weight_decay=float(self.weight_decay))
+        rng = np.random.default_rng(seed)
+        n = self._n(features)
+        history: dict[str, Any] = {"rank": basis.rank_, "train_loss": [], "val": [], "best_epoch": None}
+        best, best_state, waited, cache = -np.inf, None, 0, {}
+        for epoch in range(int(self.epochs)):
+            network.train()
+            order = rng.permutation(n)
+            total = 0.0
+            for start in range(0, n, int(self.batch_size)):
+                index = order[start:start + int(self.batch_size)]
+                x = self.encoder_.to_tensor(self.encoder_.take(features, index), device)
+                j = target[torch.as_tensor(index, device=device)]
+                loss = loss_fn(network(x), psi[j], kyy[j]).mean()
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                total += float(loss.detach()) * len(index)
+            history["train_loss"].append(total / n)
+            if val is None:
+                continue
+            score = self._val_score(self._forward(network, val["features"], device), basis, val, cache)
+            history["val"].append(score if val["metric"] == "mrr" else -score)
+            if score > best:
+                best, waited, history["best_epoch"] = score, 0, epoch
+                best_state = {k: v.detach().clone() for k, v in network.state_dict().items()}
+            else:
+                waited += 1
+                if waited >= int(self.patience):
+                    break
+        if best_state is not None:
+            network.load_state_dict(best_state)
+        history["val_metric"] = None if val is None else val["metric"]
+        network.eval()
+        return network, history
+
+    def _fit_weights(self, val: dict, device: torch.device) -> np.ndarray:
+        """Simplex weights minimising the validation kernel loss of h = sum_t w_t h_t."""
+        from scipy.optimize import minimize
+        T = len(self.networks_)
+        gs = [self._forward(net, val["features"], device).double().cpu().numpy() for net in self.networks_]
+        psis = [b.coordinates(val["molecules"]) for b in self.bases_]
+        G = np.zeros((T, T))
+        for s in range(T):
+            for t in range(s, T):
+                cross = self.bases_[s].cross_gram(self.bases_[t])          # <e^s_j, e^t_l>
+                G[s, t] = G[t, s] = float(np.mean(np.einsum("ij,jk,ik->i", gs[s], cross, gs[t])))
+        b = np.array([float(np.mean(np.sum(g * p, axis=1))) for g, p in zip(gs, psis)])
+        result = minimize(lambda w: w @ G @ w - 2 * w @ b, np.full(T, 1.0 / T),
+                          jac=lambda w: 2 * G @ w - 2 * b, method="SLSQP", bounds=[(0.0, 1.0)] * T,
+                          constraints=[{"type": "eq", "fun": lambda w: w.sum() - 1.0}])
+        w = np.clip(result.x, 0.0, None)
+        return w / w.sum()
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "networks_"):
+            raise RuntimeError("DSOKR is not fitted: call fit(inputs, molecules) first")
+
+    # -- prediction --------------------------------------------------------------------------------------
+    def member_predictions(self, inputs: Sequence[Any]) -> list[np.ndarray]:
+        """g_t(x) for every member, each of shape (n_inputs, p_t), float64."""
+        self._check_fitted()
+        inputs = list(inputs)
+        if not inputs:
+            return [np.zeros((0, b.rank_)) for b in self.bases_]
+        device = torch.device(self.device_)
+        features = self.encoder_.featurize(inputs)
+        return [self._forward(net, features, device).double().cpu().numpy() for net in self.networks_]
+
+    def _scales(self) -> np.ndarray:
+        return np.sqrt(self.weights_) if self.combine == "mean" else np.ones(len(self.networks_))
+
+    def predict_coordinates(self, inputs: Sequence[Any]) -> np.ndarray:
+        """Concatenated sqrt(w_t) g_t(x), shape (n_inputs, sum_t p_t)."""
+        parts = self.member_predictions(inputs)
+        return np.concatenate([s * p for s, p in zip(self._scales(), parts)], axis=1)
+
+    def candidate_coordinates(self, molecules: Sequence[Any]) -> np.ndarray:
+        """Concatenated sqrt(w_t) psi~_t(c), shape (n_molecules, sum_t p_t)."""
+        self._check_fitted()
+        molecules = list(molecules)
+        parts = [b.coordinates(molecules) for b in self.bases_]
+        return np.concatenate([s * p for s, p in zip(self._scales(), parts)], axis=1)
+
+    def score_coordinates(self, predictions: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+        """Scores from :meth:`predict_coordinates` and :meth:`candidate_coordinates` outputs.
+
+        Returns
+        -------
+        ndarray of shape (n_inputs, n_candidates): the dot product for ``mean``, the max over members for ``max``.
+        """
+        if self.combine == "mean":
+            return predictions @ candidates.T
+        bounds = np.cumsum([0] + [b.rank_ for b in self.bases_])
+        return np.max(np.stack([predictions[:, a:z] @ candidates[:, a:z].T
+                                for a, z in zip(bounds[:-1], bounds[1:])]), axis=0)
+
+    def score(self, inputs: Sequence[Any], candidates: Sequence[Any]) -> np.ndarray:
+        """Scores of every candidate for every input, shape (n_inputs, n_candidates); higher is better."""
+        return self.score_coordinates(self.predict_coordinates(inputs), self.candidate_coordinates(candidates))
+
+    def validation_metrics(self, inputs: Sequence[Any], molecules: Sequence[Any], candidates: Any = None
+                           ) -> dict[str, float]:
+        """Mean hit@1/5/10 and MRR of decoding labelled inputs (candidates as in :func:`candidate_sets`)."""
+        sets = candidate_sets(list(molecules), candidates)
+        return coordinate_metrics(self.predict_coordinates(inputs), self.candidate_coordinates(sets.pool), sets,
+                                  scorer=self.score_coordinates)
+
+    # -- state -------------------------------------------------------------------------------------------
+    def get_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        self._check_fitted()
+        arrays, encoder_meta = self.encoder_.get_state()
+        arrays = dict(arrays)
+        members = []
+        for t, (basis, network) in enumerate(zip(self.bases_, self.networks_)):
+            basis_arrays, basis_meta = basis.get_state(prefix=f"output.{t}")
+            arrays.update(basis_arrays)
+            arrays.update(state_dict_to_arrays(network, f"network.{t}"))
+            members.append(basis_meta)
+        params = {k: v for k, v in self.get_params().items()}
+        metadata = {
+            "params": params,
+            "encoder": {"spec": _nested_spec(self.encoder), "state": encoder_meta},
+            "output": {"members": members, "weights": [float(w) for w in self.weights_], "combine": self.combine},
+            "history": self.history_,
+        }
+        return arrays, metadata
+
+    @classmethod
+    def from_state(cls, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> "DSOKR":
+        from ..registry import create
+        try:
+            model = cls(**metadata["params"])
+            output = metadata["output"]
+            encoder_meta = metadata["encoder"]
+        except (KeyError, TypeError) as exc:
+            raise ModelFileError(f"dsokr state is incomplete or foreign: {exc}") from None
+        model.encoder_ = create("encoder", encoder_meta["spec"]).set_state(arrays, encoder_meta["state"])
+        model.bases_, model.networks_ = [], []
+        for t, basis_meta in enumerate(output["members"]):
+            basis = SketchedOutputBasis.from_state(arrays, basis_meta, prefix=f"output.{t}")
+            network = model.encoder_.build(basis.rank_)
+            _load_state_dict(network, arrays, f"network.{t}")
+            network.eval()
+            model.bases_.append(basis)
+            model.networks_.append(network)
+        model.weights_ = np.asarray(output["weights"], dtype=np.float64)
+        model.history_ = metadata.get("history", [])
+        from ..device import resolve_device
+        from ..errors import ResourceError
+        try:
+            device = resolve_device(model.device)
+        except ResourceError:  # trained on a GPU, reloaded where there is none
+            device = torch.device("cpu")
+        model.networks_ = [net.to(device) for net in model.networks_]
+        model.device_ = str(device)
+        return model
