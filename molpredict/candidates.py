@@ -158,6 +158,10 @@ class LoadReport:
 # Computing the columns with RDKit
 # ----------------------------------------------------------------------------------------------------------
 
+#: Below this many SMILES, process start-up costs more than it saves.
+_PARALLEL_MIN = 2000
+
+
 def describe_smiles(smiles: str) -> tuple[str, str, str, float] | None:
     """(canonical SMILES, InChIKey, formula, monoisotopic mass) of a SMILES, or None when RDKit cannot parse it
     or InChI fails on it. Pure and picklable: the worker function of :func:`describe_many`."""
@@ -183,7 +187,7 @@ def describe_many(smiles: Sequence[str], n_jobs: int = 1, progress: bool = False
         from tqdm import tqdm
         bar = tqdm(total=len(smiles), desc=desc, unit="mol", file=None, mininterval=0.5)
     try:
-        if workers > 1 and len(smiles) > 2000:
+        if workers > 1 and len(smiles) >= _PARALLEL_MIN:
             from concurrent.futures import ProcessPoolExecutor
 
             out: list = []
@@ -747,6 +751,7 @@ def _complete(raw: list[_Raw], extra: Sequence[str], report: LoadReport, *, n_jo
             keep[i] = False
             continue
         record.smiles, record.inchikey, record.formula, record.mass = result
+    report.skipped.sort(key=lambda s: (s.line is None, s.line or 0))
     rows = [r for r, k in zip(raw, keep) if k]
     columns: dict[str, Any] = {
         "smiles": [r.smiles for r in rows], "inchikey": [r.inchikey for r in rows],
