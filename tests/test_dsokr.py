@@ -1,0 +1,180 @@
+"""DSOKR: training, decoding, ensembles (mean / max / fitted weights), early stopping, state round trips, encoders."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from dsokr_helpers import install_synthetic_registry, synthetic_pairs
+from molpredict.errors import SpecError
+from molpredict.models.dsokr import DSOKR, candidate_sets, coordinate_metrics
+
+
+@pytest.fixture
+def registry():
+    return install_synthetic_registry()
+
+
+def _model(**kw):
+    params = dict(encoder="test-vec", output_kernel="test-rbf:gamma=0.5", output_sketch="subsample:m=80",
+                  epochs=25, lr=3e-3, batch_size=32, device="cpu", seed=0)
+    params.update(kw)
+    return DSOKR(**params)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return synthetic_pairs(300, 0), synthetic_pairs(80, 1)
+
+
+def test_training_reduces_the_loss_and_decodes(registry, data):
+    (x, y), (xv, yv) = data
+    model = _model().fit(x, y)
+    losses = model.history_[0]["train_loss"]
+    assert len(losses) == 25 and losses[-1] < 0.2 * losses[0]
+    metrics = model.validation_metrics(xv, yv)        # 80 candidates: random hit@1 = 1.25%
+    assert metrics["hit@1"] > 0.3 and metrics["mrr"] > 0.45
+    assert model.predict_coordinates(xv).shape == (80, model.bases_[0].rank_)
+    assert model.score(xv[:3], yv).shape == (3, 80)
+    assert model.predict_coordinates([]).shape == (0, model.bases_[0].rank_)
+
+
+def test_reload_scores_identically(registry, data):
+    (x, y), (xv, yv) = data
+    model = _model(epochs=3, n_members=2, combine="max").fit(x, y)
+    arrays, metadata = model.get_state()
+    assert all(isinstance(v, np.ndarray) for v in arrays.values())
+    assert any(k.startswith("network.1.") for k in arrays) and "output.1.projection" in arrays
+    again = DSOKR.from_state(arrays, metadata)
+    np.testing.assert_array_equal(again.score(xv, yv), model.score(xv, yv))
+    assert again.coordinates_key() == model.coordinates_key()
+
+
+def test_mean_ensemble_is_weighted_mean_of_member_scores(registry, data):
+    (x, y), (xv, yv) = data
+    model = _model(epochs=3, n_members=3).fit(x, y)
+    model.weights_ = np.array([0.5, 0.3, 0.2])
+    members = model.member_predictions(xv)
+    expected = sum(w * g @ b.coordinates(yv).T for w, g, b in zip(model.weights_, members, model.bases_))
+    np.testing.assert_allclose(model.score(xv, yv), expected, atol=1e-9)
+    model.combine = "max"
+    expected_max = np.max([g @ b.coordinates(yv).T for g, b in zip(members, model.bases_)], axis=0)
+    np.testing.assert_allclose(model.score(xv, yv), expected_max, atol=1e-9)
+    # members draw different sketches
+    assert not np.array_equal(model.bases_[0].landmark_index_, model.bases_[1].landmark_index_)
+
+
+def _explicit_combined_loss(model, xv, yv, weights):
+    """Kernel loss of h = sum_t w_t h_t with the explicit feature map of the cosine kernel."""
+    unit = lambda v: np.asarray(v) / np.linalg.norm(v, axis=-1, keepdims=True)  # noqa: E731
+    members = model.member_predictions(xv)
+    h = 0
+    for w, g, basis in zip(weights, members, model.bases_):
+        directions = unit(np.stack(basis.landmarks_)).T @ basis.projection_     # e_j as vectors, (d, p)
+        h = h + w * g @ directions.T
+    return float(np.mean(np.sum((h - unit(np.stack(yv))) ** 2, axis=1)))
+
+
+def test_fitted_weights_minimise_the_combined_validation_loss(registry, data):
+    (x, y), (xv, yv) = data
+    model = _model(output_kernel="test-cosine", output_sketch="subsample:m=2", epochs=4, n_members=2,
+                   member_weights="fit").fit(x, y, val=(xv, yv))
+    w = model.weights_
+    assert w.shape == (2,) and np.all(w >= 0) and w.sum() == pytest.approx(1.0)
+    best = _explicit_combined_loss(model, xv, yv, w)
+    for a in np.linspace(0, 1, 21):
+        assert best <= _explicit_combined_loss(model, xv, yv, [a, 1 - a]) + 1e-9
+    with pytest.raises(SpecError):
+        _model(member_weights="fit", n_members=2).fit(x, y)
+
+
+def test_early_stopping_keeps_the_best_epoch(registry, data):
+    (x, y), (xv, yv) = data
+    model = _model(epochs=20, lr=3e-2, patience=2, val_metric="loss").fit(x, y, val=(xv, yv))
+    history = model.history_[0]
+    assert len(history["val"]) <= 20
+    best = history["best_epoch"]
+    assert history["val"][best] == min(history["val"])
+    if len(history["val"]) < 20:
+        assert len(history["val"]) == best + 1 + 2
+    # the kept network is the best epoch's
+    from molpredict.models.losses import squared_distance
+    basis = model.bases_[0]
+    g = torch.as_tensor(model.member_predictions(xv)[0], dtype=torch.float32)
+    loss = squared_distance(g, torch.as_tensor(basis.coordinates(yv), dtype=torch.float32), 1.0).mean()
+    assert float(loss) == pytest.approx(history["val"][best], rel=1e-5)
+
+
+def test_mrr_validation_with_per_query_candidates(registry, data):
+    (x, y), (xv, yv) = data
+    candidates = [[yv[i], yv[(i + 1) % 80], yv[(i + 2) % 80]] for i in range(80)]
+    model = _model(epochs=3).fit(x, y, val=(xv, yv, candidates))
+    assert model.history_[0]["val_metric"] == "mrr"
+    assert all(0 < v <= 1 for v in model.history_[0]["val"])
+    random_mrr = (1 + 1 / 2 + 1 / 3) / 3
+    assert model.validation_metrics(xv, yv, candidates)["mrr"] > random_mrr
+
+
+def test_candidate_sets_and_metrics_against_a_hand_example():
+    truths = ["a", "b", "c"]
+    sets = candidate_sets(truths, [["a", "x"], ["x", "b", "c"], ["x"]])
+    assert sorted(sets.pool) == ["a", "b", "c", "x"]
+    pool = {name: i for i, name in enumerate(sets.pool)}
+    coords = np.zeros((4, 1))
+    coords[pool["a"]], coords[pool["x"]], coords[pool["b"]], coords[pool["c"]] = 1.0, 2.0, 3.0, 3.0
+    metrics = coordinate_metrics(np.ones((3, 1)), coords, sets, ks=(1, 2))
+    # query a: x beats a -> rank 2; query b: tie with c -> worst rank 2; query c: truth absent -> miss
+    assert metrics["hit@1"] == 0.0 and metrics["hit@2"] == pytest.approx(2 / 3)
+    assert metrics["mrr"] == pytest.approx((0.5 + 0.5 + 0) / 3)
+
+
+def test_robust_losses_train(registry, data):
+    (x, y), _ = data
+    for loss in ("huber:delta=0.3", "eps-l1:epsilon=0.05", "eps-l2:epsilon=0.05"):
+        model = _model(loss=loss, epochs=5).fit(x, y)
+        assert model.history_[0]["train_loss"][-1] < model.history_[0]["train_loss"][0]
+
+
+def test_seed_makes_training_reproducible(registry, data):
+    (x, y), (xv, yv) = data
+    a = _model(epochs=2).fit(x, y).score(xv, yv)
+    b = _model(epochs=2).fit(x, y).score(xv, yv)
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("bad", [dict(combine="median"), dict(member_weights="softmax"), dict(loss="cubic"),
+                                 dict(val_metric="f1"), dict(n_members=0)])
+def test_bad_parameters(registry, data, bad):
+    (x, y), _ = data
+    with pytest.raises(SpecError):
+        _model(**bad).fit(x, y)
+
+
+def test_transformer_encoder_on_strings(registry):
+    from molpredict.encoders import TransformerEncoder
+    words = ["".join(p) for p in itertools.product("abc", repeat=4)]
+    targets = [np.array([w.count("a"), w.count("b"), w.count("c")], dtype=float) for w in words]
+    model = DSOKR(encoder="transformer:d_model=32;nhead=2;layers=1;dim_feedforward=64;dropout=0.0",
+                  output_kernel="test-rbf:gamma=1.0", output_sketch="subsample:m=15", epochs=15, lr=3e-3,
+                  batch_size=16, device="cpu")
+    assert model.input_type == "text"
+    model.fit(words, targets)
+    losses = model.history_[0]["train_loss"]
+    assert losses[-1] < 0.5 * losses[0]
+    again = DSOKR.from_state(*model.get_state())
+    np.testing.assert_array_equal(again.score(words[:5], targets), model.score(words[:5], targets))
+    enc = TransformerEncoder().fit(["ab"])
+    ids = enc.featurize(["abz", "a"])
+    assert ids.tolist() == [[2, 3, 1], [2, 0, 0]]  # 0 pad, 1 unknown
+
+
+@pytest.mark.cuda
+def test_cuda_training_reloads_on_cpu(registry, data):
+    (x, y), (xv, yv) = data
+    model = _model(device="cuda", epochs=3).fit(x, y)
+    arrays, metadata = model.get_state()
+    metadata["params"]["device"] = "cpu"
+    again = DSOKR.from_state(arrays, metadata)
+    np.testing.assert_allclose(again.score(xv, yv), model.score(xv, yv), atol=1e-4)
