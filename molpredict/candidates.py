@@ -97,7 +97,10 @@ class SkippedRow:
 
 @dataclass
 class LoadReport:
-    """What reading a library file kept and skipped.
+    """What reading a library file kept and skipped (rows, by line and field).
+
+    Spectra readers have their own ``molpredict.io.SkipReport`` (records, not lines and fields); this class
+    offers the same ``count``, ``by_reason``, ``summary`` and ``to_dict`` names.
 
     Attributes
     ----------
@@ -128,6 +131,16 @@ class LoadReport:
     def __len__(self) -> int:
         return self.n_skipped
 
+    def __iter__(self) -> Iterator[SkippedRow]:
+        return iter(self.skipped)
+
+    # The same names as ``molpredict.io.SkipReport`` (spectra), for code that handles both.
+    count = n_skipped
+
+    def by_reason(self) -> dict[str, int]:
+        """Skipped-row counts per field, most frequent first."""
+        return dict(Counter(s.field or "row" for s in self.skipped).most_common())
+
     def summary(self) -> str:
         """One line: counts and the first problem."""
         text = f"{self.path}: {self.n_kept} of {self.n_read} records kept"
@@ -142,7 +155,8 @@ class LoadReport:
         if self.n_skipped:
             warnings.warn(self.summary(), UserWarning, stacklevel=3)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable form (:meth:`from_json` reads it back)."""
         return {"path": self.path, "n_read": self.n_read, "n_duplicates": self.n_duplicates,
                 "skipped": [[s.line, s.field, s.reason] for s in self.skipped]}
 
@@ -932,7 +946,7 @@ def _store_cached(entry: Path, library: CandidateLibrary) -> None:
                 with pa.ipc.new_file(sink, library.table.schema) as writer:
                     writer.write_table(library.table)
             if library.report is not None:
-                (tmp / _REPORT_FILE).write_text(json.dumps(library.report.to_json()))
+                (tmp / _REPORT_FILE).write_text(json.dumps(library.report.to_dict()))
             order, offsets, keys = library._formulas()
             np.save(tmp / "mass_order.npy", library._mass_index()[0])
             np.save(tmp / "formula_order.npy", order)
