@@ -11,18 +11,20 @@ and the base class does the rest: remembering the reference features, computing 
 bounded, and cosine normalisation ``k(a, b) / sqrt(k(a, a) k(b, b))`` when ``normalized`` is True.
 Degenerate objects whose raw self-similarity is 0 (a spectrum with no peaks, an all-zero fingerprint) get
 ``k = 0`` with everything in :meth:`transform`, and ``k = 1`` on the diagonal of :meth:`gram` and in
-:meth:`diagonal` (an object is always identical to itself).
+:meth:`diagonal` (an object is always identical to itself). :meth:`fit`, :meth:`transform` and
+:meth:`transform_features` each issue one :class:`DegenerateObjectWarning` giving how many such objects they met.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+import warnings
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
 from ..component import Component
 
-__all__ = ["Kernel", "InputKernel", "OutputKernel", "normalize_block"]
+__all__ = ["Kernel", "InputKernel", "OutputKernel", "DegenerateObjectWarning", "normalize_block"]
 
 
 def normalize_block(raw: np.ndarray, diag_rows: np.ndarray, diag_cols: np.ndarray) -> np.ndarray:
@@ -42,6 +44,18 @@ def normalize_block(raw: np.ndarray, diag_rows: np.ndarray, diag_cols: np.ndarra
     return raw
 
 
+class DegenerateObjectWarning(UserWarning):
+    """Some objects have a zero raw self-similarity (e.g. spectra without peaks): k = 0 with all others."""
+
+
+def _warn_degenerate(kernel: "Kernel", n_degenerate: int, n_total: int, where: str) -> None:
+    if n_degenerate:
+        warnings.warn(
+            f"{type(kernel).__name__}.{where}: {n_degenerate} of {n_total} objects have zero self-similarity "
+            f"(e.g. spectra without peaks); their kernel value is 0 with every other object",
+            DegenerateObjectWarning, stacklevel=3)
+
+
 class Kernel(Component, ABC):
     """A positive semi-definite kernel between objects of one type.
 
@@ -56,8 +70,14 @@ class Kernel(Component, ABC):
     input_type: ClassVar[str] = "object"
     #: cosine-normalise by the raw self-similarities
     normalized: ClassVar[bool] = True
-    #: rows per block in transform/gram (memory stays O(block_rows * n_fit))
+    #: rows per block in transform/gram (memory stays O(block_rows * n_fit)); an instance may override it
     block_rows: ClassVar[int] = 2048
+    #: False for kernels that are only approximately positive semi-definite (the conformance suite then
+    #: skips the eigenvalue check); may be a property when it depends on the parameters
+    psd: ClassVar[bool] = True
+    #: k(x, x) = 1 for every x although ``normalized`` is False (the raw kernel is normalised by construction,
+    #: e.g. Tanimoto): gram's self pairs are set to exactly 1 and :meth:`diagonal` gives ones
+    unit_diagonal: ClassVar[bool] = False
 
     # -- to implement ------------------------------------------------------------------------------------
     @abstractmethod
@@ -87,6 +107,8 @@ class Kernel(Component, ABC):
         self.fit_diag_ = np.asarray(self.self_similarity(self.fit_features_), dtype=np.float64)
         self.n_fit_ = len(objects)
         self._fit_data_dependent(self.fit_features_)
+        if self.normalized:
+            _warn_degenerate(self, int(np.count_nonzero(self.fit_diag_ <= 0)), self.n_fit_, "fit")
         return self
 
     def _check_fitted(self) -> None:
@@ -97,16 +119,23 @@ class Kernel(Component, ABC):
         raw = np.asarray(self.pairwise(fa, fb), dtype=np.float64)
         return normalize_block(raw, diag_a, diag_b) if self.normalized else raw
 
-    def transform_features(self, features: Any) -> np.ndarray:
-        """Kernel between already-featurised objects and the reference objects, shape (len(features), n_fit)."""
-        self._check_fitted()
+    def _transform_features(self, features: Any, out: np.ndarray) -> int:
+        """Fill ``out`` (len(features), n_fit) block by block; returns the number of degenerate rows."""
         n = len(features)
-        out = np.empty((n, self.n_fit_), dtype=np.float64)
+        n_degenerate = 0
         for start in range(0, n, self.block_rows):
             stop = min(start + self.block_rows, n)
             block = self.take(features, slice(start, stop))
             diag = np.asarray(self.self_similarity(block), dtype=np.float64)
+            n_degenerate += int(np.count_nonzero(diag <= 0))
             out[start:stop] = self._block(block, diag, self.fit_features_, self.fit_diag_)
+        return n_degenerate if self.normalized else 0
+
+    def transform_features(self, features: Any) -> np.ndarray:
+        """Kernel between already-featurised objects and the reference objects, shape (len(features), n_fit)."""
+        self._check_fitted()
+        out = np.empty((len(features), self.n_fit_), dtype=np.float64)
+        _warn_degenerate(self, self._transform_features(features, out), len(features), "transform_features")
         return out
 
     def transform(self, objects: Sequence[Any]) -> np.ndarray:
@@ -119,9 +148,11 @@ class Kernel(Component, ABC):
         self._check_fitted()
         objects = list(objects)
         out = np.empty((len(objects), self.n_fit_), dtype=np.float64)
+        n_degenerate = 0
         for start in range(0, len(objects), self.block_rows):
             stop = min(start + self.block_rows, len(objects))
-            out[start:stop] = self.transform_features(self.featurize(objects[start:stop]))
+            n_degenerate += self._transform_features(self.featurize(objects[start:stop]), out[start:stop])
+        _warn_degenerate(self, n_degenerate, len(objects), "transform")
         return out
 
     def gram(self, index: np.ndarray | None = None) -> np.ndarray:
@@ -129,12 +160,14 @@ class Kernel(Component, ABC):
 
         Returns
         -------
-        ndarray of shape (len(index), n_fit), float64, with exact 1 on the self pairs when normalised.
+        ndarray of shape (len(index), n_fit), float64, with exact 1 on the self pairs when normalised (or
+        ``unit_diagonal``).
         """
         self._check_fitted()
         rows = np.arange(self.n_fit_) if index is None else np.asarray(index, dtype=np.int64)
-        out = self.transform_features(self.take(self.fit_features_, rows))
-        if self.normalized:
+        out = np.empty((len(rows), self.n_fit_), dtype=np.float64)
+        self._transform_features(self.take(self.fit_features_, rows), out)  # fit already warned
+        if self.normalized or self.unit_diagonal:
             out[np.arange(len(rows)), rows] = 1.0
         return out
 
@@ -144,7 +177,7 @@ class Kernel(Component, ABC):
 
     def diagonal(self, objects: Sequence[Any]) -> np.ndarray:
         """k(x, x) for each object, shape (len(objects),): all ones for a normalised kernel."""
-        if self.normalized:
+        if self.normalized or self.unit_diagonal:
             return np.ones(len(objects), dtype=np.float64)
         return np.asarray(self.self_similarity(self.featurize(list(objects))), dtype=np.float64)
 

@@ -1,0 +1,217 @@
+"""Kernels on molecular fingerprints: Tanimoto (``tanimoto``) and Gaussian-Tanimoto (``gaussian-tanimoto``).
+
+Binary fingerprints: ``T(a, b) = |a & b| / |a | b|``; the intersections of a block are one GEMM on 0/1
+matrices (float32 is exact: counts stay far below 2**24), the unions follow as ``|a| + |b| - |a & b|``.
+Count fingerprints (``counts=True``): the MinMax (weighted Tanimoto) similarity ``sum(min(a, b)) / sum(max(a,
+b))``; for integer counts ``sum(min(a, b)) = sum_t <[a >= t], [b >= t]>`` over count levels t = 1, 2, ...,
+again a GEMM, on the 0/1 level indicators of the bits that reach each level.
+Both similarities are positive semi-definite kernels with k(y, y) = 1, and so is the Gaussian-Tanimoto
+``exp(-gamma (2 - 2 T))`` (the exponential of a PSD kernel, times a constant). All-zero fingerprints (a molecule
+RDKit could not parse, or one with no bit set): T = 1 between two of them, 0 with anything else.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+import numpy as np
+
+from ..errors import SpecError
+from ..molecules import Molecule, fingerprint_matrix
+from .base import OutputKernel
+
+__all__ = ["tanimoto_bits", "minmax_counts", "TanimotoKernel", "GaussianTanimotoKernel"]
+
+#: largest reference sample used to set gamma="auto"
+GAMMA_SAMPLE = 2000
+
+
+def _similarity_from_counts(inter: np.ndarray, na: np.ndarray, nb: np.ndarray) -> np.ndarray:
+    """``inter / (na + nb - inter)`` in float64, 1 where both are empty (union 0)."""
+    inter = inter.astype(np.float64, copy=False)
+    union = na[:, None] + nb[None, :] - inter
+    empty = union <= 0
+    if empty.any():
+        union[empty] = 1.0
+        inter = inter.copy()
+        inter[empty] = 1.0
+    return np.divide(inter, union, out=union)
+
+
+def tanimoto_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Tanimoto similarity of binary fingerprints.
+
+    Parameters
+    ----------
+    a : ndarray of shape (n_a, d), 0/1 (any numeric dtype)
+    b : ndarray of shape (n_b, d)
+
+    Returns
+    -------
+    ndarray of shape (n_a, n_b), float64
+    """
+    a32 = np.asarray(a, dtype=np.float32)
+    b32 = np.asarray(b, dtype=np.float32)
+    inter = a32 @ b32.T
+    return _similarity_from_counts(inter, a32.sum(axis=1, dtype=np.float64), b32.sum(axis=1, dtype=np.float64))
+
+
+def _count_levels(a: np.ndarray, b: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """For each count level t, the columns where some row of ``a`` or ``b`` reaches t (t = 1, 2, ...)."""
+    top = np.maximum(a.max(axis=0, initial=0), b.max(axis=0, initial=0))
+    return [(t, np.flatnonzero(top >= t)) for t in range(1, int(top.max(initial=0)) + 1)]
+
+
+def minmax_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """MinMax (weighted Tanimoto) similarity of count fingerprints, ``sum(min) / sum(max)``.
+
+    Parameters
+    ----------
+    a : ndarray of shape (n_a, d), non-negative counts
+    b : ndarray of shape (n_b, d)
+
+    Returns
+    -------
+    ndarray of shape (n_a, n_b), float64
+    """
+    a = np.asarray(a)
+    b = np.asarray(b)
+    if np.any(a < 0) or np.any(b < 0):
+        raise ValueError("count fingerprints must be non-negative")
+    na = a.sum(axis=1, dtype=np.float64)
+    nb = b.sum(axis=1, dtype=np.float64)
+    integer = np.array_equal(a, np.round(a)) and np.array_equal(b, np.round(b))
+    if integer:
+        levels = _count_levels(a, b)
+        cols = np.concatenate([c for _, c in levels]) if levels else np.empty(0, np.int64)
+        thresholds = np.concatenate([np.full(c.size, t) for t, c in levels]) if levels else np.empty(0)
+        inter = np.zeros((a.shape[0], b.shape[0]), dtype=np.float64)
+        # the level indicators can be wide: stack a bounded number of columns at a time
+        step = 8192
+        for c0 in range(0, cols.size, step):
+            c, t = cols[c0:c0 + step], thresholds[c0:c0 + step]
+            inter += (a[:, c] >= t).astype(np.float32) @ (b[:, c] >= t).astype(np.float32).T
+    else:
+        inter = np.empty((a.shape[0], b.shape[0]), dtype=np.float64)
+        for i in range(a.shape[0]):
+            inter[i] = np.minimum(a[i][None, :], b).sum(axis=1)
+    return _similarity_from_counts(inter, na, nb)
+
+
+@dataclass
+class _Fingerprints:
+    """A fingerprint matrix (n, d): uint8 bits or float32 counts."""
+
+    matrix: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.matrix.shape[0])
+
+    def __getitem__(self, index: np.ndarray | slice) -> "_Fingerprints":
+        return _Fingerprints(self.matrix[index])
+
+
+class TanimotoKernel(OutputKernel):
+    """Tanimoto (bits) or MinMax (counts) similarity of fingerprints (registry name ``tanimoto``).
+
+    Parameters
+    ----------
+    fp : {"morgan", "maccs", "rdkit"}
+        Fingerprint kind (see :meth:`molpredict.molecules.Molecule.fingerprint`).
+    radius : int
+        Morgan radius.
+    size : int
+        Fingerprint length (ignored for maccs).
+    counts : bool
+        Count fingerprint and MinMax similarity.
+    n_jobs : int
+        Worker processes for the fingerprints of large batches (``molecules.fingerprint_matrix``).
+    """
+
+    normalized: ClassVar[bool] = False
+    unit_diagonal: ClassVar[bool] = True
+
+    def __init__(self, fp: str = "morgan", radius: int = 2, size: int = 2048, counts: bool = False,
+                 n_jobs: int = 1) -> None:
+        self.fp = fp
+        self.radius = radius
+        self.size = size
+        self.counts = counts
+        self.n_jobs = n_jobs
+        if fp not in ("morgan", "maccs", "rdkit"):
+            raise SpecError(f"fp must be one of morgan, maccs, rdkit, not {fp!r}")
+        if counts and fp == "maccs":
+            raise SpecError("MACCS keys have no count version: use counts=false with fp=maccs")
+
+    def featurize(self, objects: Sequence[Molecule]) -> _Fingerprints:
+        return _Fingerprints(fingerprint_matrix(list(objects), kind=self.fp, radius=self.radius, size=self.size,
+                                                counts=self.counts, n_jobs=self.n_jobs))
+
+    def similarity(self, fa: _Fingerprints, fb: _Fingerprints) -> np.ndarray:
+        """Tanimoto / MinMax similarity, shape (len(fa), len(fb))."""
+        return minmax_counts(fa.matrix, fb.matrix) if self.counts else tanimoto_bits(fa.matrix, fb.matrix)
+
+    def pairwise(self, fa: _Fingerprints, fb: _Fingerprints) -> np.ndarray:
+        return self.similarity(fa, fb)
+
+    def self_similarity(self, features: _Fingerprints) -> np.ndarray:
+        return np.ones(len(features), dtype=np.float64)
+
+
+class GaussianTanimotoKernel(TanimotoKernel):
+    """``k = exp(-gamma * (2 - 2 T))`` with T the Tanimoto / MinMax similarity (``gaussian-tanimoto``).
+
+    Parameters
+    ----------
+    gamma : float or "auto"
+        ``"auto"``: ``1 / mean(2 - 2 T)`` over the distinct pairs of the reference molecules (a sample of at most
+        2,000 of them drawn with ``seed`` when there are more), resolved at fit into ``gamma_``; 1.0 when that
+        mean is 0 (a single or only identical reference molecules).
+    fp, radius, size, counts, n_jobs
+        As in :class:`TanimotoKernel`.
+    seed : int
+        Seed of the reference sample for ``gamma="auto"``.
+
+    Fitted attributes
+    -----------------
+    gamma_ : float
+    """
+
+    def __init__(self, gamma: float | str = "auto", fp: str = "morgan", radius: int = 2, size: int = 2048,
+                 counts: bool = False, n_jobs: int = 1, seed: int = 0) -> None:
+        super().__init__(fp=fp, radius=radius, size=size, counts=counts, n_jobs=n_jobs)
+        self.gamma = gamma
+        self.seed = seed
+        if gamma != "auto" and (isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not gamma > 0):
+            raise SpecError(f"gamma must be a positive number or 'auto', not {gamma!r}")
+
+    def _fit_data_dependent(self, features: _Fingerprints) -> None:
+        if self.gamma != "auto":
+            self.gamma_ = float(self.gamma)
+            return
+        n = len(features)
+        sample = features
+        if n > GAMMA_SAMPLE:
+            rows = np.sort(np.random.default_rng(self.seed).choice(n, GAMMA_SAMPLE, replace=False))
+            sample = features[rows]
+        m = len(sample)
+        if m < 2:
+            self.gamma_ = 1.0
+            return
+        dist = 2.0 - 2.0 * self.similarity(sample, sample)
+        mean = (dist.sum() - np.trace(dist)) / (m * (m - 1))
+        self.gamma_ = 1.0 / mean if mean > 0 else 1.0
+
+    def _gamma(self) -> float:
+        if hasattr(self, "gamma_"):
+            return self.gamma_
+        if self.gamma == "auto":
+            raise RuntimeError("GaussianTanimotoKernel(gamma='auto') is not fitted: call fit(objects) first")
+        return float(self.gamma)
+
+    def pairwise(self, fa: _Fingerprints, fb: _Fingerprints) -> np.ndarray:
+        t = self.similarity(fa, fb)
+        # exp(-g (2 - 2t)) computed in place on the similarity block
+        t -= 1.0
+        t *= 2.0 * self._gamma()
+        return np.exp(t, out=t)
