@@ -141,7 +141,8 @@ def synthetic_spectra(n_per: int = 3, seed: int = 0, ion_mode: str = "positive")
     for j, smi in enumerate(SMILES):
         mol = Molecule.from_smiles(smi)
         bits = np.flatnonzero(mol.fingerprint("morgan", radius=2, size=256))
-        base = 50.0 + 3.7 * bits[:12]
+        # fragments below the precursor (cleaning drops anything above it)
+        base = 20.0 + bits[:12] / 256.0 * (mol.monoisotopic_mass - 25.0)
         for r in range(n_per):
             mz = np.sort(base + rng.normal(0, 0.001, size=len(base)))
             inten = 100 * rng.random(len(base)) + 10

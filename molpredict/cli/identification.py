@@ -1,4 +1,387 @@
-"""``molpredict identification`` commands (filled in by its owner)."""
+"""``molpredict train | identify | evaluate | score-library | model | data``: the identification workflow.
+
+A thin layer: each command parses options, calls :mod:`molpredict.training`, :mod:`molpredict.identify`,
+:mod:`molpredict.evaluate` or :mod:`molpredict.massbank`, and prints. No math here.
+"""
 from __future__ import annotations
 
-from . import cli  # noqa: F401
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+
+from ..errors import InputError, ModelFileError
+from . import cli
+
+__all__ = ["train", "identify", "evaluate", "score_library", "model_group", "data"]
+
+
+def _progress_default(progress: bool | None) -> bool:
+    return sys.stderr.isatty() if progress is None else progress
+
+
+def _say(quiet: bool):
+    def say(message: str) -> None:
+        if not quiet:
+            click.echo(f"molpredict: {message}", err=True)
+    return say
+
+
+def _load_bundle(path: str | None, say=None):
+    from ..modelfile import ModelBundle, default_bundle_path
+
+    if path is None:
+        default = default_bundle_path()
+        if not default.exists():
+            raise ModelFileError(f"{default}: no default model; train one with `molpredict train TRAIN.mgf -o "
+                                 f"{default}` (or `make demo`), or give --model")
+        path = str(default)
+    bundle = ModelBundle.load(path)
+    if say is not None:
+        say(f"model {bundle.path} ({', '.join(bundle.ion_modes)})")
+    return bundle
+
+
+def _cache_root(cache_dir: str | None, no_cache: bool):
+    if no_cache:
+        return False
+    return Path(cache_dir) if cache_dir else None
+
+
+_progress_option = click.option("--progress/--no-progress", default=None,
+                                help="Progress bars on stderr (default: when stderr is a terminal).")
+_quiet_option = click.option("-q", "--quiet", is_flag=True, help="No status messages on stderr.")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# train
+# ----------------------------------------------------------------------------------------------------------
+
+@cli.command()
+@click.argument("train_files", metavar="TRAIN...", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False),
+              help="Model bundle directory to write (replaced if it is a bundle).")
+@click.option("--val", "val_files", multiple=True, type=click.Path(dir_okay=False),
+              help="Validation spectra: grids are chosen on their kernel loss (repeatable).")
+@click.option("--model", "model_spec", default="sisokr", show_default=True,
+              help="Model registry name, optionally with parameters (name:key=value).")
+@click.option("--input-kernel", default=None, help="Input kernel spec (default ppk; grids a|b allowed).")
+@click.option("--output-kernel", default=None, help="Output kernel spec (default gaussian-tanimoto).")
+@click.option("--input-sketch", default=None, help="Input sketch spec (default subsample:m=4000).")
+@click.option("--output-sketch", default=None, help="Output sketch spec (default subsample:m=2000).")
+@click.option("--lam", default=None, help="Ridge parameter or grid a|b|c (default 1e-6|1e-5|1e-4|1e-3).")
+@click.option("--ion-mode", type=click.Choice(["positive", "negative", "both"]), default=None,
+              help="Modes to train (default: those present in the training files).")
+@click.option("--exclude-license", "exclude_licenses", multiple=True,
+              help="Drop records whose licence contains this token, e.g. NC (repeatable).")
+@click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--summary-json", type=click.Path(dir_okay=False), default=None,
+              help="Also write the training summary as JSON.")
+@_progress_option
+@_quiet_option
+def train(train_files, output, val_files, model_spec, input_kernel, output_kernel, input_sketch, output_sketch,
+          lam, ion_mode, exclude_licenses, device, seed, summary_json, progress, quiet) -> None:
+    """Train a model bundle on spectra labelled with structures (SMILES / INCHIKEY metadata).
+
+    \b
+    Example:
+      molpredict train train_pos.mgf --val val_pos.mgf -o mymodel
+    One model is trained per ion mode present (or asked with --ion-mode); spectra without a usable structure
+    or without peaks after cleaning are skipped and counted in the closing summary.
+    """
+    from ..training import TrainOptions, format_summary, train_bundle
+
+    say = _say(quiet)
+    modes = None if ion_mode is None else (["positive", "negative"] if ion_mode == "both" else [ion_mode])
+    options = TrainOptions(model=model_spec, input_kernel=input_kernel, output_kernel=output_kernel,
+                           input_sketch=input_sketch, output_sketch=output_sketch, lam=lam, ion_modes=modes,
+                           exclude_licenses=tuple(exclude_licenses), device=device, seed=seed)
+    t0 = time.perf_counter()
+    bundle, summary = train_bundle(list(train_files), options, val_paths=list(val_files),
+                                   progress=_progress_default(progress), log=say)
+    path = bundle.save(output)
+    summary["total_s"] = time.perf_counter() - t0
+    summary["output"] = str(path)
+    if not quiet:
+        click.echo(format_summary(summary), err=True)
+        click.echo(f"molpredict: saved model bundle {path} ({summary['total_s']:.1f} s)", err=True)
+    if summary_json:
+        from ..modelfile import json_ready
+        Path(summary_json).write_text(json.dumps(json_ready(summary), indent=2) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# identify
+# ----------------------------------------------------------------------------------------------------------
+
+def _spool_stdin() -> str:
+    handle = tempfile.NamedTemporaryFile("wb", suffix=".mgf", delete=False)
+    with handle:
+        shutil.copyfileobj(sys.stdin.buffer, handle)
+    return handle.name
+
+
+def _load_library(library: str | None, say, progress: bool):
+    from ..candidates import read_library
+    from ..identify import default_library_path
+
+    if library is None:
+        default = default_library_path()
+        if default is None:
+            raise InputError("no candidate library: give --library LIB (a .tsv/.tsv.gz, .smi or .sdf file; "
+                             "see `molpredict candidates build`)")
+        library = str(default)
+    t0 = time.perf_counter()
+    lib = read_library(library, progress=progress)
+    say(f"library {library}: {len(lib)} structures ({time.perf_counter() - t0:.1f} s)")
+    return lib
+
+
+@cli.command()
+@click.argument("spectra_file", metavar="[SPECTRA]", required=False, type=click.Path(dir_okay=False))
+@click.option("--model", "model_path", default=None, type=click.Path(),
+              help="Model bundle (default: $MOLPREDICT_HOME/models/default).")
+@click.option("--library", default=None, type=click.Path(dir_okay=False),
+              help="Candidate library (default: ../shared/data/candidates/pool.tsv.gz when present).")
+@click.option("--by", type=click.Choice(["formula", "mass"]), default=None,
+              help="Candidate selection (default: formula when the query has one, else mass).")
+@click.option("--ppm", default=10.0, show_default=True, type=float, help="Mass window for --by mass.")
+@click.option("--source", "sources", multiple=True, help="Only library rows of this source (repeatable).")
+@click.option("--formulas", default=None, type=click.Path(dir_okay=False),
+              help="TSV of query_id<TAB>formula hints (override the spectra's FORMULA).")
+@click.option("--top-k", default=10, show_default=True, type=click.IntRange(min=1))
+@click.option("-o", "--output", default=None, type=click.Path(dir_okay=False),
+              help="Output file (format from the extension: .tsv, .csv, .json); default stdout.")
+@click.option("--format", "fmt", type=click.Choice(["tsv", "csv", "json"]), default=None,
+              help="Output format (default: from -o's extension, else tsv).")
+@click.option("--skipped", "skipped_path", default=None, type=click.Path(dir_okay=False),
+              help="Write the skipped queries (query_id, file, record, reason) as TSV.")
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
+              help="Candidate-coordinates cache (default: $MOLPREDICT_HOME/coordinates).")
+@click.option("--no-cache", is_flag=True, help="Do not read or write the coordinates cache.")
+@_progress_option
+@_quiet_option
+def identify(spectra_file, model_path, library, by, ppm, sources, formulas, top_k, output, fmt, skipped_path,
+             cache_dir, no_cache, progress, quiet) -> None:
+    """Rank candidate structures for each spectrum of SPECTRA (.mgf, .msp, .mzML; stdin MGF when absent or -).
+
+    \b
+    Output columns: query_id, rank, score, confidence, smiles, inchikey, formula, adduct, name, id, n_candidates.
+    Ranking: score descending, ties broken by InChIKey (ascending).
+    Confidence: for rank 1, its score minus the runner-up's (the decision margin, >= 0); for the other
+    ranks, the score minus the top score (<= 0); empty with a single candidate.
+    Every spectrum appears in the output or in the skipped report (stderr summary, --skipped FILE).
+    """
+    from ..identify import (IdentifyOptions, Identifier, LibrarySource, ResultWriter, Skipped, output_format,
+                            read_formula_hints, write_skipped)
+    from ..spectra import SkipReport, read_spectra
+
+    say = _say(quiet)
+    show = _progress_default(progress)
+    out_format = output_format(output, fmt)
+    spool = None
+    if spectra_file in (None, "-"):
+        if sys.stdin.isatty():
+            raise InputError("no spectra: give a SPECTRA file (or pipe MGF into stdin)")
+        spool = spectra_file = _spool_stdin()
+    try:
+        report = SkipReport()
+        # Open the spectra first: a wrong file fails at once, before the model and library are loaded.
+        spectra = read_spectra(spectra_file, report=report)
+        hints = read_formula_hints(formulas) if formulas else None
+        bundle = _load_bundle(model_path, say)
+        lib = _load_library(library, say, show)
+        options = IdentifyOptions(by=by, ppm=ppm, sources=list(sources) or None, top_k=top_k, formulas=hints)
+        identifier = Identifier(bundle, LibrarySource(lib, options), options,
+                                cache_root=_cache_root(cache_dir, no_cache), progress=show)
+        t0 = time.perf_counter()
+        handle = open(output, "w", encoding="utf-8", newline="") if output and output != "-" else sys.stdout
+        try:
+            writer = ResultWriter(handle, out_format)
+            for row in identifier.run(spectra):
+                writer.write(row)
+            writer.close()
+        finally:
+            if handle is not sys.stdout:
+                handle.close()
+    finally:
+        if spool:
+            os.unlink(spool)
+    skipped = [Skipped("", f"unreadable record: {e.reason}", e.path, e.record) for e in report] + identifier.skipped
+    summary = identifier.summary()
+    if skipped_path:
+        write_skipped(skipped, skipped_path)
+    if not quiet:
+        n_total = summary["n_queries"] + len(report)
+        click.echo(f"molpredict: {n_total} spectra: {summary['n_identified']} identified, {len(skipped)} skipped "
+                   f"({time.perf_counter() - t0:.1f} s; median {summary['candidates_median']} candidates)", err=True)
+        reasons: dict[str, int] = {}
+        for s in skipped:
+            reasons[s.reason] = reasons.get(s.reason, 0) + 1
+        for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+            click.echo(f"  skipped {n}: {reason}", err=True)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# evaluate
+# ----------------------------------------------------------------------------------------------------------
+
+@cli.command()
+@click.argument("spectra_files", metavar="SPECTRA...", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--model", "model_paths", multiple=True, type=click.Path(),
+              help="Model bundle (repeatable to compare models; default: the default bundle).")
+@click.option("--candidates", "candidates_path", required=True, type=click.Path(dir_okay=False),
+              help="Candidate sets JSON {query_inchikey14: [[inchikey14, smiles], ...]}.")
+@click.option("--json", "as_json", is_flag=True, help="Print the results as JSON (one object per model).")
+@click.option("--plot", default=None, type=click.Path(dir_okay=False), help="Write top-k curves to this PNG.")
+@click.option("--n-boot", default=1000, show_default=True, type=click.IntRange(min=0),
+              help="Bootstrap resamples for the 95% intervals.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap seed.")
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False))
+@click.option("--no-cache", is_flag=True)
+@click.option("--no-kernel-loss", is_flag=True, help="Skip the kernel loss (saves a pass over the queries).")
+@_progress_option
+@_quiet_option
+def evaluate(spectra_files, model_paths, candidates_path, as_json, plot, n_boot, seed, cache_dir, no_cache,
+             no_kernel_loss, progress, quiet) -> None:
+    """Evaluate model bundles on labelled SPECTRA against candidate sets (the MassSpecGym protocol).
+
+    Each spectrum is one query ranked against the set of its true structure's InChIKey first block; a hit is a
+    candidate with that first block. Reports hit@1/5/10/20, MRR and mean rank (ties counted against the truth,
+    and the random-tie-break average), 95% bootstrap intervals, per-structure averages, the random-ranking
+    expectation and the kernel loss.
+    """
+    from ..candidates import load_candidate_sets
+    from ..evaluate import evaluate as run_evaluation
+    from ..evaluate import format_report, plot_curves
+
+    say = _say(quiet)
+    sets = load_candidate_sets(candidates_path)
+    say(f"{len(sets)} candidate sets from {candidates_path}")
+    paths = list(model_paths) or [None]
+    bundles = []
+    for path in paths:
+        bundle = _load_bundle(path, say)
+        bundles.append((str(bundle.path), bundle))
+    if len({label for label, _ in bundles}) != len(bundles):
+        raise InputError("the same model was given twice")
+    results = run_evaluation(list(spectra_files), bundles, sets, cache_root=_cache_root(cache_dir, no_cache),
+                             n_boot=n_boot, seed=seed, kernel_loss=not no_kernel_loss,
+                             progress=_progress_default(progress))
+    if plot:
+        plot_curves(results, plot)
+        say(f"top-k curves written to {plot}")
+    if as_json:
+        click.echo(json.dumps(results, indent=2))
+    else:
+        click.echo(format_report(results))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# score-library
+# ----------------------------------------------------------------------------------------------------------
+
+@cli.command("score-library")
+@click.argument("library", type=click.Path(dir_okay=False))
+@click.option("--model", "model_path", default=None, type=click.Path(),
+              help="Model bundle (default: the default bundle).")
+@click.option("--ion-mode", type=click.Choice(["positive", "negative"]), multiple=True,
+              help="Only these modes' models (default: all in the bundle).")
+@click.option("--block-size", default=8192, show_default=True, type=click.IntRange(min=1),
+              help="Molecules per computed and committed block.")
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
+              help="Candidate-coordinates cache (default: $MOLPREDICT_HOME/coordinates).")
+@_progress_option
+@_quiet_option
+def score_library(library, model_path, ion_mode, block_size, cache_dir, progress, quiet) -> None:
+    """Precompute candidate coordinates of a whole LIBRARY for a model (resumable: rerun after an interrupt)."""
+    from ..identify import score_library as run
+
+    say = _say(quiet)
+    show = _progress_default(progress)
+    bundle = _load_bundle(model_path, say)
+    lib = _load_library(library, say, show)
+    result = run(bundle, lib, cache_root=Path(cache_dir) if cache_dir else None, block_size=block_size,
+                 ion_modes=list(ion_mode) or None, progress=show, log=say)
+    for mode, info in result.items():
+        say(f"{mode}: computed {info['n_computed']} of {info['n_rows']} molecules in {info['time_s']:.1f} s "
+            f"({info['n_blocks_computed']} blocks); cache {info['cache']}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# model info
+# ----------------------------------------------------------------------------------------------------------
+
+@cli.group("model")
+def model_group() -> None:
+    """Inspect model bundles."""
+
+
+@model_group.command("info")
+@click.argument("model_path", metavar="[MODEL]", required=False, type=click.Path())
+def model_info(model_path) -> None:
+    """Show what a bundle holds: per ion mode the model, training data, licences and validation metrics."""
+    from ..modelfile import default_bundle_path, json_ready
+
+    bundle = _load_bundle(model_path or str(default_bundle_path()))
+    click.echo(json.dumps(json_ready(bundle.describe()), indent=2))
+
+
+# ----------------------------------------------------------------------------------------------------------
+# data
+# ----------------------------------------------------------------------------------------------------------
+
+@cli.group()
+def data() -> None:
+    """Get training data: import MassBank records into split MGF files."""
+
+
+def _print_import(summary: dict, out: str) -> None:
+    click.echo(f"molpredict: {summary['n_imported']} of {summary['n_records']} records imported into {out}",
+               err=True)
+    for name, n in summary["files"].items():
+        click.echo(f"  {name}: {n} spectra", err=True)
+    for reason, n in summary["skipped"].items():
+        click.echo(f"  skipped {n}: {reason}", err=True)
+
+
+@data.command("import-massbank")
+@click.argument("path", type=click.Path(exists=False))
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--train-fraction", default=0.8, show_default=True, type=float)
+@click.option("--val-fraction", default=0.1, show_default=True, type=float)
+@_progress_option
+def import_massbank(path, output, train_fraction, val_fraction, progress) -> None:
+    """Import MassBank records (a MassBank-data checkout, or a .zip / .tar.gz release archive) into
+    {train,val,test}_{pos,neg}.mgf, split by a hash of the InChIKey first block (structure-disjoint)."""
+    from ..massbank import import_massbank as run
+
+    test_fraction = 1.0 - train_fraction - val_fraction
+    summary = run(path, output, fractions=(("train", train_fraction), ("val", val_fraction),
+                                           ("test", round(test_fraction, 12))),
+                  progress=_progress_default(progress))
+    _print_import(summary, output)
+
+
+@data.group("fetch")
+def fetch() -> None:
+    """Download a public data set and import it (needs internet)."""
+
+
+@fetch.command("massbank")
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Output directory.")
+@click.option("--release", default="2025.05.1", show_default=True, help="MassBank-data release tag.")
+@click.option("--keep-archive", is_flag=True, help="Keep the downloaded .tar.gz next to the MGF files.")
+@_progress_option
+def fetch_massbank(output, release, keep_archive, progress) -> None:
+    """Download the MassBank-data release archive from GitHub and import it (see `data import-massbank`)."""
+    from ..massbank import fetch_massbank as run
+
+    summary = run(output, release=release, keep_archive=keep_archive, progress=_progress_default(progress))
+    _print_import(summary, output)

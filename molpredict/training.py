@@ -1,0 +1,355 @@
+"""The training pipeline: read labelled spectra, filter, label with structures, clean, fit one model per ion mode,
+and describe what happened (counts per skip reason, distinct structures, timings, chosen parameters).
+
+Labels come from each spectrum's ``SMILES`` (else ``INCHI``) metadata. A spectrum is skipped, and counted under
+its reason, when it has no ion mode, an ion mode not asked for, an excluded licence, no parseable structure, or
+no peaks after cleaning. Records the reader could not parse are counted too (the reader's skip report).
+"""
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from .errors import InputError, SpecError
+from .modelfile import ION_MODES, ModelBundle, SubModel, file_sha256, json_ready
+from .specs import Grid, parse_spec
+
+__all__ = ["TrainOptions", "DEFAULTS", "LabelledSet", "load_labelled", "train_bundle", "license_excluded",
+           "build_model", "format_summary"]
+
+#: Defaults chosen on the shared MassBank data (positive mode, validation kernel loss; see the README's
+#: "Default model"): a Gaussian-Tanimoto output kernel on count Morgan fingerprints, the PPK on fragments,
+#: sub-sampling sketches sized so that training on ~50k spectra takes minutes on a laptop CPU.
+DEFAULTS: dict[str, Any] = {
+    "model": "sisokr",
+    "input_kernel": "ppk",
+    "output_kernel": "gaussian-tanimoto",
+    "input_sketch": "subsample:m=4000",
+    "output_sketch": "subsample:m=2000",
+    "lam": "1e-6|1e-5|1e-4|1e-3",
+}
+
+
+@dataclass
+class TrainOptions:
+    """What ``molpredict train`` was asked (None: the model's or molpredict's default).
+
+    Attributes
+    ----------
+    model : str
+        Registry name of the model, optionally with parameters (``sisokr:foo=1``).
+    input_kernel, output_kernel, input_sketch, output_sketch : str or None
+        Component specs (grids allowed where the model searches them).
+    lam : str or float or None
+        Ridge parameter or a grid ``"a|b|c"``.
+    ion_modes : sequence of str or None
+        Modes to train (None: those present in the training data).
+    exclude_licenses : sequence of str
+        Drop records whose licence contains one of these tokens (``NC`` drops CC BY-NC, CC BY-NC-SA...).
+    device : str
+    seed : int
+    cleaning : dict or None
+        ``CleaningPipeline`` settings (None: its defaults).
+    """
+
+    model: str = DEFAULTS["model"]
+    input_kernel: str | None = None
+    output_kernel: str | None = None
+    input_sketch: str | None = None
+    output_sketch: str | None = None
+    lam: Any = None
+    ion_modes: Sequence[str] | None = None
+    exclude_licenses: Sequence[str] = ()
+    device: str = "auto"
+    seed: int = 0
+    cleaning: dict | None = None
+    extra_params: dict[str, Any] = field(default_factory=dict)
+
+    def component_params(self) -> dict[str, Any]:
+        """Parameters passed to the model: the user's choices, else :data:`DEFAULTS` (when the model takes them)."""
+        params = {}
+        for name in ("input_kernel", "output_kernel", "input_sketch", "output_sketch", "lam"):
+            value = getattr(self, name)
+            params[name] = DEFAULTS[name] if value is None else value
+        params["device"] = self.device
+        params["seed"] = self.seed
+        params.update(self.extra_params)
+        return params
+
+    def filters(self) -> dict[str, Any]:
+        return {"ion_modes": list(self.ion_modes) if self.ion_modes else None,
+                "exclude_licenses": list(self.exclude_licenses), "cleaning": self.cleaning}
+
+
+def license_excluded(license_text: str | None, excluded: Sequence[str]) -> bool:
+    """Whether a licence string contains one of the ``excluded`` tokens (case-insensitive, whole tokens:
+    ``NC`` matches ``CC BY-NC-SA`` but not ``CC0`` or ``UNCLEAR``)."""
+    if not excluded or not license_text:
+        return False
+    tokens = {t for t in re.split(r"[^0-9A-Za-z.]+", license_text.upper()) if t}
+    return any(e.strip().upper() in tokens for e in excluded if e.strip())
+
+
+@dataclass
+class LabelledSet:
+    """Cleaned spectra and their structures, per ion mode, with what was skipped and why.
+
+    Attributes
+    ----------
+    spectra, molecules : dict
+        Ion mode -> list of ``Spectrum`` / ``Molecule`` (aligned).
+    skipped : Counter
+        Reason -> count.
+    licenses : dict
+        Ion mode -> Counter of licence strings of the records used.
+    n_read : int
+        Records read (including the reader's skipped records).
+    """
+
+    spectra: dict[str, list] = field(default_factory=dict)
+    molecules: dict[str, list] = field(default_factory=dict)
+    skipped: Counter = field(default_factory=Counter)
+    licenses: dict[str, Counter] = field(default_factory=dict)
+    n_read: int = 0
+
+    def n_used(self, mode: str | None = None) -> int:
+        modes = [mode] if mode else list(self.spectra)
+        return sum(len(self.spectra.get(m, [])) for m in modes)
+
+    def n_structures(self, mode: str) -> int:
+        return len({m.inchikey14 for m in self.molecules.get(mode, [])})
+
+
+def spectrum_ion_mode(spectrum: Any) -> str | None:
+    """The spectrum's ion mode, else inferred from its charge or adduct."""
+    if spectrum.ion_mode in ION_MODES:
+        return spectrum.ion_mode
+    from .io.common import ion_mode_from
+    return ion_mode_from(spectrum.charge, spectrum.adduct)
+
+
+def load_labelled(paths: Iterable[str | Path], options: TrainOptions, progress: bool = False,
+                  what: str = "training") -> LabelledSet:
+    """Read, filter, label and clean spectra files (see the module docstring for the skip reasons).
+
+    Raises
+    ------
+    InputError
+        A file that is not spectra (unknown extension, binary...), from the readers.
+    """
+    from .molecules import Molecule
+    from .spectra import CleaningPipeline, SkipReport, read_spectra
+
+    cleaning = CleaningPipeline.from_dict(options.cleaning) if options.cleaning else CleaningPipeline()
+    wanted = set(options.ion_modes) if options.ion_modes else None
+    out = LabelledSet()
+    structures: dict[str, Any] = {}  # SMILES -> Molecule or error reason (many spectra share a structure)
+    for path in paths:
+        report = SkipReport()
+        iterator = read_spectra(path, report=report)
+        if progress:
+            from tqdm import tqdm
+            iterator = tqdm(iterator, desc=f"reading {Path(path).name}", unit=" spectra", file=sys.stderr,
+                            leave=False)
+        for spectrum in iterator:
+            out.n_read += 1
+            mode = spectrum_ion_mode(spectrum)
+            if mode is None:
+                out.skipped["no ion mode"] += 1
+                continue
+            if wanted is not None and mode not in wanted:
+                out.skipped[f"ion mode {mode} not requested"] += 1
+                continue
+            licence = spectrum.metadata.get("license") or None
+            if license_excluded(licence, options.exclude_licenses):
+                out.skipped["licence excluded"] += 1
+                continue
+            smiles = spectrum.smiles
+            inchi = spectrum.metadata.get("inchi") or None
+            if not smiles and not inchi:
+                out.skipped["no structure (SMILES or InChI)"] += 1
+                continue
+            key = smiles or inchi
+            molecule = structures.get(key)
+            if molecule is None:
+                try:
+                    molecule = Molecule.from_smiles(smiles) if smiles else Molecule.from_inchi(inchi)
+                    if not molecule.inchikey:
+                        molecule = "structure without InChIKey"
+                except InputError:
+                    molecule = "structure not parsed by RDKit"
+                structures[key] = molecule
+            if isinstance(molecule, str):
+                out.skipped[molecule] += 1
+                continue
+            cleaned = cleaning(spectrum)
+            if cleaned is None:
+                out.skipped[f"MS level {spectrum.ms_level} (not {cleaning.ms_level})"] += 1
+                continue
+            if cleaned.n_peaks == 0:
+                out.skipped["no peaks after cleaning"] += 1
+                continue
+            out.spectra.setdefault(mode, []).append(cleaned)
+            out.molecules.setdefault(mode, []).append(molecule)
+            out.licenses.setdefault(mode, Counter())[licence or "unknown"] += 1
+        for reason, n in report.by_reason().items():
+            out.skipped[f"unreadable record ({reason})"] += n
+            out.n_read += n
+    return out
+
+
+def build_model(model_spec: str, params: dict[str, Any], registry: Any = None) -> Any:
+    """Instantiate a model from ``name[:key=value,...]`` plus ``params`` (only those the model accepts; values
+    given in the spec win). Grids (``a|b``) are passed to the model as strings for it to search."""
+    if registry is None:
+        from .registry import get_registry
+        registry = get_registry()
+    spec = parse_spec(model_spec)
+    cls = registry.get("model", spec.name)
+    valid = set(cls.param_names())
+    unknown = sorted(set(spec.params) - valid)
+    if unknown:
+        raise SpecError(f"model {spec.name!r} has no parameter(s) {', '.join(unknown)}; valid: "
+                        f"{', '.join(sorted(valid))}")
+    kwargs = {k: v for k, v in params.items() if k in valid and v is not None}
+    kwargs.update({k: (str(v) if isinstance(v, Grid) else v) for k, v in spec.params.items()})
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise SpecError(f"model {spec}: {exc}") from exc
+
+
+def _selection(model: Any) -> Any:
+    selection = getattr(model, "selection_", None)
+    return json_ready(selection) if selection is not None else None
+
+
+def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
+                 val_paths: Sequence[str | Path] = (), progress: bool = True,
+                 log: Any = None) -> tuple[ModelBundle, dict[str, Any]]:
+    """Train one model per ion mode and return the bundle and a JSON-ready summary.
+
+    Parameters
+    ----------
+    train_paths : sequence of path
+        Spectra files with structures (MGF, MSP, mzML).
+    options : TrainOptions
+    val_paths : sequence of path
+        Validation spectra: grid parameters are chosen on their kernel loss (no decoding).
+    progress : bool
+        tqdm progress bars on stderr.
+    log : callable, optional
+        ``log(message)`` for one-line status messages (default: nothing).
+
+    Raises
+    ------
+    InputError
+        No usable training spectra (for an asked ion mode).
+    """
+    say = log or (lambda message: None)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    train = load_labelled(train_paths, options, progress=progress)
+    timings["read_train_s"] = time.perf_counter() - t0
+    val = None
+    if val_paths:
+        t0 = time.perf_counter()
+        val = load_labelled(val_paths, options, progress=progress, what="validation")
+        timings["read_val_s"] = time.perf_counter() - t0
+    modes = list(options.ion_modes) if options.ion_modes else [m for m in ION_MODES if train.n_used(m)]
+    if not modes:
+        reasons = ", ".join(f"{n} {r}" for r, n in train.skipped.most_common()) or "no records"
+        raise InputError(f"no usable training spectra ({train.n_read} read; skipped: {reasons})",
+                         path=", ".join(str(p) for p in train_paths))
+    for mode in modes:
+        if not train.n_used(mode):
+            raise InputError(f"no usable {mode} training spectra (use --ion-mode to train other modes)",
+                             path=", ".join(str(p) for p in train_paths))
+    from .molecules import DEFAULT_ADDUCTS
+    from .spectra import CleaningPipeline
+
+    cleaning = (CleaningPipeline.from_dict(options.cleaning) if options.cleaning else CleaningPipeline()).to_dict()
+    train_hash = file_sha256(train_paths, extra=options.filters())
+    params = options.component_params()
+    bundle = ModelBundle()
+    summary: dict[str, Any] = {
+        "train_files": [str(p) for p in train_paths], "val_files": [str(p) for p in val_paths],
+        "n_read": train.n_read, "skipped": dict(train.skipped.most_common()),
+        "val_skipped": dict(val.skipped.most_common()) if val else None,
+        "training_sha256": train_hash, "models": {}, "timings": timings,
+    }
+    for mode in modes:
+        spectra, molecules = train.spectra[mode], train.molecules[mode]
+        val_pair = None
+        if val is not None and val.n_used(mode):
+            val_pair = (val.spectra[mode], val.molecules[mode])
+        model = build_model(options.model, params)
+        n_struct = train.n_structures(mode)
+        say(f"training {model.registry_name or type(model).__name__} on {len(spectra)} {mode} spectra "
+            f"({n_struct} structures)" + (f", selecting on {len(val_pair[0])} validation spectra" if val_pair
+                                           else ""))
+        t0 = time.perf_counter()
+        model.fit(spectra, molecules, val=val_pair)
+        fit_s = time.perf_counter() - t0
+        validation: dict[str, Any] = {}
+        if val_pair is not None and hasattr(model, "kernel_loss"):
+            t0 = time.perf_counter()
+            validation["kernel_loss"] = float(model.kernel_loss(*val_pair))
+            validation["n_spectra"] = len(val_pair[0])
+            validation["n_structures"] = val.n_structures(mode)
+            validation["time_s"] = time.perf_counter() - t0
+        info = {
+            "training": {"sha256": train_hash, "files": [Path(p).name for p in train_paths],
+                         "filters": options.filters(), "n_spectra": len(spectra), "n_structures": n_struct,
+                         "licenses": dict(train.licenses[mode].most_common())},
+            "validation": validation,
+            "selection": _selection(model),
+            "timings": {"fit_s": fit_s},
+        }
+        adducts = [a.name for a in DEFAULT_ADDUCTS[mode]]
+        bundle.models[mode] = SubModel(model=model, ion_mode=mode, cleaning=cleaning, adducts=adducts, info=info)
+        summary["models"][mode] = {
+            "model": str(options.model), "params": json_ready(model.get_params()),
+            "chosen": json_ready(_chosen(model)), "n_spectra": len(spectra), "n_structures": n_struct,
+            "licenses": dict(train.licenses[mode].most_common()), "validation": validation,
+            "fit_s": fit_s,
+        }
+    return bundle, summary
+
+
+def _chosen(model: Any) -> dict[str, Any]:
+    """Fitted choices the model exposes (attributes ending in ``_`` that are JSON scalars or short specs)."""
+    chosen = {}
+    for name, value in vars(model).items():
+        if name.endswith("_") and not name.startswith("_") and isinstance(value, (int, float, str, bool)):
+            chosen[name] = value
+    return chosen
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The closing summary of ``molpredict train`` as a few human-readable lines."""
+    lines = []
+    used = sum(m["n_spectra"] for m in summary["models"].values())
+    skipped = sum(summary["skipped"].values())
+    lines.append(f"read {summary['n_read']} spectra: {used} used, {skipped} skipped")
+    for reason, n in summary["skipped"].items():
+        lines.append(f"  skipped {n}: {reason}")
+    for mode, info in summary["models"].items():
+        chosen = ", ".join(f"{k}={v}" for k, v in info["chosen"].items())
+        lines.append(f"{mode}: {info['n_spectra']} spectra, {info['n_structures']} structures, fit "
+                     f"{info['fit_s']:.1f} s" + (f"; chosen {chosen}" if chosen else ""))
+        val = info.get("validation") or {}
+        if "kernel_loss" in val:
+            lines.append(f"  validation kernel loss {val['kernel_loss']:.4f} on {val['n_spectra']} spectra "
+                         f"({val['n_structures']} structures)")
+        licences = ", ".join(f"{k}: {v}" for k, v in info["licenses"].items())
+        lines.append(f"  licences: {licences}")
+    timings = summary.get("timings", {})
+    if timings:
+        lines.append("timings: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+    return "\n".join(lines)

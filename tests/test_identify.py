@@ -1,0 +1,335 @@
+"""Identification: candidate selection, adducts, skips, batching, ranking/ties, the coordinates cache, the CLI,
+and score-library's resumability. A small ridge model (tests/identification_helpers.py) stands in for the
+kernel models, so these tests pin the pipeline, not the engine."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from identification_helpers import FAKE_MODEL, SMILES, FingerprintRidge, install_fake_model, synthetic_spectra
+from molpredict.candidates import CandidateLibrary
+from molpredict.cli import cli
+from molpredict.identify import (OUTPUT_COLUMNS, Identifier, IdentifyOptions, LibrarySource, output_format,
+                                 read_formula_hints, score_library)
+from molpredict.modelfile import ModelBundle, SubModel
+from molpredict.spectra import CleaningPipeline, read_spectra, write_mgf
+from molpredict.training import build_model
+
+FIXTURES = Path(__file__).parent / "fixtures" / "identification"
+
+# Same-formula decoys (positional isomers) and a stereo pair whose coordinates coincide in the test model.
+DECOYS = ["CC1Cc2ccc(O)cc2C(=O)O1", "CC(=O)Nc1cccc(O)c1", "O=C(O)/C=C/c1ccc(O)cc1O", "CC(C)Cc1ccc(CC(C)C(=O)O)cc1",
+          "C[C@H](N)C(=O)O", "C[C@@H](N)C(=O)O"]
+
+
+@pytest.fixture
+def library():
+    smiles = SMILES + DECOYS
+    return CandidateLibrary.from_smiles(smiles, names=[f"cand{i}" for i in range(len(smiles))], source="test")
+
+
+@pytest.fixture
+def bundle():
+    install_fake_model()
+    spectra, molecules = synthetic_spectra(n_per=3, seed=0)
+    model = build_model(FAKE_MODEL, {"lam": "0.001|0.01|0.1"}).fit(spectra, molecules)
+    sub = SubModel(model=model, ion_mode="positive", cleaning=CleaningPipeline().to_dict(),
+                   adducts=["[M+H]+", "[M+Na]+", "[M+NH4]+", "[M]+"])
+    return ModelBundle({"positive": sub})
+
+
+def same_rows(a, b):
+    """Equal tables up to rounding of the scores (a matrix product and a vector product differ in the last bit)."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert {k: v for k, v in x.items() if k not in ("score", "confidence")} == \
+            {k: v for k, v in y.items() if k not in ("score", "confidence")}
+        assert x["score"] == pytest.approx(y["score"], rel=1e-12, abs=1e-12)
+        assert x["confidence"] == pytest.approx(y["confidence"], rel=1e-9, abs=1e-12, nan_ok=True)
+    return True
+
+
+def run(bundle, library, spectra, cache_root, **options):
+    identifier = Identifier(bundle, LibrarySource(library, IdentifyOptions(**options)), IdentifyOptions(**options),
+                            cache_root=cache_root)
+    return list(identifier.run(spectra)), identifier
+
+
+def test_learned_model_ranks_truth_first_among_isomers(bundle, library, tmp_path):
+    queries, truths = synthetic_spectra(n_per=2, seed=11)
+    rows, ident = run(bundle, library, queries, tmp_path, top_k=50)
+    top = {r["query_id"]: r["inchikey"] for r in rows if r["rank"] == 1}
+    assert len(top) == len(queries) and ident.skipped == []
+    accuracy = np.mean([top[s.id] == m.inchikey for s, m in zip(queries, truths)])
+    assert accuracy >= 0.9
+    formulas = dict(zip(library.column("inchikey"), library.column("formula")))
+    for r in rows:
+        # by formula (the queries carry FORMULA): every candidate has the query's formula
+        query = next(s for s in queries if s.id == r["query_id"])
+        assert formulas[r["inchikey"]] == query.formula
+        assert r["adduct"] == "[M+H]+" and r["name"].startswith("cand")
+
+
+def test_ranking_order_ties_and_confidence(bundle, library, tmp_path):
+    """Rows are by score descending; the stereo pair has equal scores and is ordered by InChIKey."""
+    from molpredict.spectra import Spectrum
+    alanine = Spectrum("ala", mz=[44.05, 90.055], intensities=[100.0, 30.0], precursor_mz=90.0550, charge=1,
+                       ion_mode="positive", adduct="[M+H]+", metadata={"formula": "C3H7NO2"})
+    rows, _ = run(bundle, library, [alanine] * 2, tmp_path, top_k=5)
+    assert [r["rank"] for r in rows] == [1, 2, 1, 2]
+    a, b = rows[0], rows[1]
+    assert a["score"] == b["score"] and a["inchikey"] < b["inchikey"]
+    assert a["confidence"] == 0.0 and b["confidence"] == 0.0
+    queries, _ = synthetic_spectra(n_per=1, seed=3)
+    rows, _ = run(bundle, library, queries, tmp_path, top_k=5)
+    for qid in {r["query_id"] for r in rows}:
+        group = [r for r in rows if r["query_id"] == qid]
+        scores = [r["score"] for r in group]
+        assert scores == sorted(scores, reverse=True)
+        if len(group) > 1:
+            assert group[0]["confidence"] == pytest.approx(scores[0] - scores[1])
+            assert group[1]["confidence"] == pytest.approx(scores[1] - scores[0])
+        else:
+            assert np.isnan(group[0]["confidence"])
+        assert all(r["n_candidates"] == len(group) for r in group)
+
+
+def test_scores_equal_model_score(bundle, library, tmp_path):
+    queries, _ = synthetic_spectra(n_per=1, seed=4)
+    rows, _ = run(bundle, library, queries, tmp_path, top_k=50)
+    model = bundle.for_mode("positive").model
+    clean = CleaningPipeline()
+    index = {k: i for i, k in enumerate(library.column("inchikey"))}
+    for s in queries:
+        group = [r for r in rows if r["query_id"] == s.id]
+        expected = model.score([clean(s)], library.molecules([index[r["inchikey"]] for r in group]))[0]
+        np.testing.assert_allclose([r["score"] for r in group], expected, rtol=1e-12)
+
+
+def test_block_size_does_not_change_results(bundle, library, tmp_path):
+    queries, _ = synthetic_spectra(n_per=2, seed=5)
+    big, _ = run(bundle, library, queries, tmp_path / "a", top_k=3)
+    small, ident = run(bundle, library, queries, tmp_path / "b", top_k=3, block_queries=1)
+    assert same_rows(big, small)
+    seen = []
+    original = Identifier.candidate_coordinates
+
+    def spy(self, sub, ids):
+        seen.append(len(ids))
+        return original(self, sub, ids)
+
+    Identifier.candidate_coordinates = spy
+    try:
+        bounded, _ = run(bundle, library, queries, tmp_path / "c", top_k=3, max_block_candidates=3)
+    finally:
+        Identifier.candidate_coordinates = original
+    assert same_rows(bounded, big) and max(seen) <= 3 + 2  # flushed once the union reaches the bound
+
+
+def test_edge_cases_every_spectrum_accounted_for(bundle, library, tmp_path):
+    from molpredict.spectra import SkipReport
+    report = SkipReport()
+    rows, ident = run(bundle, library, read_spectra(FIXTURES / "edge_cases.mgf", report=report), tmp_path,
+                      top_k=10)
+    got = {r["query_id"] for r in rows}
+    skipped = {s.query_id: s.reason for s in ident.skipped}
+    assert got == {"known-adduct", "unknown-adduct-by-mass", "no-adduct-by-mass"}
+    assert skipped == {"negative-mode": "no model for ion mode negative in the bundle",
+                       "only-precursor": "no peaks after cleaning",
+                       "formula-not-in-library": "no candidates in the library (formula C30H20Cl4)"}
+    assert len(report) == 1  # the record with a non-numeric peak, reported by the reader
+    # no usable adduct: every default adduct is tried; Mellein is found as [M+Na]+
+    for qid in ("unknown-adduct-by-mass", "no-adduct-by-mass"):
+        mellein = [r for r in rows if r["query_id"] == qid and r["inchikey"] == "KWILGNNWGSNMPA-UHFFFAOYSA-N"]
+        assert len(mellein) == 1 and mellein[0]["adduct"] == "[M+Na]+"
+    # a known adduct restricts to it
+    assert {r["adduct"] for r in rows if r["query_id"] == "known-adduct"} == {"[M+H]+"}
+
+
+def test_mass_selection_window(bundle, library, tmp_path):
+    from molpredict.molecules import precursor_mz
+    from molpredict.spectra import Spectrum
+    mass = 178.062994  # Mellein and its isomer
+    peaks = dict(mz=[133.065, 161.06], intensities=[1.0, 2.0], charge=1, ion_mode="positive", adduct="[M+H]+")
+    inside = Spectrum("in", precursor_mz=precursor_mz(mass * (1 + 9e-6), "[M+H]+"), **peaks)
+    outside = Spectrum("out", precursor_mz=precursor_mz(mass * (1 + 12e-6), "[M+H]+"), **peaks)
+    rows, ident = run(bundle, library, [inside, outside], tmp_path, by="mass", ppm=10)
+    assert {r["inchikey"][:14] for r in rows} == {"KWILGNNWGSNMPA", "NXEBHIQNMZSFHI"}
+    assert [s.query_id for s in ident.skipped] == ["out"]
+    rows, _ = run(bundle, library, [outside], tmp_path, by="mass", ppm=20)
+    assert len(rows) == 2
+
+
+def test_formula_hints_and_sources(bundle, library, tmp_path):
+    queries, _ = synthetic_spectra(n_per=1, seed=2)
+    hints_path = tmp_path / "hints.tsv"
+    hints_path.write_text("query_id\tformula\ns0-0\tC9H8O4\n")
+    hints = read_formula_hints(hints_path)
+    assert hints == {"s0-0": "C9H8O4"}
+    rows, _ = run(bundle, library, queries[:1], tmp_path, formulas=hints)
+    assert {r["formula"] for r in rows} == {"C9H8O4"}
+    rows, ident = run(bundle, library, queries[:1], tmp_path, sources=["elsewhere"])
+    assert rows == [] and "no candidates" in ident.skipped[0].reason
+    (tmp_path / "bad.tsv").write_text("s0-0\tC9H8Q4\n")
+    from molpredict.errors import InputError
+    with pytest.raises(InputError, match="bad.tsv, record 1, field formula"):
+        read_formula_hints(tmp_path / "bad.tsv")
+
+
+def test_second_run_does_no_featurisation(bundle, library, tmp_path):
+    queries, _ = synthetic_spectra(n_per=1, seed=6)
+    FingerprintRidge.calls.clear()
+    first, _ = run(bundle, library, queries, tmp_path / "cache")
+    assert sum(FingerprintRidge.calls) > 0
+    FingerprintRidge.calls.clear()
+    path = bundle.save(tmp_path / "bundle")
+    reloaded = ModelBundle.load(path)  # a new process would see the same key
+    second, _ = run(reloaded, library, queries, tmp_path / "cache")
+    assert FingerprintRidge.calls == [] and same_rows(second, first)
+    third, _ = run(reloaded, library, queries, False)  # no cache: featurised again
+    assert sum(FingerprintRidge.calls) > 0 and same_rows(third, first)
+
+
+def test_score_library_resumes_after_interrupt(bundle, library, tmp_path):
+    model = bundle.for_mode("positive").model
+    original = model.candidate_coordinates
+    calls = []
+
+    def flaky(molecules, fail_after=None):
+        if fail_after is not None and len(calls) >= fail_after:
+            raise KeyboardInterrupt("simulated Ctrl-C")
+        calls.append([m.inchikey for m in molecules])
+        return original(molecules)
+
+    model.candidate_coordinates = lambda mols: flaky(mols, fail_after=2)
+    with pytest.raises(KeyboardInterrupt):
+        score_library(bundle, library, cache_root=tmp_path / "resumed", block_size=4)
+    done = [k for block in calls for k in block]
+    assert len(calls) == 2 and len(done) == 8
+    calls.clear()
+    model.candidate_coordinates = lambda mols: flaky(mols)
+    result = score_library(bundle, library, cache_root=tmp_path / "resumed", block_size=4)
+    n = len(library)
+    assert result["positive"]["n_computed"] == n - 8
+    assert result["positive"]["n_blocks_computed"] == len(calls) == -(-(n - 8) // 4)
+    assert not set(done) & {k for block in calls for k in block}
+    again = score_library(bundle, library, cache_root=tmp_path / "resumed", block_size=4)
+    assert again["positive"]["n_computed"] == 0
+    model.candidate_coordinates = original
+    score_library(bundle, library, cache_root=tmp_path / "oneshot", block_size=1000)
+    from molpredict.coordinates_cache import CoordinatesCache
+    a = CoordinatesCache(tmp_path / "resumed", model.coordinates_key())
+    b = CoordinatesCache(tmp_path / "oneshot", model.coordinates_key())
+    keys = list(library.column("inchikey"))
+    np.testing.assert_array_equal(a.read(a.rows(keys)), b.read(b.rows(keys)))
+
+
+def test_output_format_choice():
+    assert output_format(None, None) == "tsv"
+    assert output_format("x.json", None) == "json"
+    assert output_format("x.CSV", None) == "csv"
+    assert output_format("x.json", "tsv") == "tsv"
+    from molpredict.errors import InputError
+    with pytest.raises(InputError, match="--format"):
+        output_format("x.xlsx", None)
+
+
+# -- CLI ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def cli_setup(bundle, library, tmp_path, monkeypatch):
+    monkeypatch.setenv("MOLPREDICT_HOME", str(tmp_path / "home"))
+    model = bundle.save(tmp_path / "model")
+    lib = tmp_path / "library.tsv"
+    library.to_tsv(lib)
+    queries, _ = synthetic_spectra(n_per=1, seed=8)
+    mgf = tmp_path / "queries.mgf"
+    write_mgf(queries, mgf)
+    return model, lib, mgf, queries
+
+
+def test_cli_identify_formats(cli_setup, tmp_path):
+    model, lib, mgf, queries = cli_setup
+    runner = CliRunner()
+    result = runner.invoke(cli, ["identify", str(mgf), "--model", str(model), "--library", str(lib), "--top-k", "2",
+                                 "-o", str(tmp_path / "out.tsv")])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader(open(tmp_path / "out.tsv"), delimiter="\t"))
+    assert tuple(rows[0]) == OUTPUT_COLUMNS
+    assert {r["query_id"] for r in rows} == {s.id for s in queries}
+    assert f"{len(queries)} spectra: {len(queries)} identified, 0 skipped" in result.stderr
+    result = runner.invoke(cli, ["identify", str(mgf), "--model", str(model), "--library", str(lib), "--top-k", "2",
+                                 "-o", str(tmp_path / "out.json")])
+    data = json.loads((tmp_path / "out.json").read_text())
+    assert [(r["query_id"], r["rank"], r["inchikey"]) for r in data] == \
+        [(r["query_id"], int(r["rank"]), r["inchikey"]) for r in rows]
+    result = runner.invoke(cli, ["identify", str(mgf), "--model", str(model), "--library", str(lib), "--top-k", "2",
+                                 "--format", "csv", "-q"])
+    assert result.exit_code == 0 and result.stderr == ""
+    assert list(csv.DictReader(io.StringIO(result.stdout)))[0]["query_id"] == rows[0]["query_id"]
+
+
+def test_cli_identify_skipped_report(cli_setup, tmp_path):
+    model, lib, _, _ = cli_setup
+    result = CliRunner().invoke(cli, ["identify", str(FIXTURES / "edge_cases.mgf"), "--model", str(model),
+                                      "--library", str(lib), "--skipped", str(tmp_path / "skipped.tsv")])
+    assert result.exit_code == 0, result.output
+    skipped = list(csv.DictReader(open(tmp_path / "skipped.tsv"), delimiter="\t"))
+    assert len(skipped) == 4
+    assert {s["query_id"] for s in skipped} == {"", "negative-mode", "only-precursor", "formula-not-in-library"}
+    unreadable = next(s for s in skipped if s["query_id"] == "")
+    assert unreadable["record"] == "7" and "unreadable record" in unreadable["reason"]
+    assert "7 spectra: 3 identified, 4 skipped" in result.stderr
+    assert "no model for ion mode negative" in result.stderr
+
+
+def test_cli_identify_bad_inputs(cli_setup, tmp_path, monkeypatch):
+    model, lib, mgf, _ = cli_setup
+    runner = CliRunner()
+    png = tmp_path / "image.mgf"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    result = runner.invoke(cli, ["identify", str(png), "--model", str(model), "--library", str(lib)])
+    assert result.exit_code == 2 and "binary" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    result = runner.invoke(cli, ["identify", str(tmp_path / "missing.mgf"), "--model", str(model)])
+    assert result.exit_code == 2 and "no such file" in result.stderr
+    result = runner.invoke(cli, ["identify", str(mgf), "--model", str(tmp_path / "nope"), "--library", str(lib)])
+    assert result.exit_code == 4 and "model bundle not found" in result.stderr
+    # no --model and no default bundle under MOLPREDICT_HOME
+    result = runner.invoke(cli, ["identify", str(mgf), "--library", str(lib)])
+    assert result.exit_code == 4 and "no default model" in result.stderr and "molpredict train" in result.stderr
+    # no --library and no shared pool
+    monkeypatch.setattr("molpredict.identify.default_library_path", lambda: None)
+    result = runner.invoke(cli, ["identify", str(mgf), "--model", str(model)])
+    assert result.exit_code == 2 and "--library" in result.stderr
+    (model / "positive" / "metadata.json").write_text("{ truncated")
+    result = runner.invoke(cli, ["identify", str(mgf), "--model", str(model), "--library", str(lib)])
+    assert result.exit_code == 4 and "corrupted or truncated" in result.stderr
+
+
+def test_cli_default_bundle_location(cli_setup, tmp_path):
+    model, lib, mgf, _ = cli_setup
+    bundle = ModelBundle.load(model)
+    bundle.save(tmp_path / "home" / "models" / "default")
+    result = CliRunner().invoke(cli, ["identify", str(mgf), "--library", str(lib)])
+    assert result.exit_code == 0, result.output
+    assert str(tmp_path / "home" / "models" / "default") in result.stderr
+
+
+def test_cli_score_library(cli_setup, tmp_path):
+    model, lib, _, _ = cli_setup
+    runner = CliRunner()
+    args = ["score-library", str(lib), "--model", str(model), "--cache-dir", str(tmp_path / "cc"),
+            "--block-size", "5"]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    n = len(CandidateLibrary.from_tsv(lib))
+    assert f"computed {n} of {n} molecules" in result.stderr
+    result = runner.invoke(cli, args)
+    assert f"computed 0 of {n} molecules" in result.stderr
