@@ -1,0 +1,209 @@
+"""What every spectra reader shares: the skip report, opening (gzip, binary sniffing) and record ids."""
+from __future__ import annotations
+
+import gzip
+import io
+import logging
+import os
+from collections import Counter
+from pathlib import Path
+from typing import IO, Iterator, NamedTuple
+
+from ..errors import InputError
+
+__all__ = ["SkipEntry", "SkipReport", "open_text", "file_stem", "parse_charge", "normalize_ion_mode",
+           "ion_mode_from"]
+
+logger = logging.getLogger("molpredict.io")
+
+_GZIP_MAGIC = b"\x1f\x8b"
+_SNIFF_BYTES = 8192
+#: bytes that never occur in a text spectra file (C0 controls other than tab, LF, VT, FF, CR; and DEL)
+_BINARY_BYTES = frozenset(set(range(0, 9)) | set(range(14, 32)) | {127})
+
+
+class SkipEntry(NamedTuple):
+    """One skipped record: the file, its 1-based record number in that file, and why it was skipped."""
+
+    path: str
+    record: int
+    reason: str
+
+
+class SkipReport:
+    """Collects the records a reader skipped, so that one bad record never stops a whole file.
+
+    Readers append ``(path, record, reason)`` entries; ``reason`` is a short category (e.g. ``"no peaks"``,
+    ``"non-numeric peak"``) so that :meth:`summary` can count records per reason.
+
+    Examples
+    --------
+    >>> report = SkipReport()
+    >>> spectra = list(read_mgf("query.mgf", report=report))   # doctest: +SKIP
+    >>> print(report.summary())                                 # doctest: +SKIP
+    """
+
+    def __init__(self) -> None:
+        self.entries: list[SkipEntry] = []
+
+    def add(self, path: str | os.PathLike, record: int, reason: str) -> None:
+        """Record that ``record`` (1-based) of ``path`` was skipped for ``reason``."""
+        self.entries.append(SkipEntry(str(path), int(record), str(reason)))
+
+    @property
+    def count(self) -> int:
+        """Number of skipped records."""
+        return len(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __iter__(self) -> Iterator[SkipEntry]:
+        return iter(self.entries)
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    def by_reason(self) -> dict[str, int]:
+        """Skipped-record counts per reason, most frequent first."""
+        return dict(Counter(e.reason for e in self.entries).most_common())
+
+    def summary(self) -> str:
+        """One line per reason, ``"<count> records skipped: <reason>"``; empty string when nothing was skipped."""
+        return "\n".join(f"{n} record{'s' if n != 1 else ''} skipped: {reason}"
+                         for reason, n in self.by_reason().items())
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable form: ``{"count": int, "by_reason": {...}, "entries": [[path, record, reason]]}``."""
+        return {"count": self.count, "by_reason": self.by_reason(),
+                "entries": [list(e) for e in self.entries]}
+
+    def __repr__(self) -> str:
+        return f"SkipReport(count={self.count})"
+
+
+def _log_skips(path: str, skipped: Counter) -> None:
+    """Readers without a report still say, once per file, what they dropped."""
+    if skipped:
+        detail = ", ".join(f"{n} {reason}" for reason, n in skipped.most_common())
+        logger.warning("%s: skipped %d record(s) (%s)", path, sum(skipped.values()), detail)
+
+
+class _Skipper:
+    """Routes a reader's skipped records to a :class:`SkipReport` (when given) and a per-file log line."""
+
+    def __init__(self, path: str, report: SkipReport | None) -> None:
+        self.path = path
+        self.report = report
+        self.counts: Counter = Counter()
+
+    def __call__(self, record: int, reason: str) -> None:
+        self.counts[reason] += 1
+        if self.report is not None:
+            self.report.add(self.path, record, reason)
+
+    def close(self) -> None:
+        if self.report is None:
+            _log_skips(self.path, self.counts)
+
+
+def open_text(path: str | os.PathLike, kind: str) -> IO[str]:
+    """Open a spectra file as text, un-gzipping transparently; refuse binary files.
+
+    Parameters
+    ----------
+    path : str or path-like
+    kind : str
+        The format expected (for the error message), e.g. ``"MGF"``.
+
+    Returns
+    -------
+    A text stream with universal newlines (CRLF read as LF), UTF-8 with undecodable bytes replaced.
+
+    Raises
+    ------
+    InputError
+        The file does not exist, is a directory, or holds binary data (NUL or other control bytes in its
+        first 8 KiB, after un-gzipping), e.g. an image.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise InputError("no such file", path=str(path))
+    if path.is_dir():
+        raise InputError(f"is a directory, not a {kind} file", path=str(path))
+    with open(path, "rb") as probe:
+        compressed = probe.read(2) == _GZIP_MAGIC
+    raw = gzip.open(path, "rb") if compressed else open(path, "rb")
+    try:
+        try:
+            head = raw.peek(_SNIFF_BYTES)[:_SNIFF_BYTES]
+        except (OSError, EOFError) as exc:  # a corrupt .gz
+            raise InputError(f"cannot read ({exc})", path=str(path)) from None
+        if any(b in _BINARY_BYTES for b in head):
+            raise InputError(f"not a {kind} file (binary data)", path=str(path))
+        return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline=None)
+    except BaseException:
+        raw.close()
+        raise
+
+
+def file_stem(path: str | os.PathLike) -> str:
+    """The file name without its format and compression extensions (``a/b.mgf.gz`` -> ``b``)."""
+    name = Path(path).name
+    if name.lower().endswith(".gz"):
+        name = name[:-3]
+    stem = Path(name).stem
+    return stem or name
+
+
+def parse_charge(text: str) -> int | None:
+    """A signed charge from ``"1+"``, ``"+1"``, ``"1"``, ``"2-"``, ``"-1"``...; None for ``""``/``"0"``/lists.
+
+    Raises
+    ------
+    ValueError
+        The text is not a charge.
+    """
+    s = text.strip()
+    if not s:
+        return None
+    if " and " in s or "," in s:
+        # Mascot's "2+ and 3+" (or "2+,3+") means "one of these": no single charge is known.
+        return None
+    sign = 1
+    if s[-1] in "+-":
+        sign = -1 if s[-1] == "-" else 1
+        s = s[:-1]
+        if s[:1] in "+-":
+            raise ValueError(text)
+    elif s[0] in "+-":
+        sign = -1 if s[0] == "-" else 1
+        s = s[1:]
+    if not s.isdigit():
+        raise ValueError(text)
+    value = int(s)
+    return sign * value if value else None
+
+
+_ION_MODES = {"positive": "positive", "pos": "positive", "p": "positive", "+": "positive",
+              "negative": "negative", "neg": "negative", "n": "negative", "-": "negative"}
+
+
+def normalize_ion_mode(text: str | None) -> str | None:
+    """``"Positive"``, ``"POS"``, ``"P"``, ``"+"`` -> ``"positive"`` (likewise negative); anything else -> None."""
+    if not text:
+        return None
+    return _ION_MODES.get(text.strip().lower())
+
+
+def ion_mode_from(charge: int | None, adduct: str | None) -> str | None:
+    """Infer the ion mode from the charge's sign, else from the adduct's trailing sign (``[M+H]+``)."""
+    if charge:
+        return "positive" if charge > 0 else "negative"
+    if adduct:
+        tail = adduct.rstrip().rstrip("*")
+        if tail.endswith("+"):
+            return "positive"
+        if tail.endswith("-"):
+            return "negative"
+    return None
