@@ -1,0 +1,297 @@
+"""Evaluation under the MassSpecGym protocol: every labelled spectrum is one query, ranked against the candidate
+set of its true structure; metrics per spectrum and averaged per structure, under two tie policies, with
+bootstrap intervals and the exact random-ranking expectation.
+
+Protocol
+--------
+- Candidate sets are keyed by the true structure's InChIKey first block (``{query_inchikey14: [(inchikey14,
+  smiles), ...]}``); a spectrum whose structure has no set, or that has no structure, is skipped and counted.
+- A hit is a candidate with the true first block. The order of a set is ignored (the files put the truth first).
+- Spectra cleaned down to no peaks are *kept* (the model then scores every candidate alike and the tie policy
+  decides): dropping them would flatter the metrics.
+- Primary numbers use the ``worst`` tie policy (ties resolved against the truth); ``average`` (the expectation
+  under random tie-breaking) is reported beside them. See :mod:`molpredict.decoding`.
+- Intervals: percentile bootstrap (95%, seeded) resampling queries (per spectrum) or structures (per structure).
+- ``kernel_loss``: the model's mean kernel loss between predictions and the true structures (when the model
+  provides ``kernel_loss``), computed on the evaluated spectra.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .decoding import (bootstrap_ci, group_means, query_metrics, random_expectation, topk_curve,
+                       true_rank_counts)
+from .errors import InputError
+from .identify import Identifier, IdentifyOptions, Query, SetSource
+from .modelfile import ModelBundle
+
+__all__ = ["KS", "LabelledQuery", "collect_queries", "rank_queries", "summarize_ranks", "evaluate",
+           "format_report", "plot_curves"]
+
+KS = (1, 5, 10, 20)
+K_MAX = 20
+
+
+@dataclass
+class LabelledQuery:
+    """A spectrum with its true structure's first block (and SMILES, for the kernel loss)."""
+
+    spectrum: Any
+    inchikey14: str
+    smiles: str | None
+
+
+def collect_queries(spectra: Iterable[Any], source: SetSource) -> tuple[list[LabelledQuery], Counter]:
+    """Spectra with a structure that has a candidate set; the others counted by reason."""
+    from .molecules import Molecule
+
+    skipped: Counter = Counter()
+    queries = []
+    parsed: dict[str, str | None] = {}
+    for spectrum in spectra:
+        inchikey = spectrum.inchikey
+        smiles = spectrum.smiles
+        ik14 = inchikey.split("-", 1)[0] if inchikey else None
+        if not ik14 and smiles:
+            if smiles not in parsed:
+                try:
+                    parsed[smiles] = Molecule.from_smiles(smiles).inchikey14 or None
+                except InputError:
+                    parsed[smiles] = None
+            ik14 = parsed[smiles]
+        if not ik14:
+            skipped["no structure (INCHIKEY or SMILES)"] += 1
+            continue
+        if source.set_ids(ik14) is None:
+            skipped["no candidate set for the structure"] += 1
+            continue
+        queries.append(LabelledQuery(spectrum, ik14, smiles))
+    return queries, skipped
+
+
+def rank_queries(identifier: Identifier, queries: Sequence[LabelledQuery]) -> dict[str, Any]:
+    """Score every query against its set; the true structure's counts (greater, ties) per query.
+
+    Returns
+    -------
+    dict
+        ``n_greater``, ``n_ties``, ``found``, ``n_candidates`` (arrays over evaluated queries), ``groups`` (true
+        first blocks), ``ids`` (query ids), ``modes``, and ``routed``: (spectrum, smiles, mode) of each query for
+        the kernel loss.
+    """
+    source = identifier.source
+    assert isinstance(source, SetSource)
+    prepared: list[Query] = []
+    for position, lq in enumerate(queries):
+        identifier.n_queries += 1
+        routed = identifier.route(lq.spectrum, keep_empty=True)
+        if routed is None:
+            continue
+        mode, sub, cleaned = routed
+        prepared.append(Query(position, cleaned, mode, sub, source.set_ids(lq.inchikey14),
+                              true_key=lq.inchikey14))
+    g, t, found, n_c, groups, ids, modes, smiles = [], [], [], [], [], [], [], []
+    iterator: Iterable = identifier.scored(prepared)
+    if identifier.progress:
+        from tqdm import tqdm
+        iterator = tqdm(iterator, total=len(prepared), desc="evaluating", unit=" spectra", file=sys.stderr)
+    for query, scores in iterator:
+        is_true = source.inchikey14(query.ids) == query.true_key
+        a, b, f = true_rank_counts(scores, is_true)
+        g.append(a)
+        t.append(b)
+        found.append(f)
+        n_c.append(len(query.ids))
+        groups.append(query.true_key)
+        ids.append(str(query.spectrum.id))
+        modes.append(query.mode)
+        smiles.append(queries[query.position].smiles)
+    return {"n_greater": np.asarray(g, dtype=np.int64), "n_ties": np.asarray(t, dtype=np.int64),
+            "found": np.asarray(found, dtype=bool), "n_candidates": np.asarray(n_c, dtype=np.int64),
+            "groups": groups, "ids": ids, "modes": modes,
+            "routed": [(q.spectrum, s, q.mode) for q, s in zip(prepared, smiles)]}
+
+
+def _rounded(x: float) -> float:
+    return float(x)
+
+
+def summarize_ranks(ranks: dict[str, Any], n_boot: int = 1000, seed: int = 0) -> dict[str, Any]:
+    """Metrics, intervals, per-structure averages, both tie policies, random expectation and the top-k curve."""
+    g, t, found, n_c = ranks["n_greater"], ranks["n_ties"], ranks["found"], ranks["n_candidates"]
+    out: dict[str, Any] = {"n_queries": int(len(g)), "n_structures": len(set(ranks["groups"]))}
+    for policy in ("worst", "average"):
+        per = query_metrics(g, t, found, n_c, ks=KS, policy=policy)
+        metrics = {f"hit@{k}": per[f"hit@{k}"] for k in KS}
+        metrics["mrr"] = per["rr"]
+        metrics["mean_rank"] = per["rank"]
+        means = {name: _rounded(v.mean()) if len(v) else float("nan") for name, v in metrics.items()}
+        ci = {name: [_rounded(x) for x in bootstrap_ci(v, n_boot=n_boot, seed=seed)] for name, v in metrics.items()}
+        structure = {}
+        structure_ci = {}
+        for name, v in metrics.items():
+            if len(v):
+                by_structure, _ = group_means(v, ranks["groups"])
+            else:
+                by_structure = np.zeros(0)
+            structure[name] = _rounded(by_structure.mean()) if len(by_structure) else float("nan")
+            structure_ci[name] = [_rounded(x) for x in bootstrap_ci(by_structure, n_boot=n_boot, seed=seed)]
+        block = {**means, "ci95": ci, "per_structure": {**structure, "ci95": structure_ci},
+                 "curve": [_rounded(x) for x in topk_curve(g, t, found, k_max=K_MAX, policy=policy)]}
+        if policy == "worst":
+            out.update(block)
+        else:
+            out["average_ties"] = block
+    out["tie_policy"] = "worst (ties count against the truth); average_ties: expectation under random tie-breaking"
+    out["n_true_missing"] = int((~found).sum()) if len(found) else 0
+    random = random_expectation(n_c, ks=KS, k_max=K_MAX)
+    out["random"] = {k: (_rounded(v) if isinstance(v, float) else [_rounded(x) for x in v])
+                     for k, v in random.items()}
+    out["candidates"] = {"median": float(np.median(n_c)) if len(n_c) else None,
+                         "mean": _rounded(n_c.mean()) if len(n_c) else None,
+                         "max": int(n_c.max()) if len(n_c) else None}
+    out["bootstrap"] = {"n_boot": n_boot, "seed": seed, "confidence": 0.95}
+    return out
+
+
+def _kernel_loss(identifier: Identifier, routed: list[tuple[Any, str | None, str]]) -> float | None:
+    """Mean kernel loss over the evaluated queries (per ion mode, weighted by counts)."""
+    from .molecules import Molecule
+
+    total, count = 0.0, 0
+    by_mode: dict[str, list[tuple[Any, str]]] = {}
+    for spectrum, smiles, mode in routed:
+        if smiles:
+            by_mode.setdefault(mode, []).append((spectrum, smiles))
+    parsed: dict[str, Any] = {}
+    for mode, pairs in by_mode.items():
+        sub = identifier.bundle.for_mode(mode)
+        if sub is None or not hasattr(sub.model, "kernel_loss"):
+            return None
+        spectra, molecules = [], []
+        for spectrum, smiles in pairs:
+            if smiles not in parsed:
+                try:
+                    parsed[smiles] = Molecule.from_smiles(smiles)
+                except InputError:
+                    parsed[smiles] = None
+            if parsed[smiles] is not None:
+                spectra.append(spectrum)
+                molecules.append(parsed[smiles])
+        if spectra:
+            total += float(sub.model.kernel_loss(spectra, molecules)) * len(spectra)
+            count += len(spectra)
+    return total / count if count else None
+
+
+def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, ModelBundle]],
+             sets: dict[str, list[tuple[str, str]]], cache_root: Any = None, n_boot: int = 1000, seed: int = 0,
+             kernel_loss: bool = True, progress: bool = False) -> dict[str, Any]:
+    """Evaluate bundles on labelled spectra against candidate sets.
+
+    Parameters
+    ----------
+    spectra_paths : sequence of path
+        Spectra files with SMILES / INCHIKEY metadata.
+    bundles : sequence of (label, ModelBundle)
+    sets : dict
+        From :func:`molpredict.candidates.load_candidate_sets`.
+    cache_root : path, False or None
+        Candidate coordinates cache (see :class:`~molpredict.identify.Identifier`).
+    n_boot, seed : int
+        Bootstrap resamples and seed.
+    kernel_loss : bool
+        Also compute the models' kernel loss on the queries.
+
+    Returns
+    -------
+    dict
+        ``{label: metrics}`` (see :func:`summarize_ranks`), each with ``n_queries``, ``n_skipped``, ``skipped``.
+    """
+    from .spectra import SkipReport, read_spectra
+
+    report = SkipReport()
+    spectra = [s for path in spectra_paths for s in read_spectra(path, report=report)]
+    source = SetSource(sets)
+    queries, skipped = collect_queries(spectra, source)
+    for reason, n in report.by_reason().items():
+        skipped[f"unreadable record ({reason})"] += n
+    results: dict[str, Any] = {}
+    for label, bundle in bundles:
+        t0 = time.perf_counter()
+        identifier = Identifier(bundle, source, IdentifyOptions(), cache_root=cache_root, progress=progress)
+        ranks = rank_queries(identifier, queries)
+        metrics = summarize_ranks(ranks, n_boot=n_boot, seed=seed)
+        model_skipped = Counter(skipped)
+        for s in identifier.skipped:
+            model_skipped[s.reason] += 1
+        metrics["n_skipped"] = int(sum(model_skipped.values()))
+        metrics["skipped"] = dict(model_skipped.most_common())
+        metrics["kernel_loss"] = _kernel_loss(identifier, ranks["routed"]) if kernel_loss else None
+        metrics["model"] = str(bundle.path) if bundle.path else label
+        metrics["time_s"] = round(time.perf_counter() - t0, 3)
+        metrics["timings"] = {k: round(v, 3) for k, v in identifier.timings.items()}
+        results[label] = metrics
+    return results
+
+
+def format_report(results: dict[str, Any]) -> str:
+    """A compact human-readable table of :func:`evaluate`'s results."""
+    lines = []
+    header = f"{'model':<24} {'n':>6} {'hit@1':>7} {'hit@5':>7} {'hit@10':>7} {'hit@20':>7} {'MRR':>7} {'rank':>7}"
+    lines.append(header)
+    for label, m in results.items():
+        lines.append(f"{label[-24:]:<24} {m['n_queries']:>6} " + " ".join(
+            f"{100 * m[f'hit@{k}']:>6.2f}%" for k in KS) + f" {m['mrr']:>7.4f} {m['mean_rank']:>7.2f}")
+    for label, m in results.items():
+        lines.append("")
+        lines.append(f"{label}: {m['n_queries']} queries ({m['n_structures']} structures), {m['n_skipped']} skipped"
+                     + "".join(f"; {n} {r}" for r, n in m["skipped"].items()))
+        ci = m["ci95"]
+        lines.append("  95% CI (per spectrum): " + ", ".join(
+            f"hit@{k} [{100 * ci[f'hit@{k}'][0]:.2f}, {100 * ci[f'hit@{k}'][1]:.2f}]%" for k in KS))
+        ps = m["per_structure"]
+        lines.append("  per structure: " + ", ".join(f"hit@{k} {100 * ps[f'hit@{k}']:.2f}%" for k in KS)
+                     + f", MRR {ps['mrr']:.4f}")
+        av = m["average_ties"]
+        lines.append("  average tie policy: " + ", ".join(f"hit@{k} {100 * av[f'hit@{k}']:.2f}%" for k in KS)
+                     + f", MRR {av['mrr']:.4f}")
+        rnd = m["random"]
+        lines.append("  random ranking: " + ", ".join(f"hit@{k} {100 * rnd[f'hit@{k}']:.2f}%" for k in KS)
+                     + f", MRR {rnd['mrr']:.4f}; median candidates {m['candidates']['median']}")
+        if m.get("kernel_loss") is not None:
+            lines.append(f"  kernel loss {m['kernel_loss']:.4f}")
+    return "\n".join(lines)
+
+
+def plot_curves(results: dict[str, Any], path: str | Path) -> None:
+    """Top-k accuracy (k = 1..20) of every model, with the random expectation dashed, to a PNG file."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = np.arange(1, K_MAX + 1)
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for label, m in results.items():
+        ax.plot(ks, 100 * np.asarray(m["curve"], dtype=float), marker="o", markersize=3, label=label)
+    first = next(iter(results.values()), None)
+    if first is not None and "curve" in first["random"]:
+        ax.plot(ks, 100 * np.asarray(first["random"]["curve"], dtype=float), linestyle="--", color="grey",
+                label="random")
+    ax.set_xlabel("k")
+    ax.set_ylabel("top-k accuracy (%)")
+    ax.set_xticks([1, 5, 10, 15, 20])
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Identification: true structure within the top k")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,147 @@
+"""Evaluation (MassSpecGym protocol): metrics against direct computation, the random expectation for a
+constant model, skip accounting, bootstrap determinism, the JSON and plot outputs of the CLI."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra
+from molpredict.cli import cli
+from molpredict.decoding import query_metrics, true_rank_counts
+from molpredict.evaluate import evaluate
+from molpredict.modelfile import ModelBundle, SubModel
+from molpredict.molecules import Molecule
+from molpredict.spectra import CleaningPipeline, write_mgf
+from molpredict.training import build_model
+
+DECOYS = ["CC1Cc2ccc(O)cc2C(=O)O1", "CC(=O)Nc1cccc(O)c1", "O=C(O)/C=C/c1ccc(O)cc1O", "CCCCN(C)C"]
+
+
+@pytest.fixture
+def setup(tmp_path):
+    install_fake_model()
+    train, mols = synthetic_spectra(n_per=3, seed=0)
+    model = build_model(FAKE_MODEL, {"lam": "0.01"}).fit(train, mols)
+    bundle = ModelBundle({"positive": SubModel(model, "positive", cleaning=CleaningPipeline().to_dict())})
+    bundle.save(tmp_path / "model")
+    pool = [Molecule.from_smiles(s) for s in SMILES + DECOYS]
+    # every structure's set: itself plus five others (deterministic), the truth first as in the shared files
+    sets = {}
+    for i, m in enumerate(pool[:len(SMILES)]):
+        others = [pool[(i + j) % len(pool)] for j in (1, 3, 5, 7, 11)]
+        sets[m.inchikey14] = [[m.inchikey14, m.smiles]] + [[o.inchikey14, o.smiles] for o in others]
+    del sets[pool[len(SMILES) - 1].inchikey14]  # one structure without a set
+    (tmp_path / "sets.json").write_text(json.dumps(sets))
+    queries, _ = synthetic_spectra(n_per=2, seed=21)
+    queries[0].metadata.pop("inchikey")  # structure from the SMILES instead
+    queries[1].metadata.pop("inchikey")
+    queries[1].metadata.pop("smiles")    # no structure at all
+    write_mgf(queries, tmp_path / "queries.mgf")
+    return tmp_path, bundle, sets, queries
+
+
+def _load_sets(path):
+    from molpredict.candidates import load_candidate_sets
+    return load_candidate_sets(path)
+
+
+def test_metrics_match_direct_computation(setup):
+    tmp_path, bundle, sets, queries = setup
+    result = evaluate([tmp_path / "queries.mgf"], [("m", bundle)], _load_sets(tmp_path / "sets.json"),
+                      cache_root=tmp_path / "cache", n_boot=200)["m"]
+    model = bundle.for_mode("positive").model
+    clean = CleaningPipeline()
+    g, t, n_c = [], [], []
+    for s in queries:
+        smiles = s.metadata.get("smiles")
+        if not smiles:
+            continue
+        ik14 = Molecule.from_smiles(smiles).inchikey14
+        if ik14 not in sets:
+            continue
+        cands = [Molecule(smi, inchikey14=k) for k, smi in sets[ik14]]
+        scores = model.score([clean(s)], cands)[0]
+        a, b, _ = true_rank_counts(scores, np.array([c.inchikey14 == ik14 for c in cands]))
+        g.append(a), t.append(b), n_c.append(len(cands))
+    expected = query_metrics(np.array(g), np.array(t), np.ones(len(g), bool), np.array(n_c), ks=(1, 5, 10, 20))
+    assert result["n_queries"] == len(g) == len(queries) - 3
+    assert result["n_skipped"] == 3
+    assert result["skipped"] == {"no structure (INCHIKEY or SMILES)": 1, "no candidate set for the structure": 2}
+    for k in (1, 5, 10, 20):
+        assert result[f"hit@{k}"] == pytest.approx(expected[f"hit@{k}"].mean(), abs=1e-6)
+    assert result["mrr"] == pytest.approx(expected["rr"].mean(), abs=1e-6)
+    assert result["mean_rank"] == pytest.approx(expected["rank"].mean(), abs=1e-6)
+    assert result["hit@1"] > 0.8  # the test model learns this toy problem
+    assert result["random"]["hit@1"] == pytest.approx(1 / 6) and result["random"]["hit@5"] == pytest.approx(5 / 6)
+    lo, hi = result["ci95"]["hit@1"]
+    assert lo <= result["hit@1"] <= hi
+    assert result["kernel_loss"] == pytest.approx(
+        model.kernel_loss([clean(s) for s in queries if s.metadata.get("smiles") and
+                           Molecule.from_smiles(s.metadata["smiles"]).inchikey14 in sets],
+                          [Molecule.from_smiles(s.metadata["smiles"]) for s in queries if s.metadata.get("smiles")
+                           and Molecule.from_smiles(s.metadata["smiles"]).inchikey14 in sets]), rel=1e-9)
+    assert len(result["curve"]) == 20 and result["curve"][0] == pytest.approx(result["hit@1"], abs=1e-6)
+    assert result["per_structure"]["hit@1"] == pytest.approx(result["hit@1"], abs=0.2)
+
+
+def test_constant_model_gets_the_random_expectation(setup):
+    tmp_path, bundle, sets, _ = setup
+    model = bundle.for_mode("positive").model
+    model.predict_coordinates = lambda inputs: np.zeros((len(inputs), model.dim))
+    result = evaluate([tmp_path / "queries.mgf"], [("const", bundle)], _load_sets(tmp_path / "sets.json"),
+                      cache_root=False, n_boot=0, kernel_loss=False)["const"]
+    average = result["average_ties"]
+    for name in ("hit@1", "hit@5", "mrr", "mean_rank"):
+        assert average[name] == pytest.approx(result["random"][name], abs=1e-6)
+    assert result["hit@1"] == 0.0 and result["mean_rank"] == 6.0  # worst case: every tie counts against
+
+
+def test_bootstrap_is_seeded(setup):
+    tmp_path, bundle, _, _ = setup
+    model = bundle.for_mode("positive").model
+    original = model.predict_coordinates
+    # a noisy model, so that the intervals have some width
+    model.predict_coordinates = lambda x: original(x) + np.random.default_rng(0).normal(size=(len(x), model.dim))
+    sets = _load_sets(tmp_path / "sets.json")
+    runs = [evaluate([tmp_path / "queries.mgf"], [("m", bundle)], sets, cache_root=tmp_path / "c", n_boot=300,
+                     seed=seed, kernel_loss=False)["m"] for seed in (1, 1, 2)]
+    assert runs[0]["ci95"] == runs[1]["ci95"]
+    assert runs[0]["ci95"]["mrr"] != runs[2]["ci95"]["mrr"]
+    assert runs[0]["ci95"]["mrr"][0] < runs[0]["mrr"] < runs[0]["ci95"]["mrr"][1]
+
+
+def test_cli_json_plot_and_two_models(setup):
+    tmp_path, bundle, _, _ = setup
+    bundle.save(tmp_path / "model2")
+    result = CliRunner().invoke(cli, ["evaluate", str(tmp_path / "queries.mgf"), "--model", str(tmp_path / "model"),
+                                      "--model", str(tmp_path / "model2"), "--candidates",
+                                      str(tmp_path / "sets.json"), "--json", "--plot", str(tmp_path / "curves.png"),
+                                      "--n-boot", "50", "--cache-dir", str(tmp_path / "cache")])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert sorted(data) == sorted([str(tmp_path / "model"), str(tmp_path / "model2")])
+    for m in data.values():
+        for key in ("hit@1", "hit@5", "hit@10", "hit@20", "mrr"):
+            assert 0.0 <= m[key] <= 1.0
+        assert m["n_queries"] == 21 and m["n_skipped"] == 3
+    first, second = data.values()
+    assert first["hit@1"] == second["hit@1"]
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = CliRunner().invoke(cli, ["evaluate", str(tmp_path / "queries.mgf"), "--model", str(tmp_path / "model"),
+                                    "--candidates", str(tmp_path / "sets.json"), "--n-boot", "20"])
+    assert text.exit_code == 0 and "hit@1" in text.stdout and "random ranking" in text.stdout
+
+
+def test_cli_evaluate_bad_inputs(setup):
+    tmp_path, _, _, _ = setup
+    (tmp_path / "notsets.json").write_text("[1, 2]")
+    result = CliRunner().invoke(cli, ["evaluate", str(tmp_path / "queries.mgf"), "--model", str(tmp_path / "model"),
+                                      "--candidates", str(tmp_path / "notsets.json")])
+    assert result.exit_code == 2 and "candidate-set" in result.stderr
+    result = CliRunner().invoke(cli, ["evaluate", str(tmp_path / "sets.json"), "--model", str(tmp_path / "model"),
+                                      "--candidates", str(tmp_path / "sets.json")])
+    assert result.exit_code == 2 and "unknown spectra format" in result.stderr
