@@ -1,0 +1,853 @@
+"""IOKR, SIOKR, ISOKR and SISOKR: closed-form (sketched) input-output kernel regression on torch.
+
+One engine, :class:`_OKRBase`, with an input sketch R_x (m_x x n) and an output sketch R_y (m_y x n) that may
+each be the identity; the four public classes only change the defaults.
+
+The method (El Ahmad et al., AISTATS 2024, and ``docs/METHOD.md``)
+-----------------------------------------------------------------
+With K~_x = R_x K_x R_x^T, K~_y = R_y K_y R_y^T, the surrogate h(x) = sum_i alpha_i(x) psi_y(y_i) has
+alpha(x) = R_y^T Omega R_x k_x^x,
+    Omega = K~_y^+ R_y K_y K_x R_x^T (R_x K_x^2 R_x^T + n lam K~_x)^+          (m_y x m_x).
+Only B_x = R_x K_x (m_x x n) and B_y = R_y K_y (m_y x n) are needed. The engine evaluates Omega in the
+equivalent, numerically stable whitened form:
+
+- K~_x = V S V^T (eigenvalues below ``pinv_rtol`` x the largest dropped), P_x = S^-1/2 V^T (r_x x m_x), and the
+  Nystrom features of the training inputs Z_x = P_x B_x (r_x x n). Because K~_x's null space is also that of
+  R_x K_x^2 R_x^T, (R_x K_x^2 R_x^T + n lam K~_x)^+ = P_x^T (Z_x Z_x^T + n lam I)^-1 P_x exactly.
+- Likewise K~_y = U T U^T, P_y = T^-1/2 U^T, Z_y = P_y B_y, and K~_y^+ B_y = P_y^T Z_y.
+- So Omega = P_y^T  Z_y Z_x^T (Z_x Z_x^T + n lam I)^-1  P_x: a ridge regression from whitened input features
+  to whitened output features, solved for a whole lam grid with one eigendecomposition of Z_x Z_x^T.
+  Whitening before squaring (Z_x Z_x^T rather than P_x B_x B_x^T P_x^T) keeps the weak directions accurate.
+- Without an input sketch Z_x = S^1/2 V^T and Z_x Z_x^T = S, so no second decomposition is needed: this is
+  exact IOKR, (K_x + n lam I)^-1 restricted to the numerical range of K_x.
+
+Distinct outputs
+----------------
+Training labels repeat (many spectra per structure). With y_i = u_{idx[i]} for the n_u distinct molecules u
+(by InChIKey), K_y = E K_u E^T (E the n x n_u indicator of idx). The output sketch R_u (m_y x n_u) is drawn
+on the distinct molecules and stands for R_y = R_u E^+-like any matrix with R_y E = R_u (e.g. R_u acting on
+the first occurrence of each molecule); then K~_y = R_u K_u R_u^T, B_y = (R_u K_u)[:, idx], and
+Z_y Z_x^T = Z_u (Z_x E)^T with Z_x E the per-molecule column sums of Z_x. Without an output sketch R_y = E^T-
+like selection gives the same estimator as the naive n x n form, since every k_y^c lies in range(K_y).
+
+Decoding as a dot product
+-------------------------
+score(x, c) = k_y^c^T alpha(x) = [R_y k_y^c] . [Omega R_x k_x^x], so
+
+- ``candidate_coordinates(c)`` = K_y(c, output landmarks) A_y^T   (the m_y rows of R_y K_y(train, c));
+- ``predict_coordinates(x)``   = K_x(x, input landmarks) W,  W = A_x^T Omega^T   (n'_x x m_y),
+
+where landmarks are the training objects the sketch touches (``used_``): only those are kept.
+
+Selecting lam and kernel parameters
+-----------------------------------
+The validation loss is the kernel loss ||h(x) - psi_y(y)||^2 = ||g||^2 - 2 g . psi~(y) + k_y(y, y), with
+g = Z_y Z_x^T (Z_x Z_x^T + n lam I)^-1 z(x) and psi~(y) = P_y R_y k_y^y (no decoding). Every combination of the
+input-kernel grid, output-kernel grid and lam grid is scored. With ``val=None`` and more than one grid point, a
+seeded fraction ``val_fraction`` of the *structures* is held out to choose, then the model is refitted on all
+data with the chosen point. (Losses under different output kernels live in different spaces; comparing them is
+the usual, imperfect practice.)
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from ..device import resolve_device, resolve_dtype
+from ..errors import ModelFileError, MolpredictError, ResourceError, SpecError
+from ..registry import create, get_registry
+from ..sketches import IdentitySketch, Sketch, make_sketch
+from ..specs import ComponentSpec, Grid, parse_spec, parse_values
+from .base import Model
+
+__all__ = ["IOKR", "SIOKR", "ISOKR", "SISOKR", "object_key", "resolved_kernel_spec"]
+
+STATE_FORMAT = "molpredict.okr"
+STATE_VERSION = 1
+DEFAULT_LAM = "1e-6|1e-5|1e-4|1e-3|1e-2"
+#: bytes of kernel rows per block in predict_coordinates / candidate_coordinates
+_BLOCK_BYTES = 128 * 2**20
+
+
+# ----------------------------------------------------------------------------------------------------------
+# pure helpers
+# ----------------------------------------------------------------------------------------------------------
+
+def object_key(obj: Any) -> Any:
+    """The identity used to find duplicate outputs: a molecule's InChIKey, a string itself, an array's bytes."""
+    if isinstance(obj, str):
+        return obj
+    if isinstance(obj, np.ndarray):
+        return (obj.shape, obj.dtype.str, obj.tobytes())
+    inchikey = getattr(obj, "inchikey", None)
+    if isinstance(inchikey, str) and inchikey:
+        return "inchikey:" + inchikey
+    smiles = getattr(obj, "smiles", None)
+    if isinstance(smiles, str):
+        return "smiles:" + smiles
+    if isinstance(obj, (list, tuple)):
+        return object_key(np.asarray(obj, dtype=np.float64))
+    try:
+        hash(obj)
+    except TypeError:
+        raise TypeError(f"cannot tell duplicates apart for outputs of type {type(obj).__name__}") from None
+    return obj
+
+
+def unique_objects(objects: Sequence[Any]) -> tuple[list[int], np.ndarray]:
+    """First occurrences and the index mapping every object to its distinct representative.
+
+    Returns
+    -------
+    first : list of int, length n_u
+        Position of the first occurrence of each distinct object, in order of appearance.
+    index : ndarray of shape (n,), int64
+        ``objects[i]`` is the distinct object ``index[i]`` (``objects[first[index[i]]]``).
+    """
+    seen: dict[Any, int] = {}
+    first: list[int] = []
+    index = np.empty(len(objects), dtype=np.int64)
+    for i, obj in enumerate(objects):
+        key = object_key(obj)
+        j = seen.get(key)
+        if j is None:
+            j = seen[key] = len(first)
+            first.append(i)
+        index[i] = j
+    return first, index
+
+
+def resolved_kernel_spec(kernel: Any) -> str:
+    """The spec of a fitted kernel with data-dependent parameters replaced by their fitted values.
+
+    A parameter ``p`` whose fitted value is stored as attribute ``p_`` (e.g. ``gamma='auto'`` resolved into
+    ``gamma_``) is written with that value, so that a kernel rebuilt from the spec and fitted on other objects
+    computes the same values.
+    """
+    params: dict[str, Any] = {}
+    for name, value in kernel.get_params().items():
+        fitted = getattr(kernel, name + "_", None)
+        if isinstance(fitted, np.generic):
+            fitted = fitted.item()
+        if fitted is not None and isinstance(fitted, (bool, int, float, str)):
+            value = fitted
+        if value is None or isinstance(value, (bool, int, float, str)):
+            params[name] = value
+    return str(ComponentSpec(kernel.registry_name or type(kernel).__name__, params))
+
+
+def lam_grid(lam: "float | str | Sequence[float]") -> list[float]:
+    """The regularisation values named by ``lam``: a number, ``"1e-4"`` or a grid ``"1e-6|1e-4"``."""
+    if isinstance(lam, str):
+        parsed = parse_values(lam)
+        values = list(parsed.values) if isinstance(parsed, Grid) else [parsed]
+    elif isinstance(lam, (list, tuple)):
+        values = list(lam)
+    else:
+        values = [lam]
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 or not math.isfinite(v):
+            raise SpecError(f"lam must be positive numbers (a value or a grid a|b|c), got {lam!r}")
+        out.append(float(v))
+    return out
+
+
+def split_by_structure(molecules: Sequence[Any], fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded train / held-out split of positions such that no structure is on both sides.
+
+    Returns
+    -------
+    train, held_out : ndarray of int64 (sorted positions); ``held_out`` is empty when there are fewer than two
+    distinct structures.
+    """
+    first, index = unique_objects(molecules)
+    n_u = len(first)
+    if n_u < 2:
+        return np.arange(len(molecules), dtype=np.int64), np.empty(0, dtype=np.int64)
+    n_out = min(n_u - 1, max(1, int(round(fraction * n_u))))
+    chosen = np.random.default_rng(seed).permutation(n_u)[:n_out]
+    mask = np.isin(index, chosen)
+    return np.flatnonzero(~mask).astype(np.int64), np.flatnonzero(mask).astype(np.int64)
+
+
+def eigh_pinv(matrix: torch.Tensor, rtol: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eigenpairs of a symmetric PSD matrix above a relative cut-off, in float64.
+
+    Only the lower triangle is read (no symmetrised copy of a large matrix is made).
+
+    Parameters
+    ----------
+    matrix : Tensor of shape (k, k)
+    rtol : float
+        Eigenvalues ``<= rtol * largest`` are dropped.
+
+    Returns
+    -------
+    s : Tensor of shape (r,), float64, ascending
+    V : Tensor of shape (k, r), float64 (a view of the full eigenvector matrix)
+    """
+    s, V = torch.linalg.eigh(matrix.to(torch.float64))
+    top = float(s[-1]) if s.numel() else 0.0
+    if not top > 0:
+        raise MolpredictError("a sketched kernel matrix is zero (no direction to regress on): check the kernel "
+                              "and the sketch")
+    first = int(torch.searchsorted(s, torch.tensor(rtol * top, dtype=s.dtype, device=s.device), right=True))
+    return s[first:], V[:, first:]
+
+
+def gram_rows(Z: torch.Tensor) -> torch.Tensor:
+    """Z Z^T for a wide Z (r x n); on the CPU through BLAS syrk (half the flops of a GEMM)."""
+    if Z.device.type == "cpu" and Z.dtype in (torch.float64, torch.float32) and Z.shape[1] > 0:
+        from scipy.linalg import blas
+        syrk = blas.dsyrk if Z.dtype == torch.float64 else blas.ssyrk
+        a = Z.contiguous().numpy()
+        upper = torch.from_numpy(np.ascontiguousarray(syrk(1.0, a.T, trans=1)))
+        return torch.triu(upper) + torch.triu(upper, 1).T
+    return Z @ Z.T
+
+
+def _to_device(array: np.ndarray, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.as_tensor(np.asarray(array), dtype=dtype, device=device)
+
+
+def _group_sum(Z: torch.Tensor, index: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """Column sums of Z (r x n) per group: (r x n_groups)."""
+    out = torch.zeros((Z.shape[0], n_groups), dtype=Z.dtype, device=Z.device)
+    return out.index_add_(1, index, Z)
+
+
+def _rows_per_block(width: int) -> int:
+    return max(1, min(8192, _BLOCK_BYTES // (8 * max(1, width))))
+
+
+def _sparse_to_arrays(A: sp.csr_matrix, prefix: str) -> dict[str, np.ndarray]:
+    A = sp.csr_matrix(A)
+    return {f"{prefix}_data": A.data.astype(np.float64), f"{prefix}_indices": A.indices.astype(np.int64),
+            f"{prefix}_indptr": A.indptr.astype(np.int64),
+            f"{prefix}_shape": np.asarray(A.shape, dtype=np.int64)}
+
+
+def _sparse_from_arrays(arrays: dict[str, np.ndarray], prefix: str) -> sp.csr_matrix:
+    try:
+        shape = tuple(int(v) for v in arrays[f"{prefix}_shape"])
+        return sp.csr_matrix((np.asarray(arrays[f"{prefix}_data"], dtype=np.float64),
+                              np.asarray(arrays[f"{prefix}_indices"]), np.asarray(arrays[f"{prefix}_indptr"])),
+                             shape=shape)
+    except (KeyError, ValueError) as exc:
+        raise ModelFileError(f"model state: sparse array {prefix!r} is missing or inconsistent ({exc})") from None
+
+
+def _objects_to_state(objects: list[Any], prefix: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Serialise landmark objects: spectra as flat arrays, molecules as SMILES, strings as JSON, vectors."""
+    from ..molecules import Molecule
+    from ..spectra import Spectrum
+    if objects and all(isinstance(o, Spectrum) for o in objects):
+        from ..io.arrays import spectra_to_arrays
+        arrays, meta = spectra_to_arrays(objects)
+        return {f"{prefix}_{k}": v for k, v in arrays.items()}, {"type": "spectrum", "spectra": meta}
+    if objects and all(isinstance(o, Molecule) for o in objects):
+        return {}, {"type": "molecule", "smiles": [o.smiles for o in objects]}
+    if all(isinstance(o, str) for o in objects):
+        return {}, {"type": "text", "values": list(objects)}
+    try:
+        stacked = np.asarray([np.asarray(o, dtype=np.float64) for o in objects], dtype=np.float64)
+    except (TypeError, ValueError):
+        raise MolpredictError(f"cannot save landmark objects of type {type(objects[0]).__name__}") from None
+    return {prefix: stacked}, {"type": "array"}
+
+
+def _objects_from_state(arrays: dict[str, np.ndarray], meta: dict[str, Any], prefix: str) -> list[Any]:
+    kind = meta.get("type")
+    if kind == "spectrum":
+        from ..io.arrays import spectra_from_arrays
+        sub = {k[len(prefix) + 1:]: v for k, v in arrays.items() if k.startswith(prefix + "_")}
+        return spectra_from_arrays(sub, meta["spectra"])
+    if kind == "molecule":
+        from ..molecules import Molecule
+        return [Molecule(s) for s in meta["smiles"]]
+    if kind == "text":
+        return list(meta["values"])
+    if kind == "array":
+        if prefix not in arrays:
+            raise ModelFileError(f"model state: array {prefix!r} is missing")
+        return list(np.asarray(arrays[prefix], dtype=np.float64))
+    raise ModelFileError(f"model state: unknown landmark type {kind!r} for {prefix}")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# one side of the regression (inputs or distinct outputs), whitened
+# ----------------------------------------------------------------------------------------------------------
+
+class _Profile:
+    """Wall time per stage and per dense product (shapes, for GFLOP/s), filled while fitting."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stages: dict[str, float] = {}
+        self.products: list[dict[str, Any]] = []
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def stage(self, name: str, shape: tuple[int, int, int] | None = None, kind: str = "gemm"):
+        profile = self
+
+        class _Clock:
+            def __enter__(self):
+                profile._sync()
+                self.start = time.perf_counter()
+                return self
+
+            def __exit__(self, *exc):
+                profile._sync()
+                seconds = time.perf_counter() - self.start
+                profile.stages[name] = profile.stages.get(name, 0.0) + seconds
+                if shape is not None:
+                    profile.products.append({"name": name, "kind": kind, "shape": list(shape),
+                                             "seconds": seconds})
+                return False
+        return _Clock()
+
+
+class _Side:
+    """A fitted kernel + sketch on one side (inputs, or distinct outputs), whitened.
+
+    K~ = R K R^T = V S V^T (relative cut-off); P = S^-1/2 V^T (r x m) is applied through :meth:`project`
+    without being formed; Z = P R K (r x n) are the whitened features of the fitted objects (for an identity
+    sketch Z = S^1/2 V^T, never computed as a product).
+    """
+
+    def __init__(self, kind: str, spec: Any, sketch_spec: Any, seed: int, objects: list[Any],
+                 device: torch.device, dtype: torch.dtype, rtol: float, profile: _Profile) -> None:
+        side = kind.split("_")[0]
+        with profile.stage(f"{side}_kernel_fit"):
+            kernel = create(kind, spec).fit(objects)
+        sketch = make_sketch(sketch_spec, seed=seed)
+        with profile.stage(f"{side}_sketch_fit"):
+            sketch.fit(len(objects), kernel)
+        with profile.stage(f"{side}_sketch_rows"):
+            B = sketch.sketch_rows(kernel)  # (m, n)
+        self.resolved_spec = resolved_kernel_spec(kernel)
+        del kernel
+        K_tilde = B if sketch.is_identity else sketch.apply_right(B[:, sketch.used_])  # (m, m)
+        with profile.stage(f"{side}_eigh"):
+            # eigh reads one triangle: the kernel's rounding asymmetry does not matter and no copy is made
+            s, V = eigh_pinv(_to_device(K_tilde, device, torch.float64), rtol)
+        del K_tilde
+        self.s = s
+        self.inv_sqrt = (1.0 / torch.sqrt(s)).to(dtype)
+        self.V = V.to(dtype)  # (m, r)
+        del V
+        self.device, self.dtype = device, dtype
+        self.Z: torch.Tensor | None = None
+        if not sketch.is_identity:
+            Bt = _to_device(B, device, dtype)
+            del B
+            with profile.stage(f"{side}_whiten", (self.V.shape[1], Bt.shape[0], Bt.shape[1])):
+                self.Z = self.project(Bt)  # (r, n)
+            del Bt
+        else:
+            del B
+        self.kind = kind
+        self.sketch = sketch
+        self.landmarks = [objects[i] for i in sketch.used_]
+        with profile.stage(f"{side}_landmark_kernel_fit"):
+            self.kernel = create(kind, self.resolved_spec).fit(self.landmarks)
+
+    @property
+    def rank(self) -> int:
+        return int(self.s.shape[0])
+
+    @property
+    def identity(self) -> bool:
+        return bool(self.sketch.is_identity)
+
+    def project(self, X: torch.Tensor) -> torch.Tensor:
+        """P X = S^-1/2 V^T X for X of shape (m, k): shape (r, k)."""
+        return (self.V.T @ X) * self.inv_sqrt[:, None]
+
+    def project_T(self, Y: torch.Tensor) -> torch.Tensor:
+        """P^T Y = V S^-1/2 Y for Y of shape (r, k): shape (m, k)."""
+        return self.V @ (Y * self.inv_sqrt[:, None])
+
+    def features_matrix(self) -> torch.Tensor:
+        """Z (r x n), formed explicitly (S^1/2 V^T for an identity sketch)."""
+        if self.Z is not None:
+            return self.Z
+        return self.V.T * torch.sqrt(self.s).to(self.dtype)[:, None]
+
+    def group_sum(self, index: torch.Tensor, n_groups: int) -> torch.Tensor:
+        """Z E: per-group column sums of the features, (r x n_groups)."""
+        if self.Z is not None:
+            return _group_sum(self.Z, index, n_groups)
+        VE = torch.zeros((n_groups, self.V.shape[1]), dtype=self.dtype, device=self.device)
+        VE.index_add_(0, index, self.V)
+        return (VE * torch.sqrt(self.s).to(self.dtype)[None, :]).T
+
+    def features(self, objects: Sequence[Any]) -> torch.Tensor:
+        """Whitened features P R k(landmarks, objects), shape (r, len(objects))."""
+        K = self.kernel.transform(list(objects))  # (k, n')
+        RK = self.sketch.apply(K.T)  # (m, k)
+        return self.project(_to_device(RK, self.device, self.dtype))
+
+    def release(self) -> None:
+        """Drop the training features (all that is needed later is P, the sketch and the landmarks)."""
+        self.Z = None
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the engine
+# ----------------------------------------------------------------------------------------------------------
+
+class _OKRBase(Model):
+    """Input-output kernel regression with optional input and output sketches (see the module docstring).
+
+    Parameters
+    ----------
+    input_kernel : str
+        Input kernel spec (``ppk``); ``a|b`` grids are searched on validation data.
+    output_kernel : str
+        Output kernel spec (``gaussian-tanimoto:gamma=auto``); grids allowed.
+    input_sketch, output_sketch : str or None
+        Sketch specs (``subsample:m=2000``, ``p-sparsified-rademacher:m=800``); None (or ``identity``) for no
+        sketch. A sketch spec without a seed gets ``seed`` (input) or ``seed + 1`` (output).
+    lam : float or str
+        The ridge (the regularisation is n * lam) or a grid ``1e-6|1e-4``.
+    val_fraction : float
+        Fraction of structures held out to choose grid points when ``fit`` gets no ``val``.
+    device : str
+        ``auto``, ``cpu`` or ``cuda`` (:func:`molpredict.device.resolve_device`).
+    dtype : str
+        Float type of the products (``float64`` or ``float32``); eigendecompositions are always float64.
+    seed : int
+        Seeds the sketches and the held-out split.
+    max_memory_gb : float
+        Refuse (ResourceError) un-sketched sides whose n x n Gram matrix would exceed it, and sketched sides
+        whose m x n sketched rows (twice: rows and features) would.
+    pinv_rtol : float
+        Relative eigenvalue cut-off of the pseudo-inverses.
+
+    Fitted attributes
+    -----------------
+    W_ : ndarray of shape (n'_x, d)
+        ``predict_coordinates(x) = k_x(x, input landmarks) @ W_``.
+    output_A_ : scipy.sparse.csr_matrix of shape (d, n'_y) or None (no output sketch: d = n'_y)
+    input_kernel_, output_kernel_ : Kernel fitted on the landmarks, with resolved parameters
+    input_landmarks_, output_landmarks_ : list
+    lam_ : float
+    selection_ : dict
+        ``{"source": "val" | "held-out" | "none", "points": [{"input_kernel", "output_kernel", "lam",
+        "val_loss"}], "best": index}``.
+    """
+
+    input_type: ClassVar[str] = "spectrum"
+
+    def __init__(self, input_kernel: str = "ppk", output_kernel: str = "gaussian-tanimoto:gamma=auto",
+                 input_sketch: str | None = None, output_sketch: str | None = None,
+                 lam: float | str = DEFAULT_LAM, val_fraction: float = 0.1, device: str = "auto",
+                 dtype: str = "float64", seed: int = 0, max_memory_gb: float = 4.0,
+                 pinv_rtol: float = 1e-10) -> None:
+        self.input_kernel = input_kernel
+        self.output_kernel = output_kernel
+        self.input_sketch = input_sketch
+        self.output_sketch = output_sketch
+        self.lam = lam
+        self.val_fraction = val_fraction
+        self.device = device
+        self.dtype = dtype
+        self.seed = seed
+        self.max_memory_gb = max_memory_gb
+        self.pinv_rtol = pinv_rtol
+
+    # -- helpers -----------------------------------------------------------------------------------------
+    def _input_sketch_spec(self) -> Any:
+        return getattr(self, "input_sketch", None)
+
+    def _output_sketch_spec(self) -> Any:
+        return getattr(self, "output_sketch", None)
+
+    def _budget_bytes(self) -> float:
+        return float(self.max_memory_gb) * 2**30
+
+    def _check_memory(self, sketch_spec: Any, n: int, side: str) -> None:
+        sketch = make_sketch(sketch_spec)
+        if sketch.is_identity:
+            need, what = 8.0 * n * n, f"the {n} x {n} {side} Gram matrix (no {side} sketch)"
+        else:
+            m = sketch.m if isinstance(sketch.m, int) else n
+            need, what = 16.0 * min(m, n) * n, f"the {min(m, n)} x {n} sketched {side} rows"
+        if need > self._budget_bytes():
+            raise ResourceError(f"{type(self).__name__}: {what} would need {need / 2**30:.1f} GB, over "
+                                f"max_memory_gb={self.max_memory_gb}; use a {side} sketch (e.g. sisokr) or "
+                                "raise max_memory_gb")
+
+    def _torch(self) -> tuple[torch.device, torch.dtype]:
+        return resolve_device(self.device), resolve_dtype(self.dtype)
+
+    # -- fit ---------------------------------------------------------------------------------------------
+    def fit(self, inputs: Sequence[Any], molecules: Sequence[Any],
+            val: tuple[Sequence[Any], Sequence[Any]] | None = None) -> "_OKRBase":
+        """Fit on inputs and their labels; choose grid parameters by validation kernel loss.
+
+        Parameters
+        ----------
+        inputs : sequence of n inputs (``Spectrum`` records, or whatever the input kernel takes)
+        molecules : sequence of n outputs (``Molecule`` records, or whatever the output kernel takes)
+        val : (inputs, molecules), optional
+            Validation pairs for the grid search; without it, when there is more than one grid point, a
+            fraction ``val_fraction`` of the structures is held out to choose, then the model is refitted on
+            all the data with the chosen point.
+        """
+        inputs, molecules = list(inputs), list(molecules)
+        if len(inputs) != len(molecules):
+            raise ValueError(f"fit: {len(inputs)} inputs but {len(molecules)} labels")
+        if len(inputs) < 2:
+            raise ValueError("fit: need at least two training pairs")
+        in_specs = parse_spec(self.input_kernel).expand()
+        out_specs = parse_spec(self.output_kernel).expand()
+        lams = lam_grid(self.lam)
+        n_points = len(in_specs) * len(out_specs) * len(lams)
+        device, _ = self._torch()
+        profile = _Profile(device)
+        if val is not None:
+            val_inputs, val_molecules = list(val[0]), list(val[1])
+            if len(val_inputs) != len(val_molecules) or not val_inputs:
+                raise ValueError("fit: val must be two non-empty sequences of the same length")
+            points, best = self._fit_grid(inputs, molecules, (val_inputs, val_molecules), in_specs, out_specs,
+                                          lams, profile)
+            source = "val"
+        elif n_points > 1:
+            train, held = split_by_structure(molecules, float(self.val_fraction), int(self.seed))
+            if held.size == 0:
+                raise ValueError("fit: a grid search needs val data or at least two distinct structures")
+            points, best = self._fit_grid([inputs[i] for i in train], [molecules[i] for i in train],
+                                          ([inputs[i] for i in held], [molecules[i] for i in held]),
+                                          in_specs, out_specs, lams, profile, build=False)
+            chosen = points[best]
+            self._fit_grid(inputs, molecules, None, [parse_spec(chosen["input_kernel"])],
+                           [parse_spec(chosen["output_kernel"])], [chosen["lam"]], profile)
+            source = "held-out"
+        else:
+            points, best = self._fit_grid(inputs, molecules, None, in_specs, out_specs, lams, profile)
+            source = "none"
+        self.selection_ = {"source": source, "points": points, "best": int(best)}
+        self.val_loss_ = [p["val_loss"] for p in points]
+        self.profile_ = {"stages": profile.stages, "products": profile.products}
+        return self
+
+    def _fit_grid(self, inputs: list[Any], molecules: list[Any], val: tuple[list, list] | None,
+                  in_specs: list[ComponentSpec], out_specs: list[ComponentSpec], lams: list[float],
+                  profile: _Profile, build: bool = True) -> tuple[list[dict[str, Any]], int]:
+        """Fit every grid point on (inputs, molecules), score it on ``val``; build the best one."""
+        device, dtype = self._torch()
+        rtol = float(self.pinv_rtol)
+        n = len(inputs)
+        first, index = unique_objects(molecules)
+        n_u = len(first)
+        unique_mols = [molecules[i] for i in first]
+        self._check_memory(self._input_sketch_spec(), n, "input")
+        self._check_memory(self._output_sketch_spec(), n_u, "output")
+        index_t = torch.as_tensor(index, device=device)
+        lam_t = torch.as_tensor(lams, dtype=torch.float64, device=device)
+
+        outputs = []
+        for spec in out_specs:
+            side = _Side("output_kernel", spec, self._output_sketch_spec(), int(self.seed) + 1, unique_mols,
+                         device, dtype, rtol, profile)
+            side.Z = side.features_matrix()  # (r_y, n_u), small: n_u distinct molecules
+            entry: dict[str, Any] = {"side": side, "spec": spec}
+            if val is not None:
+                with profile.stage("output_val_features"):
+                    entry["psi"] = side.features(val[1])  # (r_y, n_val)
+                entry["kdiag"] = torch.as_tensor(side.kernel.diagonal(val[1]), dtype=torch.float64,
+                                                 device=device)
+            outputs.append(entry)
+
+        points: list[dict[str, Any]] = []
+        best: dict[str, Any] | None = None
+        for spec in in_specs:
+            side = _Side("input_kernel", spec, self._input_sketch_spec(), int(self.seed), inputs, device, dtype,
+                         rtol, profile)
+            if side.identity:
+                Q, lam_eig = None, side.s  # Z_x Z_x^T = S
+            else:
+                r = side.Z.shape[0]
+                with profile.stage("input_gram_features", (r, n, r), kind="syrk"):
+                    C = gram_rows(side.Z).to(torch.float64)
+                with profile.stage("input_eigh_gram"):
+                    lam_eig, Q = torch.linalg.eigh(C)
+                del C
+                lam_eig = torch.clamp(lam_eig, min=0.0)
+                Q = Q.to(dtype)
+            with profile.stage("input_group_sum"):
+                ZE = side.group_sum(index_t, n_u)  # (r_x, n_u)
+            side.release()
+            QTz = None
+            if val is not None:
+                with profile.stage("input_val_features"):
+                    z_val = side.features(val[0])
+                    QTz = z_val if Q is None else Q.T @ z_val
+                del z_val
+            for entry in outputs:
+                Zy = entry["side"].Z
+                with profile.stage("cross_features", (Zy.shape[0], n_u, ZE.shape[0])):
+                    F = Zy @ ZE.T  # (r_y, r_x) = Z_y Z_x^T
+                if Q is not None:
+                    with profile.stage("cross_rotate", (F.shape[0], Q.shape[0], Q.shape[1])):
+                        F = F @ Q
+                for j, lam in enumerate(lams):
+                    loss = float("nan")
+                    if QTz is not None:
+                        D = (1.0 / (lam_eig + n * lam_t[j])).to(dtype)
+                        with profile.stage("val_predict", (F.shape[0], F.shape[1], QTz.shape[1])):
+                            G = (F * D[None, :]) @ QTz  # (r_y, n_val)
+                        psi = entry["psi"]
+                        per = ((G * G).sum(0) - 2.0 * (G * psi).sum(0)).to(torch.float64) + entry["kdiag"]
+                        loss = float(per.mean())
+                    points.append({"input_kernel": str(spec), "output_kernel": str(entry["spec"]), "lam": lam,
+                                   "val_loss": loss, "input_kernel_resolved": side.resolved_spec,
+                                   "output_kernel_resolved": entry["side"].resolved_spec})
+                    if best is None or (math.isfinite(loss) and not loss >= best["loss"]):
+                        best = {"loss": loss if math.isfinite(loss) else float("inf"), "index": len(points) - 1,
+                                "input": side, "output": entry["side"], "F": F, "Q": Q, "lam_eig": lam_eig,
+                                "lam": lam}
+            del ZE
+        if build:
+            with profile.stage("build"):
+                self._build(best, n, n_u, dtype, profile)
+        return points, best["index"]
+
+    def _build(self, best: dict[str, Any], n: int, n_u: int, dtype: torch.dtype, profile: _Profile) -> None:
+        inp, out = best["input"], best["output"]
+        D = (1.0 / (best["lam_eig"] + n * best["lam"])).to(dtype)
+        core = best["F"] * D[None, :]  # (r_y, r_x)
+        if best["Q"] is not None:
+            core = core @ best["Q"].T
+        # Omega^T = P_x^T core^T P_y  (m_x x m_y)
+        Py = (out.V * out.inv_sqrt[None, :]).T  # P_y = T^-1/2 U^T: (r_y, m_y)
+        with profile.stage("build_omega", (core.shape[1], core.shape[0], Py.shape[1])):
+            X = inp.project_T(core.T @ Py)
+        W = X.to(torch.float64).cpu().numpy()
+        del X, core
+        self.W_ = inp.sketch.apply_transpose(W)  # A_x^T Omega^T: (n'_x, m_y)
+        self.output_A_ = None if out.identity else sp.csr_matrix(out.sketch.A_)
+        self.input_kernel_ = inp.kernel
+        self.output_kernel_ = out.kernel
+        self.input_landmarks_ = inp.landmarks
+        self.output_landmarks_ = out.landmarks
+        self.input_kernel_spec_ = inp.resolved_spec
+        self.output_kernel_spec_ = out.resolved_spec
+        self.input_sketch_spec_ = "identity" if inp.identity else str(inp.sketch.to_spec())
+        self.output_sketch_spec_ = "identity" if out.identity else str(out.sketch.to_spec())
+        self.lam_ = float(best["lam"])
+        self.n_train_ = int(n)
+        self.n_unique_ = int(n_u)
+        self.rank_ = {"input": inp.rank, "output": out.rank}
+        self._device_cache = {}
+
+    # -- prediction --------------------------------------------------------------------------------------
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "W_"):
+            raise RuntimeError(f"{type(self).__name__} is not fitted: call fit(inputs, molecules) first")
+
+    @property
+    def n_coordinates(self) -> int:
+        """d, the dimension of the coordinates (m_y, or the number of output landmarks without a sketch)."""
+        self._check_fitted()
+        return int(self.W_.shape[1])
+
+    def _weights(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        cache = self.__dict__.setdefault("_device_cache", {})
+        key = f"{device}/{dtype}"
+        if key not in cache:
+            cache.clear()
+            cache[key] = _to_device(self.W_, device, dtype)
+        return cache[key]
+
+    def predict_coordinates(self, inputs: Sequence[Any]) -> np.ndarray:
+        """Coefficients over the m_y sketched training outputs, shape (n_inputs, d), float64 (in blocks)."""
+        self._check_fitted()
+        inputs = list(inputs)
+        device, dtype = self._torch()
+        W = self._weights(device, dtype)
+        out = np.empty((len(inputs), self.W_.shape[1]), dtype=np.float64)
+        step = _rows_per_block(self.W_.shape[0])
+        for start in range(0, len(inputs), step):
+            K = self.input_kernel_.transform(inputs[start:start + step])  # (b, n'_x)
+            out[start:start + K.shape[0]] = (_to_device(K, device, dtype) @ W).to(torch.float64).cpu().numpy()
+        return out
+
+    def candidate_coordinates(self, molecules: Sequence[Any]) -> np.ndarray:
+        """R_y k_y(train, c) for each candidate: K_y(c, output landmarks) A_y^T, shape (n_c, d), float64."""
+        self._check_fitted()
+        molecules = list(molecules)
+        n_landmarks = len(self.output_landmarks_)
+        out = np.empty((len(molecules), self.n_coordinates), dtype=np.float64)
+        step = _rows_per_block(n_landmarks)
+        for start in range(0, len(molecules), step):
+            K = self.output_kernel_.transform(molecules[start:start + step])  # (b, n'_y)
+            out[start:start + K.shape[0]] = K if self.output_A_ is None else np.asarray(self.output_A_ @ K.T).T
+        return out
+
+    def _output_gram(self) -> np.ndarray:
+        """K~_y = R_y K_y R_y^T among the output landmarks, shape (d, d) (cached)."""
+        cache = self.__dict__.setdefault("_device_cache", {})
+        if "output_gram" not in cache:
+            G = self.output_kernel_.gram()
+            if self.output_A_ is not None:
+                G = np.asarray(self.output_A_ @ np.asarray(self.output_A_ @ G).T)
+            cache["output_gram"] = (G + G.T) / 2.0
+        return cache["output_gram"]
+
+    def kernel_loss(self, inputs: Sequence[Any], molecules: Sequence[Any]) -> float:
+        """Mean kernel loss ||h(x) - psi_y(y)||^2 = c^T K~_y c - 2 c . R_y k_y^y + k_y(y, y) over the pairs."""
+        inputs, molecules = list(inputs), list(molecules)
+        if len(inputs) != len(molecules) or not inputs:
+            raise ValueError("kernel_loss: need two non-empty sequences of the same length")
+        c = self.predict_coordinates(inputs)
+        q = self.candidate_coordinates(molecules)
+        diag = self.output_kernel_.diagonal(molecules)
+        per = np.einsum("ij,ij->i", c @ self._output_gram(), c) - 2.0 * np.einsum("ij,ij->i", c, q) + diag
+        return float(per.mean())
+
+    # -- state -------------------------------------------------------------------------------------------
+    def get_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Arrays: ``W`` (n'_x, d), the input landmarks (``input_landmarks*``), the output sketch weights
+        (``output_A_*``, CSR) and array-valued output landmarks; metadata: specs with resolved parameters,
+        landmark SMILES under ``output``, the selection."""
+        self._check_fitted()
+        arrays: dict[str, np.ndarray] = {"W": np.asarray(self.W_, dtype=np.float64)}
+        in_arrays, in_meta = _objects_to_state(self.input_landmarks_, "input_landmarks")
+        out_arrays, out_meta = _objects_to_state(self.output_landmarks_, "output_landmarks")
+        arrays.update(in_arrays)
+        arrays.update(out_arrays)
+        if self.output_A_ is not None:
+            arrays.update(_sparse_to_arrays(self.output_A_, "output_A"))
+        metadata = {
+            "format": STATE_FORMAT,
+            "version": STATE_VERSION,
+            "model": self.registry_name or type(self).__name__.lower(),
+            "params": self.get_params(),
+            "input": {"kernel": self.input_kernel_spec_, "sketch": self.input_sketch_spec_,
+                      "landmarks": in_meta},
+            "output": {"kernel": self.output_kernel_spec_, "sketch": self.output_sketch_spec_,
+                       "landmarks": out_meta},
+            "lam": self.lam_,
+            "n_train": self.n_train_,
+            "n_unique": self.n_unique_,
+            "rank": self.rank_,
+            "selection": self.selection_,
+        }
+        return arrays, metadata
+
+    @classmethod
+    def from_state(cls, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> "_OKRBase":
+        """Rebuild a fitted model; the kernels are re-created from their resolved specs on the landmarks."""
+        if metadata.get("format") != STATE_FORMAT or metadata.get("version") != STATE_VERSION:
+            raise ModelFileError(f"model state: unsupported format {metadata.get('format')!r} version "
+                                 f"{metadata.get('version')!r} (expected {STATE_FORMAT} {STATE_VERSION})")
+        target = cls
+        if cls is _OKRBase or not issubclass(cls, _OKRBase):
+            target = get_registry().get("model", metadata["model"])
+        params = {k: v for k, v in metadata.get("params", {}).items() if k in target.param_names()}
+        model = target(**params)
+        try:
+            model.W_ = np.asarray(arrays["W"], dtype=np.float64)
+            model.input_landmarks_ = _objects_from_state(arrays, metadata["input"]["landmarks"], "input_landmarks")
+            model.output_landmarks_ = _objects_from_state(arrays, metadata["output"]["landmarks"],
+                                                          "output_landmarks")
+            model.input_kernel_spec_ = metadata["input"]["kernel"]
+            model.output_kernel_spec_ = metadata["output"]["kernel"]
+            model.input_sketch_spec_ = metadata["input"]["sketch"]
+            model.output_sketch_spec_ = metadata["output"]["sketch"]
+            model.lam_ = float(metadata["lam"])
+            model.n_train_ = int(metadata["n_train"])
+            model.n_unique_ = int(metadata["n_unique"])
+            model.rank_ = dict(metadata["rank"])
+            model.selection_ = metadata.get("selection", {})
+        except KeyError as exc:
+            raise ModelFileError(f"model state: missing {exc}") from None
+        model.val_loss_ = [p.get("val_loss") for p in model.selection_.get("points", [])]
+        model.output_A_ = (None if model.output_sketch_spec_ == "identity"
+                           else _sparse_from_arrays(arrays, "output_A"))
+        if model.W_.shape[0] != len(model.input_landmarks_):
+            raise ModelFileError(f"model state: W has {model.W_.shape[0]} rows for "
+                                 f"{len(model.input_landmarks_)} input landmarks")
+        width = len(model.output_landmarks_) if model.output_A_ is None else model.output_A_.shape[1]
+        d = len(model.output_landmarks_) if model.output_A_ is None else model.output_A_.shape[0]
+        if width != len(model.output_landmarks_) or d != model.W_.shape[1]:
+            raise ModelFileError("model state: output sketch, landmarks and W do not match")
+        model.input_kernel_ = create("input_kernel", model.input_kernel_spec_).fit(model.input_landmarks_)
+        model.output_kernel_ = create("output_kernel", model.output_kernel_spec_).fit(model.output_landmarks_)
+        model._device_cache = {}
+        return model
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the four public models: the same engine, different defaults
+# ----------------------------------------------------------------------------------------------------------
+
+class IOKR(_OKRBase):
+    """Exact input-output kernel regression (no sketch): O(n^3) fit, the accuracy reference where n allows.
+
+    Refuses (ResourceError) when the n x n input Gram matrix would exceed ``max_memory_gb``. Parameters as in
+    :class:`_OKRBase` without the sketches.
+    """
+
+    def __init__(self, input_kernel: str = "ppk", output_kernel: str = "gaussian-tanimoto:gamma=auto",
+                 lam: float | str = DEFAULT_LAM, val_fraction: float = 0.1, device: str = "auto",
+                 dtype: str = "float64", seed: int = 0, max_memory_gb: float = 4.0,
+                 pinv_rtol: float = 1e-10) -> None:
+        super().__init__(input_kernel=input_kernel, output_kernel=output_kernel, lam=lam,
+                         val_fraction=val_fraction, device=device, dtype=dtype, seed=seed,
+                         max_memory_gb=max_memory_gb, pinv_rtol=pinv_rtol)
+        del self.input_sketch, self.output_sketch
+
+
+class SIOKR(_OKRBase):
+    """Sketched-input IOKR (R_y = I): input sketch ``subsample:m=2000`` by default."""
+
+    def __init__(self, input_kernel: str = "ppk", output_kernel: str = "gaussian-tanimoto:gamma=auto",
+                 input_sketch: str | None = "subsample:m=2000", lam: float | str = DEFAULT_LAM,
+                 val_fraction: float = 0.1, device: str = "auto", dtype: str = "float64", seed: int = 0,
+                 max_memory_gb: float = 4.0, pinv_rtol: float = 1e-10) -> None:
+        super().__init__(input_kernel=input_kernel, output_kernel=output_kernel, input_sketch=input_sketch,
+                         lam=lam, val_fraction=val_fraction, device=device, dtype=dtype, seed=seed,
+                         max_memory_gb=max_memory_gb, pinv_rtol=pinv_rtol)
+        del self.output_sketch
+
+
+class ISOKR(_OKRBase):
+    """Sketched-output IOKR (R_x = I): output sketch ``p-sparsified-rademacher:m=800`` by default."""
+
+    def __init__(self, input_kernel: str = "ppk", output_kernel: str = "gaussian-tanimoto:gamma=auto",
+                 output_sketch: str | None = "p-sparsified-rademacher:m=800", lam: float | str = DEFAULT_LAM,
+                 val_fraction: float = 0.1, device: str = "auto", dtype: str = "float64", seed: int = 0,
+                 max_memory_gb: float = 4.0, pinv_rtol: float = 1e-10) -> None:
+        super().__init__(input_kernel=input_kernel, output_kernel=output_kernel, output_sketch=output_sketch,
+                         lam=lam, val_fraction=val_fraction, device=device, dtype=dtype, seed=seed,
+                         max_memory_gb=max_memory_gb, pinv_rtol=pinv_rtol)
+        del self.input_sketch
+
+
+class SISOKR(_OKRBase):
+    """Sketched-input, sketched-output IOKR: ``subsample:m=2000`` in, ``p-sparsified-rademacher:m=800`` out.
+
+    No n x n matrix is formed: the fit needs the m_x x n rows R_x K_x and the m_y x n_u rows R_y K_u.
+    """
+
+    def __init__(self, input_kernel: str = "ppk", output_kernel: str = "gaussian-tanimoto:gamma=auto",
+                 input_sketch: str | None = "subsample:m=2000",
+                 output_sketch: str | None = "p-sparsified-rademacher:m=800", lam: float | str = DEFAULT_LAM,
+                 val_fraction: float = 0.1, device: str = "auto", dtype: str = "float64", seed: int = 0,
+                 max_memory_gb: float = 4.0, pinv_rtol: float = 1e-10) -> None:
+        super().__init__(input_kernel=input_kernel, output_kernel=output_kernel, input_sketch=input_sketch,
+                         output_sketch=output_sketch, lam=lam, val_fraction=val_fraction, device=device,
+                         dtype=dtype, seed=seed, max_memory_gb=max_memory_gb, pinv_rtol=pinv_rtol)

@@ -1,0 +1,486 @@
+"""The IOKR / SIOKR / ISOKR / SISOKR engine against naive dense formulas, on small synthetic data."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from molpredict.device import resolve_device, resolve_dtype
+from molpredict.errors import ResourceError, SpecError
+from molpredict.hookspecs import hookimpl
+from molpredict.kernels.base import InputKernel, OutputKernel
+from molpredict.models.okr import (IOKR, ISOKR, SIOKR, SISOKR, lam_grid, resolved_kernel_spec,
+                                   split_by_structure, unique_objects)
+from molpredict.registry import Registry, create, reset_registry
+from molpredict.sketches import make_sketch
+from molpredict.specs import parse_spec
+
+
+# -- test kernels: RBF on vectors (gamma="auto" resolved at fit), linear, spectra and molecules ---------------
+def _sqdist(a, b):
+    return np.maximum((a ** 2).sum(1)[:, None] + (b ** 2).sum(1)[None, :] - 2.0 * a @ b.T, 0.0)
+
+
+class VecRBF(InputKernel):
+    input_type = "vector"
+    normalized = False
+
+    def __init__(self, gamma: float | str = 0.5) -> None:
+        self.gamma = gamma
+
+    def featurize(self, objects):
+        return np.asarray([np.asarray(o, dtype=float) for o in objects]).reshape(len(objects), -1)
+
+    def _fit_data_dependent(self, features):
+        # data-dependent on purpose: a landmark-only refit would give another gamma unless it is resolved
+        self.gamma_ = 1.0 / np.median(_sqdist(features, features)) if self.gamma == "auto" else float(self.gamma)
+
+    def pairwise(self, fa, fb):
+        return np.exp(-self.gamma_ * _sqdist(fa, fb))
+
+    def self_similarity(self, features):
+        return np.ones(len(features))
+
+
+class VecRBFOut(VecRBF, OutputKernel):
+    input_type = "vector"
+
+
+class VecLinear(InputKernel):
+    input_type = "vector"
+    normalized = False
+
+    def __init__(self) -> None:
+        pass
+
+    def featurize(self, objects):
+        return np.asarray([np.asarray(o, dtype=float) for o in objects]).reshape(len(objects), -1)
+
+    def pairwise(self, fa, fb):
+        return fa @ fb.T
+
+    def self_similarity(self, features):
+        return (features ** 2).sum(1)
+
+
+class BinnedSpectrumKernel(InputKernel):
+    """Cosine of intensity histograms over 10 m/z bins (normalised by the base class)."""
+
+    def __init__(self, width: float = 50.0) -> None:
+        self.width = width
+
+    def featurize(self, spectra):
+        out = np.zeros((len(spectra), 10))
+        for i, s in enumerate(spectra):
+            np.add.at(out[i], np.minimum((s.mz // self.width).astype(int), 9), s.intensities)
+        return out
+
+    def pairwise(self, fa, fb):
+        return fa @ fb.T
+
+    def self_similarity(self, features):
+        return (features ** 2).sum(1)
+
+
+class FingerprintTanimoto(OutputKernel):
+    normalized = False
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+
+    def featurize(self, molecules):
+        return np.asarray([m.fingerprint("morgan", 2, self.size) for m in molecules], dtype=float)
+
+    def pairwise(self, fa, fb):
+        inter = fa @ fb.T
+        union = fa.sum(1)[:, None] + fb.sum(1)[None, :] - inter
+        return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 1.0)
+
+    def self_similarity(self, features):
+        return np.ones(len(features))
+
+
+class TestKernels:
+    __name__ = "okr-test-kernels"
+
+    @hookimpl
+    def register_input_kernels(self, register):
+        register("vec-rbf", VecRBF)
+        register("vec-linear", VecLinear)
+        register("binned", BinnedSpectrumKernel)
+
+    @hookimpl
+    def register_output_kernels(self, register):
+        register("vec-rbf-out", VecRBFOut)
+        register("fp-tanimoto", FingerprintTanimoto)
+
+
+@pytest.fixture(autouse=True)
+def _test_kernels():
+    reset_registry(Registry(load_external=False, extra_plugins=[TestKernels()]))
+    yield
+    reset_registry()
+
+
+# -- data and naive references ------------------------------------------------------------------------------
+GX, GY = 0.15, 0.5
+IN, OUT = f"vec-rbf:gamma={GX}", f"vec-rbf-out:gamma={GY}"
+
+
+def make_data(n=240, n_structures=60, seed=0, noise=0.3):
+    """Inputs in R^5 generated from 3-D structures; each structure labels several inputs (duplicates)."""
+    rng = np.random.default_rng(seed)
+    U = rng.normal(size=(n_structures, 3))
+    A = rng.normal(size=(3, 5))
+    idx = rng.integers(0, n_structures, size=n)
+    idx[:n_structures] = np.arange(n_structures)  # every structure appears
+    X = np.tanh(U[idx] @ A) + noise * rng.normal(size=(n, 5))
+    return X, U[idx], U, A
+
+
+def k(a, b, gamma):
+    return np.exp(-gamma * _sqdist(np.asarray(a), np.asarray(b)))
+
+
+def pinv(M, rtol=1e-10):
+    s, V = np.linalg.eigh((M + M.T) / 2)
+    keep = s > rtol * s[-1]
+    return (V[:, keep] / s[keep]) @ V[:, keep].T
+
+
+def naive_iokr_scores(X, Y, Xte, C, lam):
+    n = len(X)
+    return k(Xte, X, GX) @ np.linalg.solve(k(X, X, GX) + n * lam * np.eye(n), k(Y, C, GY))
+
+
+def naive_sisokr_scores(X, Y, Xte, C, lam, Rx, Ry):
+    """Omega = K~_y^+ R_y K_y K_x R_x^T (R_x K_x^2 R_x^T + n lam K~_x)^+ with dense n x n matrices."""
+    n = len(X)
+    Kx, Ky = k(X, X, GX), k(Y, Y, GY)
+    if np.array_equal(Rx, np.eye(n)):
+        # K_x (K_x^2 + n lam K_x)^+ = (K_x + n lam I)^-1 for an invertible K_x; the squared form loses half
+        # the digits to cond(K_x)^2 in a dense pseudo-inverse
+        right = np.linalg.inv(Kx + n * lam * np.eye(n))
+    else:
+        right = Kx @ Rx.T @ pinv(Rx @ Kx @ Kx @ Rx.T + n * lam * Rx @ Kx @ Rx.T)
+    omega = pinv(Ry @ Ky @ Ry.T) @ Ry @ Ky @ right
+    return k(Xte, X, GX) @ Rx.T @ omega.T @ Ry @ k(Y, C, GY)
+
+
+def dense_sketches(model, X, Y, seed):
+    """The model's R_x (m_x x n) and R_y (m_y x n): R_y = R_u acting on each molecule's first occurrence."""
+    n = len(X)
+    Rx = make_sketch(getattr(model, "input_sketch", None), seed=seed).fit(
+        n, create("input_kernel", IN).fit(list(X))).matrix()
+    first, _ = unique_objects(list(Y))
+    ku = create("output_kernel", OUT).fit([Y[i] for i in first])
+    Ru = make_sketch(getattr(model, "output_sketch", None), seed=seed + 1).fit(len(first), ku).matrix()
+    Ry = np.zeros((Ru.shape[0], n))
+    Ry[:, first] = Ru
+    return Rx, Ry
+
+
+def rel_err(a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.fixture(scope="module")
+def data():
+    X, Y, U, A = make_data()
+    rng = np.random.default_rng(1)
+    Xte = np.tanh(rng.normal(size=(30, 3)) @ A) + 0.3 * rng.normal(size=(30, 5))
+    C = rng.normal(size=(25, 3))
+    return X, Y, Xte, C
+
+
+# -- exactness ------------------------------------------------------------------------------------------------
+def test_iokr_equals_the_naive_closed_form(data):
+    X, Y, Xte, C = data
+    lam = 1e-3
+    model = IOKR(input_kernel=IN, output_kernel=OUT, lam=lam, device="cpu").fit(list(X), list(Y))
+    assert model.n_unique_ == 60 and model.n_train_ == 240
+    assert rel_err(model.score(list(Xte), list(C)), naive_iokr_scores(X, Y, Xte, C, lam)) < 1e-6
+
+
+def test_sisokr_with_identity_equivalent_sketches_reproduces_iokr(data):
+    X, Y, Xte, C = data
+    lam = 1e-3
+    model = SISOKR(input_kernel=IN, output_kernel=OUT, input_sketch=f"subsample:m={len(X)}",
+                   output_sketch="subsample:m=100000", lam=lam, device="cpu").fit(list(X), list(Y))
+    assert model.rank_ == {"input": 240, "output": 60}
+    assert rel_err(model.score(list(Xte), list(C)), naive_iokr_scores(X, Y, Xte, C, lam)) < 1e-6
+
+
+@pytest.mark.parametrize("model_cls,input_sketch,output_sketch", [
+    (SISOKR, "subsample:m=50", "p-sparsified-rademacher:m=25"),
+    (SISOKR, "gaussian:m=40", "accumulation:m=20,M=4"),
+    (SISOKR, "p-sparsified-gaussian:m=60", "subsample:m=30,probs=leverage"),
+    (SISOKR, "adaptive:m=30", "adaptive:m=15"),
+    (SIOKR, "accumulation:m=45", None),
+    (ISOKR, None, "p-sparsified-gaussian:m=20"),
+])
+def test_sketched_models_equal_the_naive_pseudo_inverse_formula(data, model_cls, input_sketch, output_sketch):
+    X, Y, Xte, C = data
+    lam = 1e-3
+    params = {"input_sketch": input_sketch} if input_sketch else {}
+    if output_sketch:
+        params["output_sketch"] = output_sketch
+    model = model_cls(input_kernel=IN, output_kernel=OUT, lam=lam, device="cpu", seed=4, **params)
+    model.fit(list(X), list(Y))
+    Rx, Ry = dense_sketches(model, X, Y, seed=4)
+    expected = naive_sisokr_scores(X, Y, Xte, C, lam, Rx, Ry)
+    assert rel_err(model.score(list(Xte), list(C)), expected) < 1e-6
+
+
+def test_unique_output_side_equals_the_naive_one_with_duplicates(data):
+    """The model works on 60 distinct structures; the naive form uses the 240 x 240 K_y with duplicates."""
+    X, Y, Xte, C = data
+    lam = 1e-2
+    assert len(unique_objects(list(Y))[0]) == 60
+    for model in (IOKR(input_kernel=IN, output_kernel=OUT, lam=lam, device="cpu"),
+                  SIOKR(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=70", lam=lam,
+                        device="cpu")):
+        model.fit(list(X), list(Y))
+        assert model.n_coordinates == 60  # one coordinate per distinct structure
+        Rx, _ = dense_sketches(model, X, Y, seed=0)
+        naive = naive_sisokr_scores(X, Y, Xte, C, lam, Rx, np.eye(len(X)))  # R_y = I_n, K_y singular
+        assert rel_err(model.score(list(Xte), list(C)), naive) < 1e-6
+
+
+def test_duplicate_inputs_in_the_sub_sample_do_not_break_anything():
+    X, Y, _, A = make_data(n=150, n_structures=40, seed=3)
+    X[75:] = X[:75]  # every input twice: K~_x is singular for any sub-sample holding both copies
+    rng = np.random.default_rng(2)
+    Xte, C = rng.normal(size=(10, 5)), rng.normal(size=(12, 3))
+    model = SISOKR(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=120",
+                   output_sketch="subsample:m=30", lam=1e-3, device="cpu").fit(list(X), list(Y))
+    assert model.rank_["input"] < 120  # the duplicated landmarks were cut
+    scores = model.score(list(Xte), list(C))
+    assert np.all(np.isfinite(scores))
+    Rx, Ry = dense_sketches(model, X, Y, seed=0)
+    assert rel_err(scores, naive_sisokr_scores(X, Y, Xte, C, 1e-3, Rx, Ry)) < 1e-6
+
+
+def test_rank_deficient_linear_input_kernel():
+    X, Y, _, _ = make_data(n=100, n_structures=30, seed=5)
+    model = SISOKR(input_kernel="vec-linear", output_kernel=OUT, input_sketch="subsample:m=40",
+                   output_sketch="subsample:m=20", lam=1e-4, device="cpu").fit(list(X), list(Y))
+    assert model.rank_["input"] == 5  # a linear kernel in R^5
+    assert np.all(np.isfinite(model.score(list(X[:5]), list(Y[:5]))))
+
+
+# -- selection -------------------------------------------------------------------------------------------------
+def test_lam_grid_selection_picks_the_validation_minimum():
+    X, Y, U, A = make_data(n=300, n_structures=80, seed=6, noise=0.5)
+    rng = np.random.default_rng(7)
+    Uv = rng.normal(size=(60, 3))
+    Xv = np.tanh(Uv @ A) + 0.5 * rng.normal(size=(60, 5))
+    grid = "1e-9|1e-6|1e-4|1e-2|1|100"
+    model = SISOKR(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=150",
+                   output_sketch="p-sparsified-rademacher:m=40", lam=grid, device="cpu")
+    model.fit(list(X), list(Y), val=(list(Xv), list(Uv)))
+    losses = np.array(model.val_loss_)
+    sel = model.selection_
+    assert sel["source"] == "val" and len(sel["points"]) == 6
+    assert sel["best"] == int(np.argmin(losses))
+    assert model.lam_ == sel["points"][sel["best"]]["lam"]
+    assert 0 < sel["best"] < 5  # neither the interpolating nor the constant end of the grid
+    assert losses[sel["best"]] < min(losses[0], losses[-1])
+    # the selection loss (whitened coordinates) equals kernel_loss (dot-product coordinates)
+    assert model.kernel_loss(list(Xv), list(Uv)) == pytest.approx(losses[sel["best"]], rel=1e-8)
+    # losses are genuine kernel losses: in [0, 4] for a normalised kernel, and better than predicting 0 (= 2)
+    assert np.all(losses >= 0) and losses.min() < 2.0
+
+
+def test_kernel_parameter_grids_are_searched():
+    X, Y, U, A = make_data(n=200, n_structures=50, seed=8)
+    rng = np.random.default_rng(9)
+    Uv = rng.normal(size=(30, 3))
+    Xv = np.tanh(Uv @ A) + 0.3 * rng.normal(size=(30, 5))
+    model = SIOKR(input_kernel="vec-rbf:gamma=0.01|0.2|auto", output_kernel=OUT, input_sketch="subsample:m=80",
+                  lam="1e-4|1e-2", device="cpu").fit(list(X), list(Y), val=(list(Xv), list(Uv)))
+    points = model.selection_["points"]
+    assert len(points) == 6
+    assert {p["input_kernel"] for p in points} == {"vec-rbf:gamma=0.01", "vec-rbf:gamma=0.2", "vec-rbf:gamma=auto"}
+    best = points[model.selection_["best"]]
+    assert best["val_loss"] == min(p["val_loss"] for p in points)
+    # the fitted kernel carries the resolved value, never "auto"
+    assert "auto" not in model.input_kernel_spec_
+    assert parse_spec(model.input_kernel_spec_).params["gamma"] == pytest.approx(model.input_kernel_.gamma_)
+
+
+def test_held_out_selection_without_val_refits_on_everything():
+    X, Y, _, _ = make_data(n=200, n_structures=50, seed=10)
+    model = SISOKR(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=60",
+                   output_sketch="subsample:m=25", lam="1e-6|1e-3|1", device="cpu").fit(list(X), list(Y))
+    assert model.selection_["source"] == "held-out"
+    assert model.n_train_ == 200 and model.n_unique_ == 50
+    assert model.lam_ == model.selection_["points"][model.selection_["best"]]["lam"]
+    single = SISOKR(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=60",
+                    output_sketch="subsample:m=25", lam=model.lam_, device="cpu").fit(list(X), list(Y))
+    assert single.selection_["source"] == "none"
+    assert np.allclose(single.W_, model.W_)
+
+
+def test_split_by_structure_keeps_structures_on_one_side():
+    Y = [np.array([float(i % 7)]) for i in range(50)]
+    train, held = split_by_structure(Y, 0.3, seed=0)
+    assert len(train) + len(held) == 50 and len(held) > 0
+    assert not {float(Y[i][0]) for i in train} & {float(Y[i][0]) for i in held}
+    assert np.array_equal(split_by_structure(Y, 0.3, seed=0)[1], held)
+
+
+def test_lam_grid_parsing():
+    assert lam_grid("1e-6|1e-3") == [1e-6, 1e-3]
+    assert lam_grid(0.5) == [0.5] and lam_grid("2") == [2.0]
+    with pytest.raises(SpecError):
+        lam_grid("0|1")
+    with pytest.raises(SpecError):
+        lam_grid("abc")
+
+
+# -- state, coordinates, blocks ---------------------------------------------------------------------------------
+def _roundtrip(model):
+    arrays, metadata = model.get_state()
+    assert all(isinstance(v, np.ndarray) for v in arrays.values())
+    metadata = json.loads(json.dumps(metadata))  # must be JSON
+    return type(model).from_state({k: v.copy() for k, v in arrays.items()}, metadata)
+
+
+def test_save_and_reload_scores_identically_with_resolved_gamma(data):
+    X, Y, Xte, C = data
+    model = SISOKR(input_kernel="vec-rbf:gamma=auto", output_kernel="vec-rbf-out:gamma=auto",
+                   input_sketch="subsample:m=60", output_sketch="p-sparsified-rademacher:m=30", lam=1e-3,
+                   device="cpu").fit(list(X), list(Y))
+    reloaded = _roundtrip(model)
+    assert np.array_equal(reloaded.score(list(Xte), list(C)), model.score(list(Xte), list(C)))
+    assert reloaded.coordinates_key() == model.coordinates_key()
+    assert reloaded.output_kernel_.gamma_ == model.output_kernel_.gamma_
+    arrays, metadata = model.get_state()
+    assert {"W", "input_landmarks", "output_landmarks", "output_A_data"} <= set(arrays)
+    assert metadata["output"]["sketch"].startswith("p-sparsified-rademacher")
+
+
+def test_iokr_state_round_trip(data):
+    X, Y, Xte, C = data
+    model = IOKR(input_kernel=IN, output_kernel=OUT, lam=1e-3, device="cpu").fit(list(X), list(Y))
+    reloaded = _roundtrip(model)
+    assert isinstance(reloaded, IOKR)
+    assert np.array_equal(reloaded.score(list(Xte), list(C)), model.score(list(Xte), list(C)))
+    assert model.get_state()[1]["output"]["sketch"] == "identity"
+
+
+def test_round_trip_with_spectra_and_molecules():
+    from molpredict.molecules import Molecule
+    from molpredict.spectra import Spectrum
+    smiles = ["CCO", "CCN", "c1ccccc1", "CC(=O)O", "CCCC", "OCC(O)CO", "c1ccncc1", "CC(C)O"]
+    rng = np.random.default_rng(0)
+    spectra, labels = [], []
+    for i in range(40):
+        j = i % len(smiles)
+        mz = np.sort(rng.uniform(20, 480, size=6) + 10 * j)
+        spectra.append(Spectrum(id=f"s{i}", mz=mz, intensities=rng.uniform(1, 100, size=6), precursor_mz=500.0,
+                                charge=1, ion_mode="positive", adduct="[M+H]+"))
+        labels.append(Molecule.from_smiles(smiles[j]))
+    model = SISOKR(input_kernel="binned", output_kernel="fp-tanimoto", input_sketch="subsample:m=20",
+                   output_sketch="subsample:m=5", lam=1e-2, device="cpu").fit(spectra, labels)
+    assert model.n_unique_ == 8
+    candidates = [Molecule.from_smiles(s) for s in smiles + ["CCCCO", "NCCO"]]
+    reloaded = _roundtrip(model)
+    assert np.array_equal(reloaded.score(spectra[:7], candidates), model.score(spectra[:7], candidates))
+    arrays, metadata = model.get_state()
+    assert len(metadata["output"]["landmarks"]["smiles"]) == 5
+    assert "input_landmarks_mz" in arrays and "input_landmarks_offsets" in arrays
+
+
+def test_coordinates_key_depends_on_the_output_side_only(data):
+    X, Y, _, _ = data
+    base = dict(input_kernel=IN, output_kernel=OUT, output_sketch="p-sparsified-rademacher:m=30", device="cpu")
+    a = SISOKR(input_sketch="subsample:m=50", lam=1e-3, **base).fit(list(X), list(Y))
+    b = SISOKR(input_sketch="subsample:m=70", lam=1e-1, **base).fit(list(X), list(Y))
+    c = SISOKR(input_sketch="subsample:m=50", lam=1e-3, seed=5, **base).fit(list(X), list(Y))
+    assert a.coordinates_key() == b.coordinates_key()
+    assert a.coordinates_key() != c.coordinates_key()  # another output sketch draw
+
+
+def test_coordinates_are_the_dot_product_form(data):
+    X, Y, Xte, C = data
+    model = SISOKR(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=50",
+                   output_sketch="p-sparsified-rademacher:m=20", lam=1e-3, device="cpu").fit(list(X), list(Y))
+    coords = model.candidate_coordinates(list(C))
+    assert coords.shape == (25, 20) and model.predict_coordinates(list(Xte)).shape == (30, 20)
+    # candidate coordinates are R_y K_y(train, c) (on distinct structures)
+    _, Ry = dense_sketches(model, X, Y, seed=0)
+    assert np.allclose(coords, (Ry @ k(Y, C, GY)).T)
+    assert len(model.input_landmarks_) == 50 and len(model.output_landmarks_) == model.output_A_.shape[1]
+
+
+def test_prediction_in_blocks(data, monkeypatch):
+    import molpredict.models.okr as okr
+    X, Y, Xte, C = data
+    model = SISOKR(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=50",
+                   output_sketch="subsample:m=20", lam=1e-3, device="cpu").fit(list(X), list(Y))
+    whole = model.score(list(Xte), list(C))
+    monkeypatch.setattr(okr, "_BLOCK_BYTES", 8 * 50 * 4)  # 4 rows per block
+    assert np.allclose(model.score(list(Xte), list(C)), whole, rtol=1e-12, atol=1e-14)
+
+
+def test_float32_products_agree_with_float64(data):
+    X, Y, Xte, C = data
+    params = dict(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=50",
+                  output_sketch="subsample:m=20", lam=1e-2, device="cpu")
+    s64 = SISOKR(**params).fit(list(X), list(Y)).score(list(Xte), list(C))
+    s32 = SISOKR(dtype="float32", **params).fit(list(X), list(Y)).score(list(Xte), list(C))
+    assert rel_err(s32, s64) < 1e-3
+
+
+# -- resources and devices -------------------------------------------------------------------------------------
+def test_iokr_refuses_past_the_memory_budget(data):
+    X, Y, _, _ = data
+    with pytest.raises(ResourceError, match="240 x 240 input Gram"):
+        IOKR(input_kernel=IN, output_kernel=OUT, lam=1e-3, max_memory_gb=1e-4).fit(list(X), list(Y))
+    # the same budget is enough once the input side is sketched
+    SISOKR(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=10", output_sketch="subsample:m=5",
+           lam=1e-3, max_memory_gb=1e-3, device="cpu").fit(list(X), list(Y))
+
+
+def test_device_resolution():
+    import torch
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_dtype("float32") == torch.float32 and resolve_dtype("float64") == torch.float64
+    with pytest.raises(SpecError):
+        resolve_device("tpu")
+    with pytest.raises(SpecError):
+        resolve_dtype("int8")
+    if not torch.cuda.is_available():
+        with pytest.raises(ResourceError, match="no CUDA device"):
+            resolve_device("cuda")
+
+
+def test_models_are_components_with_json_parameters():
+    for name, cls in (("iokr", IOKR), ("siokr", SIOKR), ("isokr", ISOKR), ("sisokr", SISOKR)):
+        model = create("model", name)
+        assert isinstance(model, cls)
+        assert all(v is None or isinstance(v, (bool, int, float, str)) for v in model.get_params().values())
+    assert "input_sketch" not in IOKR.param_names() and "output_sketch" not in SIOKR.param_names()
+    assert SISOKR().input_sketch == "subsample:m=2000"
+    assert SISOKR().output_sketch == "p-sparsified-rademacher:m=800"
+
+
+def test_resolved_kernel_spec():
+    kernel = create("input_kernel", "vec-rbf:gamma=auto").fit([np.zeros(2), np.ones(2), np.arange(2.0)])
+    spec = parse_spec(resolved_kernel_spec(kernel))
+    assert spec.name == "vec-rbf" and spec.params["gamma"] == kernel.gamma_
+
+
+@pytest.mark.cuda
+def test_cuda_matches_cpu(data):
+    X, Y, Xte, C = data
+    params = dict(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=50",
+                  output_sketch="p-sparsified-rademacher:m=20", lam=1e-3)
+    cpu = SISOKR(device="cpu", **params).fit(list(X), list(Y))
+    gpu = SISOKR(device="cuda", **params).fit(list(X), list(Y))
+    assert rel_err(gpu.score(list(Xte), list(C)), cpu.score(list(Xte), list(C))) < 1e-8
