@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from .decoding import (bootstrap_ci, group_means, query_metrics, random_expectat
                        true_rank_counts)
 from .errors import InputError
 from .identify import Identifier, IdentifyOptions, Query, SetSource
+from .kernels.base import DegenerateObjectWarning
 from .modelfile import ModelBundle
 
 __all__ = ["KS", "LabelledQuery", "collect_queries", "rank_queries", "summarize_ranks", "evaluate",
@@ -102,7 +104,11 @@ def rank_queries(identifier: Identifier, queries: Sequence[LabelledQuery]) -> di
     if identifier.progress:
         from tqdm import tqdm
         iterator = tqdm(iterator, total=len(prepared), desc="evaluating", unit=" spectra", file=sys.stderr)
-    for query, scores in iterator:
+    with warnings.catch_warnings():
+        # Spectra cleaned down to no peaks are kept on purpose (and counted in ``n_empty_spectra``).
+        warnings.simplefilter("ignore", DegenerateObjectWarning)
+        scored = list(iterator)
+    for query, scores in scored:
         is_true = source.inchikey14(query.ids) == query.true_key
         a, b, f = true_rank_counts(scores, is_true)
         g.append(a)
@@ -116,6 +122,7 @@ def rank_queries(identifier: Identifier, queries: Sequence[LabelledQuery]) -> di
     return {"n_greater": np.asarray(g, dtype=np.int64), "n_ties": np.asarray(t, dtype=np.int64),
             "found": np.asarray(found, dtype=bool), "n_candidates": np.asarray(n_c, dtype=np.int64),
             "groups": groups, "ids": ids, "modes": modes,
+            "n_empty_spectra": sum(1 for q in prepared if q.spectrum.n_peaks == 0),
             "routed": [(q.spectrum, s, q.mode) for q, s in zip(prepared, smiles)]}
 
 
@@ -186,7 +193,9 @@ def _kernel_loss(identifier: Identifier, routed: list[tuple[Any, str | None, str
                 spectra.append(spectrum)
                 molecules.append(parsed[smiles])
         if spectra:
-            total += float(sub.model.kernel_loss(spectra, molecules)) * len(spectra)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DegenerateObjectWarning)
+                total += float(sub.model.kernel_loss(spectra, molecules)) * len(spectra)
             count += len(spectra)
     return total / count if count else None
 
@@ -234,6 +243,7 @@ def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, M
             model_skipped[s.reason] += 1
         metrics["n_skipped"] = int(sum(model_skipped.values()))
         metrics["skipped"] = dict(model_skipped.most_common())
+        metrics["n_empty_spectra"] = ranks["n_empty_spectra"]
         metrics["kernel_loss"] = _kernel_loss(identifier, ranks["routed"]) if kernel_loss else None
         metrics["model"] = str(bundle.path) if bundle.path else label
         metrics["time_s"] = round(time.perf_counter() - t0, 3)
@@ -252,7 +262,8 @@ def format_report(results: dict[str, Any]) -> str:
             f"{100 * m[f'hit@{k}']:>6.2f}%" for k in KS) + f" {m['mrr']:>7.4f} {m['mean_rank']:>7.2f}")
     for label, m in results.items():
         lines.append("")
-        lines.append(f"{label}: {m['n_queries']} queries ({m['n_structures']} structures), {m['n_skipped']} skipped"
+        lines.append(f"{label}: {m['n_queries']} queries ({m['n_structures']} structures; {m['n_empty_spectra']} "
+                     f"without peaks after cleaning, kept), {m['n_skipped']} skipped"
                      + "".join(f"; {n} {r}" for r, n in m["skipped"].items()))
         ci = m["ci95"]
         lines.append("  95% CI (per spectrum): " + ", ".join(

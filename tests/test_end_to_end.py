@@ -1,0 +1,159 @@
+"""End to end on a small real subset of the shared MassBank data, through the CLI: train -> save -> load ->
+identify -> evaluate, with the real SISOKR engine (small sketches so that it runs in well under a minute)."""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from conftest import require_shared
+from molpredict.cli import cli
+
+N_TRAIN, N_VAL, N_TEST = 600, 100, 60
+SMALL = ["--input-sketch", "subsample:m=200", "--output-sketch", "subsample:m=100", "--device", "cpu",
+         "--lam", "1e-4|1e-3|1e-2"]
+
+
+def head_mgf(src: Path, n: int, dst: Path) -> Path:
+    """The first ``n`` records of an MGF file."""
+    out, count = [], 0
+    with open(src, encoding="utf-8") as handle:
+        for line in handle:
+            out.append(line)
+            if line.startswith("END IONS"):
+                count += 1
+                if count == n:
+                    break
+    dst.write_text("".join(out))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    data = require_shared("massbank")
+    sets_path = require_shared("candidates", "test_formula256.json")
+    root = tmp_path_factory.mktemp("e2e")
+    files = {"train": head_mgf(data / "train_pos.mgf", N_TRAIN, root / "train.mgf"),
+             "val": head_mgf(data / "val_pos.mgf", N_VAL, root / "val.mgf"),
+             "test": head_mgf(data / "test_pos.mgf", N_TEST, root / "test.mgf")}
+    # a library holding the candidate sets of the test structures (the formula256 protocol's candidates)
+    from molpredict.candidates import CandidateLibrary, load_candidate_sets
+    from molpredict.spectra import read_spectra
+    sets = load_candidate_sets(sets_path)
+    keys = {s.inchikey[:14] for s in read_spectra(files["test"])}
+    smiles = sorted({smi for k in keys for _, smi in sets.get(k, [])})
+    CandidateLibrary.from_smiles(smiles, source="formula256").to_tsv(root / "library.tsv")
+    return root, files, sets_path
+
+
+@pytest.fixture
+def home(workspace, monkeypatch):
+    root, _, _ = workspace
+    monkeypatch.setenv("MOLPREDICT_HOME", str(root / "home"))
+    return root / "home"
+
+
+@pytest.fixture(scope="module")
+def trained(workspace):
+    root, files, _ = workspace
+    runner = CliRunner()
+    result = runner.invoke(cli, ["train", str(files["train"]), "--val", str(files["val"]), "-o",
+                                 str(root / "model"), "--summary-json", str(root / "summary.json"), *SMALL])
+    assert result.exit_code == 0, result.output
+    return root / "model", result
+
+
+def test_train_summary_and_bundle(workspace, trained):
+    root, files, _ = workspace
+    model_dir, result = trained
+    assert "read 600 spectra" in result.stderr and "skipped" in result.stderr
+    assert "validation kernel loss" in result.stderr
+    summary = json.loads((root / "summary.json").read_text())
+    used = summary["models"]["positive"]["n_spectra"]
+    assert used + sum(summary["skipped"].values()) == N_TRAIN
+    meta = json.loads((model_dir / "positive" / "metadata.json").read_text())
+    assert meta["training"]["n_spectra"] == used
+    assert sum(meta["training"]["licenses"].values()) == used
+    assert meta["model"]["name"] == "sisokr"
+    kinds = {c["kind"] for c in meta["components"]}
+    assert {"model", "input_kernel", "output_kernel", "sketch"} <= kinds
+    assert 0 < meta["validation"]["kernel_loss"] <= 2.0
+    assert meta["selection"]["source"] == "val" and len(meta["selection"]["points"]) == 3
+    assert meta["default_adducts"][0] == "[M+H]+" and meta["cleaning"]["format_version"] == 1
+    from molpredict.modelfile import file_sha256
+    assert meta["training"]["sha256"] == file_sha256([files["train"]], extra=meta["training"]["filters"])
+
+
+def test_bundle_round_trip_predicts_the_same(workspace, trained, tmp_path):
+    from molpredict.candidates import read_library
+    from molpredict.modelfile import ModelBundle
+    from molpredict.spectra import CleaningPipeline, read_spectra
+    root, files, _ = workspace
+    a = ModelBundle.load(trained[0])
+    a.save(tmp_path / "copy")
+    b = ModelBundle.load(tmp_path / "copy")
+    ma, mb = a.for_mode("positive").model, b.for_mode("positive").model
+    clean = CleaningPipeline.from_dict(a.for_mode("positive").cleaning)
+    spectra = [clean(s) for s in read_spectra(files["test"])][:20]
+    np.testing.assert_array_equal(ma.predict_coordinates(spectra), mb.predict_coordinates(spectra))
+    molecules = read_library(root / "library.tsv").molecules(np.arange(30))
+    np.testing.assert_array_equal(ma.candidate_coordinates(molecules), mb.candidate_coordinates(molecules))
+    assert ma.coordinates_key() == mb.coordinates_key()
+
+
+def test_identify_and_evaluate(workspace, trained, home):
+    root, files, sets_path = workspace
+    model_dir, _ = trained
+    runner = CliRunner()
+    result = runner.invoke(cli, ["identify", str(files["test"]), "--model", str(model_dir), "--library",
+                                 str(root / "library.tsv"), "--top-k", "5", "-o", str(root / "ids.tsv"),
+                                 "--skipped", str(root / "skipped.tsv")])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader(open(root / "ids.tsv"), delimiter="\t"))
+    skipped = list(csv.DictReader(open(root / "skipped.tsv"), delimiter="\t"))
+    from molpredict.spectra import read_spectra
+    queries = {s.id: s for s in read_spectra(files["test"])}
+    assert {r["query_id"] for r in rows} | {s["query_id"] for s in skipped} == set(queries)
+    assert not {r["query_id"] for r in rows} & {s["query_id"] for s in skipped}
+    for r in rows:
+        assert r["formula"] == queries[r["query_id"]].formula  # by formula (the MGF has FORMULA)
+        assert int(r["n_candidates"]) >= 256 or int(r["rank"]) <= int(r["n_candidates"])
+    hits_identify = np.mean([any(r["inchikey"][:14] == queries[q].inchikey[:14] and r["rank"] == "1"
+                                 for r in rows if r["query_id"] == q) for q in {r["query_id"] for r in rows}])
+
+    result = runner.invoke(cli, ["evaluate", str(files["test"]), "--model", str(model_dir), "--candidates",
+                                 str(sets_path), "--json", "--n-boot", "200"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.stdout)[str(model_dir)]
+    assert metrics["n_queries"] + metrics["n_skipped"] == N_TEST
+    assert metrics["n_skipped"] == 0  # empty-after-cleaning spectra are kept in evaluation
+    from molpredict.spectra import CleaningPipeline
+    assert metrics["n_empty_spectra"] == sum(CleaningPipeline()(s).n_peaks == 0 for s in queries.values())
+    assert metrics["hit@1"] <= metrics["hit@5"] <= metrics["hit@10"] <= metrics["hit@20"]
+    # a model trained on ~500 spectra is weak, but far better than a random ranking of 256 isomers
+    assert metrics["random"]["hit@1"] == pytest.approx(1 / 256, rel=0.05)
+    assert metrics["hit@20"] > 5 * metrics["random"]["hit@20"]
+    assert metrics["mrr"] > 5 * metrics["random"]["mrr"]
+    assert 0 < metrics["kernel_loss"] <= 2.0
+    # identify (library by formula = the union of same-formula sets) and evaluate agree roughly on hit@1
+    assert abs(hits_identify - metrics["hit@1"]) < 0.25
+
+
+def test_real_bundle_with_missing_plugin(workspace, trained, tmp_path):
+    from molpredict.modelfile import ModelBundle
+    root, files, _ = workspace
+    copy = ModelBundle.load(trained[0]).save(tmp_path / "bundle")
+    meta_path = copy / "positive" / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    for comp in meta["components"]:
+        if comp["kind"] == "input_kernel":
+            comp["name"] = "ppk-from-a-plugin"
+    meta_path.write_text(json.dumps(meta))
+    result = CliRunner().invoke(cli, ["identify", str(files["test"]), "--model", str(copy), "--library",
+                                      str(root / "library.tsv")])
+    assert result.exit_code == 3
+    assert "input kernel 'ppk-from-a-plugin'" in result.stderr and "install the plugin" in result.stderr
