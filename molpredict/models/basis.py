@@ -217,6 +217,12 @@ class SketchedOutputBasis:
         Relative eigenvalue cut-off of K~_y (sets the rank p_y).
     seed : int or None
         Random state of the sketch (when the spec does not set one).
+    deduplicate : bool
+        Build on distinct objects (by :func:`output_key`). False for inputs: spectra carry their structure's
+        InChIKey but are not duplicates of one another.
+    kernel_kind : {"output_kernel", "input_kernel"}
+        Registry kind of the kernel spec. With ``input_kernel`` the same construction gives the sketched
+        (Nystrom) feature map of the inputs, orthonormal in H_x.
 
     Fitted attributes
     -----------------
@@ -233,11 +239,14 @@ class SketchedOutputBasis:
     """
 
     def __init__(self, output_kernel: Any = "gaussian-tanimoto:gamma=auto", output_sketch: Any = "subsample:m=1000",
-                 rel_cutoff: float = 1e-10, seed: int | None = None) -> None:
+                 rel_cutoff: float = 1e-10, seed: int | None = None, deduplicate: bool = True,
+                 kernel_kind: str = "output_kernel") -> None:
         self.output_kernel = output_kernel
         self.output_sketch = output_sketch
         self.rel_cutoff = rel_cutoff
         self.seed = seed
+        self.deduplicate = deduplicate
+        self.kernel_kind = kernel_kind
 
     # -- fitting -----------------------------------------------------------------------------------------
     def _make_sketch(self, n_distinct: int) -> Any:
@@ -247,7 +256,7 @@ class SketchedOutputBasis:
         params = dict(spec.params)
         if isinstance(params.get("m"), int) and params["m"] > n_distinct:
             params["m"] = n_distinct
-        return _create("sketch", ComponentSpec(spec.name, params), random_state=self.seed, seed=self.seed)
+        return _create("sketch", ComponentSpec(spec.name, params), seed=self.seed)
 
     def fit(self, objects: Sequence[Any]) -> "SketchedOutputBasis":
         """Build the basis from the training outputs (duplicates allowed).
@@ -259,9 +268,12 @@ class SketchedOutputBasis:
         objects = list(objects)
         if not objects:
             raise SpecError("cannot build an output basis from no outputs")
-        self.distinct_, self.inverse_ = distinct_objects(objects)
+        if self.deduplicate:
+            self.distinct_, self.inverse_ = distinct_objects(objects)
+        else:
+            self.distinct_, self.inverse_ = objects, np.arange(len(objects), dtype=np.int64)
         n_d = len(self.distinct_)
-        kernel = _create("output_kernel", self.output_kernel)
+        kernel = _create(self.kernel_kind, self.output_kernel)
         kernel.fit(self.distinct_)
         sketch = self._make_sketch(n_d)
         sketch.fit(n_d, kernel=kernel)
@@ -332,6 +344,7 @@ class SketchedOutputBasis:
             "sketch": str(self.sketch_.to_spec()) if self.sketch_ is not None and hasattr(self.sketch_, "to_spec")
             else str(self.output_sketch),
             "rel_cutoff": float(self.rel_cutoff),
+            "kernel_kind": self.kernel_kind,
             "rank": self.rank_,
             "landmarks": landmarks,
         }
@@ -342,7 +355,8 @@ class SketchedOutputBasis:
                    ) -> "SketchedOutputBasis":
         """Rebuild a basis that gives the same :meth:`coordinates` (the kernel refitted on the landmarks)."""
         try:
-            basis = cls(meta["kernel"], meta["sketch"], float(meta["rel_cutoff"]))
+            basis = cls(meta["kernel"], meta["sketch"], float(meta["rel_cutoff"]),
+                        kernel_kind=meta.get("kernel_kind", "output_kernel"))
             basis.projection_ = np.asarray(arrays[f"{prefix}.projection"], dtype=np.float64)
             basis.eigenvalues_ = np.asarray(arrays[f"{prefix}.eigenvalues"], dtype=np.float64)
             landmarks_meta = meta["landmarks"]
@@ -353,7 +367,7 @@ class SketchedOutputBasis:
         if len(basis.landmarks_) != basis.projection_.shape[0]:
             raise ModelFileError(f"output basis state: {len(basis.landmarks_)} landmarks for a projection with "
                                  f"{basis.projection_.shape[0]} rows")
-        basis.kernel_ = _create("output_kernel", meta["kernel"]).fit(basis.landmarks_)
+        basis.kernel_ = _create(basis.kernel_kind, meta["kernel"]).fit(basis.landmarks_)
         basis.landmark_index_ = np.arange(len(basis.landmarks_))
         basis.sketch_ = None
         return basis
