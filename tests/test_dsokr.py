@@ -17,6 +17,15 @@ def registry():
     return install_synthetic_registry()
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # tiny networks: thread start-up dominates, and oversubscribed cores make it far worse
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _model(**kw):
     params = dict(encoder="test-vec", output_kernel="test-rbf:gamma=0.5", output_sketch="subsample:m=80",
                   epochs=25, lr=3e-3, batch_size=32, device="cpu", seed=0)
