@@ -425,6 +425,42 @@ def test_cleaning_pipeline_by_hand():
     np.testing.assert_array_equal(capped.mz, [120, 199.995])
 
 
+def _composed(pipeline: CleaningPipeline, s: Spectrum) -> Spectrum | None:
+    """The pipeline written as a chain of the public step functions (the reference for its fused version)."""
+    if pipeline.ms_level is not None and filter_ms_level(s, pipeline.ms_level) is None:
+        return None
+    s = select_mz_range(s, pipeline.mz_min, pipeline.mz_max, pipeline.precursor_margin)
+    if pipeline.precursor_tolerance is not None:
+        s = remove_precursor_peak(s, pipeline.precursor_tolerance)
+    if pipeline.merge_tolerance:
+        s = merge_close_peaks(s, pipeline.merge_tolerance)
+    s = filter_relative_intensity(s, pipeline.min_relative_intensity)
+    if pipeline.max_peaks is not None:
+        s = keep_top_peaks(s, pipeline.max_peaks)
+    return normalize_intensities(transform_intensities(s, pipeline.transform), pipeline.normalize)
+
+
+@pytest.mark.parametrize("settings", [{}, {"max_peaks": 5, "merge_tolerance": 0.5, "transform": "log1p",
+                                           "normalize": "l2", "mz_max": 900.0, "precursor_tolerance": None},
+                                      {"ms_level": None, "min_relative_intensity": 0.2, "normalize": "sum"}])
+def test_cleaning_pipeline_equals_composed_functions(settings):
+    rng = np.random.default_rng(1)
+    pipeline = CleaningPipeline(**settings)
+    for i in range(300):
+        n = int(rng.integers(0, 60))
+        mz = np.sort(rng.uniform(20, 1000, n))
+        mz = np.sort(np.concatenate([mz, mz[: n // 5] + rng.uniform(0, 0.003, n // 5)]))
+        intensities = rng.exponential(100, mz.shape[0]) * (rng.random(mz.shape[0]) > 0.05)
+        precursor = None if i % 7 == 0 else float(mz[-1] if mz.shape[0] and i % 2 else rng.uniform(100, 1000))
+        s = Spectrum(id=str(i), mz=mz, intensities=intensities, precursor_mz=precursor, ms_level=2 + (i % 11 == 0))
+        got, want = pipeline(s), _composed(pipeline, s)
+        if want is None:
+            assert got is None
+            continue
+        np.testing.assert_array_equal(got.mz, want.mz)
+        np.testing.assert_allclose(got.intensities, want.intensities, rtol=1e-15, atol=0)
+
+
 def test_cleaning_pipeline_keeps_empty_spectra_and_filters_levels():
     pipeline = CleaningPipeline()
     only_precursor = spec([100.0], [5.0], precursor=100.0)

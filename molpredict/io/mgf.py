@@ -90,11 +90,13 @@ def read_mgf(path: str | os.PathLike, report: SkipReport | None = None) -> Itera
     Lines are read with universal newlines (CRLF is fine); ``#`` and ``;`` lines are comments; peak lines
     are ``m/z intensity`` separated by spaces or tabs, further columns (annotations) ignored.
     """
-    handle = open_text(path, "MGF")
-    return _iter_mgf(handle, str(path), report)
+    # Missing or binary files fail here, at the call; the generator opens the file again when iterated, so
+    # that a generator never iterated holds no open file.
+    open_text(path, "MGF").close()
+    return _iter_mgf(str(path), report)
 
 
-def _iter_mgf(handle: IO[str], path: str, report: SkipReport | None) -> Iterator[Spectrum]:
+def _iter_mgf(path: str, report: SkipReport | None) -> Iterator[Spectrum]:
     skip = _Skipper(path, report)
     stem = file_stem(path)
     defaults: dict[str, str] = {}
@@ -106,7 +108,7 @@ def _iter_mgf(handle: IO[str], path: str, report: SkipReport | None) -> Iterator
     in_record = False
     line_no = 0  # counted only outside records, where it is needed for the "not MGF" message
     peak_start = _PEAK_START
-    with handle:
+    with open_text(path, "MGF") as handle:
         for line in handle:
             if in_record:
                 if line[:1] in peak_start:
@@ -144,10 +146,12 @@ def _iter_mgf(handle: IO[str], path: str, report: SkipReport | None) -> Iterator
                 n_records += 1
                 keys = dict(defaults)
                 peaks = []
+            elif n_records:
+                continue  # stray lines between records carry nothing
             elif "=" in s:
                 key, _, value = s.partition("=")
                 defaults[key.strip().upper()] = value.strip()
-            elif n_records == 0:
+            else:
                 raise InputError(f"not an MGF file (line {line_no} is neither BEGIN IONS nor KEY=VALUE)",
                                  path=path)
         if in_record:

@@ -5,7 +5,6 @@ import math
 import os
 import re
 from collections.abc import Iterator
-from typing import IO
 
 import numpy as np
 
@@ -63,11 +62,13 @@ def read_msp(path: str | os.PathLike, report: SkipReport | None = None) -> Itera
     annotation. Records end at a blank line or at the next header line. A record whose peak count differs
     from ``Num Peaks`` is skipped.
     """
-    handle = open_text(path, "MSP")
-    return _iter_msp(handle, str(path), report)
+    # Missing or binary files fail here, at the call; the generator opens the file again when iterated, so
+    # that a generator never iterated holds no open file.
+    open_text(path, "MSP").close()
+    return _iter_msp(str(path), report)
 
 
-def _iter_msp(handle: IO[str], path: str, report: SkipReport | None) -> Iterator[Spectrum]:
+def _iter_msp(path: str, report: SkipReport | None) -> Iterator[Spectrum]:
     skip = _Skipper(path, report)
     stem = file_stem(path)
     n_records = 0
@@ -83,7 +84,7 @@ def _iter_msp(handle: IO[str], path: str, report: SkipReport | None) -> Iterator
             return None
         return result
 
-    with handle:
+    with open_text(path, "MSP") as handle:
         for line in handle:
             line_no += 1
             s = line.strip()

@@ -59,7 +59,8 @@ def _iter_mzml(path: Path, report: SkipReport | None) -> Iterator[Spectrum]:
     skip = _Skipper(str(path), report)
     with open(path, "rb") as probe:
         compressed = probe.read(2) == b"\x1f\x8b"
-    source: Any = gzip.open(path, "rb") if compressed else str(path)
+    # Our own handle, closed below: pyteomics leaks the one it opens when the constructor fails.
+    source: Any = gzip.open(path, "rb") if compressed else open(path, "rb")
     n_scans = 0
     try:
         reader = mzml.MzML(source, use_index=False, decode_binary=True)
@@ -77,8 +78,7 @@ def _iter_mzml(path: Path, report: SkipReport | None) -> Iterator[Spectrum]:
         message = " ".join(str(exc).split()) or type(exc).__name__
         raise InputError(f"not an mzML file ({message})", path=str(path)) from None
     finally:
-        if compressed:
-            source.close()
+        source.close()
     if n_scans == 0:
         raise InputError("not an mzML file (no spectrum)", path=str(path))
     skip.close()
