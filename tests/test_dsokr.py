@@ -187,3 +187,28 @@ def test_cuda_training_reloads_on_cpu(registry, data):
     metadata["params"]["device"] = "cpu"
     again = DSOKR.from_state(arrays, metadata)
     np.testing.assert_allclose(again.score(xv, yv), model.score(xv, yv), atol=1e-4)
+
+
+def test_real_massbank_subset_trains_decodes_and_reloads(tmp_path):
+    import itertools
+
+    from conftest import require_shared
+    from molpredict.io import read_spectra
+    from molpredict.molecules import Molecule
+    train_path = require_shared("massbank", "train_pos.mgf")
+    val_path = require_shared("massbank", "val_pos.mgf")
+    train = list(itertools.islice(read_spectra(train_path), 0, 2400, 6))
+    val = list(itertools.islice(read_spectra(val_path), 0, 800, 8))
+    y = [Molecule.from_smiles(s.smiles) for s in train]
+    yv = [Molecule.from_smiles(s.smiles) for s in val]
+    model = DSOKR(encoder="mlp:hidden=128,layers=1", output_sketch="subsample:m=150", epochs=12, lr=1e-3,
+                  batch_size=32, patience=4, device="cpu").fit(train, y, val=(val, yv))
+    history = model.history_[0]
+    assert history["train_loss"][-1] < 0.7 * history["train_loss"][0]
+    assert model.bases_[0].rank_ <= 150
+    metrics = model.validation_metrics(val, yv)
+    n_candidates = len({m.inchikey14 for m in yv})
+    random_mrr = sum(1 / r for r in range(1, n_candidates + 1)) / n_candidates
+    assert metrics["mrr"] > 1.3 * random_mrr
+    again = DSOKR.from_state(*model.get_state())
+    np.testing.assert_array_equal(again.score(val, yv), model.score(val, yv))
