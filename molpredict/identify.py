@@ -130,6 +130,11 @@ class Query:
 class CandidateSource:
     """Where candidates come from: ids into a table of molecules, with keys and output fields per id."""
 
+    def select(self, spectrum: Any, mode: str, adducts: Sequence[Any], formula: str | None
+               ) -> tuple[np.ndarray, np.ndarray | None, str] | str:
+        """``(ids ascending, adduct name per id or None, adduct to report)`` for one query, or a skip reason."""
+        raise NotImplementedError
+
     def keys(self, ids: np.ndarray) -> list[str]:
         """Cache keys of candidates ``ids`` (full InChIKey, else ``smiles:<SMILES>``)."""
         raise NotImplementedError
@@ -260,6 +265,17 @@ class SetSource(CandidateSource):
 
     def set_ids(self, query_inchikey14: str) -> np.ndarray | None:
         return self._set_ids.get(query_inchikey14)
+
+    def select(self, spectrum: Any, mode: str, adducts: Sequence[Any], formula: str | None
+               ) -> tuple[np.ndarray, np.ndarray | None, str] | str:
+        """The set of the spectrum's own structure (its INCHIKEY first block): for evaluation and benchmarks."""
+        inchikey = spectrum.inchikey
+        if not inchikey:
+            return "no INCHIKEY (needed to pick its candidate set)"
+        ids = self._set_ids.get(inchikey.split("-", 1)[0])
+        if ids is None:
+            return "no candidate set for the structure"
+        return ids, None, adducts[0].name if len(adducts) == 1 else ""
 
     def keys(self, ids: np.ndarray) -> list[str]:
         return ["smiles:" + s for s in self._smiles[ids]]
@@ -403,23 +419,20 @@ class Identifier:
         if routed is None:
             return None
         mode, sub, cleaned = routed
-        source = self.source
-        if isinstance(source, LibrarySource):
-            adducts, own = _usable_adducts(spectrum, mode, sub)
-            formula = None
-            if self.options.formulas is not None:
-                formula = self.options.formulas.get(str(spectrum.id))
-            if formula is None:
-                formula = spectrum.formula
-            selected = source.select(cleaned, mode, adducts, formula)
-            if isinstance(selected, str):
-                self._skip(spectrum, selected)
-                return None
-            ids, adduct_names, reported = selected
-            if own:
-                reported = adducts[0].name
-            return Query(position, cleaned, mode, sub, ids, adduct_names, reported)
-        raise TypeError(f"Identifier.prepare does not know how to select from {type(source).__name__}")
+        adducts, own = _usable_adducts(spectrum, mode, sub)
+        formula = None
+        if self.options.formulas is not None:
+            formula = self.options.formulas.get(str(spectrum.id))
+        if formula is None:
+            formula = spectrum.formula
+        selected = self.source.select(cleaned, mode, adducts, formula)
+        if isinstance(selected, str):
+            self._skip(spectrum, selected)
+            return None
+        ids, adduct_names, reported = selected
+        if own:
+            reported = adducts[0].name
+        return Query(position, cleaned, mode, sub, ids, adduct_names, reported)
 
     # -- scoring -----------------------------------------------------------------------------------------
     def _cache(self, sub: SubModel) -> CoordinatesCache | None:
