@@ -65,7 +65,6 @@ def main() -> None:
             pipeline = CleaningPipeline()
             wall_c, cpu_c, _ = _time(lambda: [pipeline(s) for s in spectra], args.repeats)
             row.update({"clean_seconds": round(wall_c, 3), "clean_cpu_seconds": round(cpu_c, 3)})
-        del spectra
         if args.reference:
             from pyteomics import mgf
 

@@ -11,11 +11,15 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import SpecError
+
+if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come lazily from __getattr__ below
+    from .io import (SkipEntry, SkipReport, read_mgf, read_msp, read_mzml, read_spectra, spectra_from_arrays,
+                     spectra_to_arrays, write_mgf)
 
 __all__ = [
     "Spectrum",

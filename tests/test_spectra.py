@@ -285,6 +285,7 @@ def test_read_mzml(tmp_path):
     assert s2.metadata["retention_time"] == 2.0
     assert (s3.precursor_mz, s3.charge, s3.ion_mode) == (133.014, -1, "negative")
     assert list(report) == [(str(path), 4, "no precursor m/z")]
+    assert_same_spectra(spectra, list(read_mzml(path)))
     gz = tmp_path / "small.mzML.gz"
     gz.write_bytes(gzip.compress(path.read_bytes()))
     assert [s.id for s in read_spectra(gz)] == ["scan=2", "scan=3"]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,10 +45,8 @@ def read_mzml(path: str | os.PathLike, report: SkipReport | None = None) -> Iter
     path = Path(path)
     if not path.exists():
         raise InputError("no such file", path=str(path))
-    try:
-        import psims  # noqa: F401  (pyteomics needs it for mzML's controlled vocabulary)
-    except ImportError:
-        raise MolpredictError(f"{path}: reading mzML needs the psims package (pip install psims)") from None
+    if importlib.util.find_spec("psims") is None:  # pyteomics needs it for mzML's controlled vocabulary
+        raise MolpredictError(f"{path}: reading mzML needs the psims package (pip install psims)")
     return _iter_mzml(path, report)
 
 
