@@ -130,7 +130,7 @@ def open_text(path: str | os.PathLike, kind: str) -> IO[str]:
     if not path.exists():
         raise InputError("no such file", path=str(path))
     if path.is_dir():
-        raise InputError(f"is a directory, not a {kind} file", path=str(path))
+        raise InputError(f"is a directory, not an {kind} file", path=str(path))
     with open(path, "rb") as probe:
         compressed = probe.read(2) == _GZIP_MAGIC
     raw = gzip.open(path, "rb") if compressed else open(path, "rb")
@@ -140,7 +140,7 @@ def open_text(path: str | os.PathLike, kind: str) -> IO[str]:
         except (OSError, EOFError) as exc:  # a corrupt .gz
             raise InputError(f"cannot read ({exc})", path=str(path)) from None
         if any(b in _BINARY_BYTES for b in head):
-            raise InputError(f"not a {kind} file (binary data)", path=str(path))
+            raise InputError(f"not an {kind} file (binary data)", path=str(path))
         return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline=None)
     except BaseException:
         raw.close()
