@@ -320,8 +320,11 @@ class TextEmbeddingEncoder(Encoder):
     def to_tensor(self, features: Any, device: torch.device) -> Any:
         if self.finetune_:
             from .kernels.text import load_sentence_model
-            tokens = load_sentence_model(str(device)).tokenize(list(features))
-            return {k: v.to(device) for k, v in tokens.items()}
+            model = load_sentence_model(str(device))
+            # sentence-transformers >= 5 renamed tokenize to preprocess (and adds non-tensor entries)
+            prepare = getattr(model, "preprocess", None) or model.tokenize
+            tokens = prepare(list(features))
+            return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in tokens.items()}
         return torch.from_numpy(np.asarray(features, dtype=np.float32)).to(device)
 
     def build(self, out_dim: int) -> nn.Module:

