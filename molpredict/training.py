@@ -340,9 +340,11 @@ def format_summary(summary: dict[str, Any]) -> str:
     for reason, n in summary["skipped"].items():
         lines.append(f"  skipped {n}: {reason}")
     for mode, info in summary["models"].items():
-        chosen = ", ".join(f"{k}={v}" for k, v in info["chosen"].items())
         lines.append(f"{mode}: {info['n_spectra']} spectra, {info['n_structures']} structures, fit "
-                     f"{info['fit_s']:.1f} s" + (f"; chosen {chosen}" if chosen else ""))
+                     f"{info['fit_s']:.1f} s")
+        for key, value in info["chosen"].items():
+            if key.endswith("spec_") or key == "lam_":
+                lines.append(f"  {key.removesuffix('_').removesuffix('_spec').replace('_', ' ')}: {value}")
         val = info.get("validation") or {}
         if "kernel_loss" in val:
             lines.append(f"  validation kernel loss {val['kernel_loss']:.4f} on {val['n_spectra']} spectra "

@@ -157,3 +157,29 @@ def test_real_bundle_with_missing_plugin(workspace, trained, tmp_path):
                                       str(root / "library.tsv")])
     assert result.exit_code == 3
     assert "input kernel 'ppk-from-a-plugin'" in result.stderr and "install the plugin" in result.stderr
+
+
+def test_demo_on_an_imported_style_directory(workspace, tmp_path, monkeypatch, capsys):
+    """``make demo`` with ``--data DIR`` (train/val/test MGF files) and no candidate pool: trains the default
+    bundle into $MOLPREDICT_HOME, then identifies against a library of the directory's structures."""
+    root, files, _ = workspace
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "val", "test"):
+        (data / f"{split}_pos.mgf").write_text(files[split].read_text())
+    monkeypatch.setenv("MOLPREDICT_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr("molpredict.identify.default_library_path", lambda: None)
+    from molpredict import demo, training
+    monkeypatch.setitem(training.DEFAULTS, "input_sketch", "subsample:m=200")
+    monkeypatch.setitem(training.DEFAULTS, "output_sketch", "subsample:m=100")
+    monkeypatch.setitem(training.DEFAULTS, "lam", "1e-3")
+    assert demo.main(["--data", str(data), "--n", "3", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "[1/3] training the default model" in out and "[3/3] identifying 3 test_pos.mgf spectra" in out
+    assert (tmp_path / "home" / "models" / "default" / "bundle.json").is_file()
+    assert "TRUE" in out and "true structure ranked first for" in out
+    # second run: the default model is reused
+    assert demo.main(["--data", str(data), "--n", "1", "--device", "cpu"]) == 0
+    assert "using the existing default model" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="lacks"):
+        demo.main(["--data", str(tmp_path / "nothing")])
