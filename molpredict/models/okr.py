@@ -18,17 +18,24 @@ equivalent, numerically stable whitened form:
 - So Omega = P_y^T  Z_y Z_x^T (Z_x Z_x^T + n lam I)^-1  P_x: a ridge regression from whitened input features
   to whitened output features, solved for a whole lam grid with one eigendecomposition of Z_x Z_x^T.
   Whitening before squaring (Z_x Z_x^T rather than P_x B_x B_x^T P_x^T) keeps the weak directions accurate.
-- Without an input sketch Z_x = S^1/2 V^T and Z_x Z_x^T = S, so no second decomposition is needed: this is
-  exact IOKR, (K_x + n lam I)^-1 restricted to the numerical range of K_x.
+- Without an input sketch (IOKR, ISOKR) the input part is exact ridge regression: one Cholesky factorisation of
+  K_x + n lam I per lam (it is also what the formula gives: K_x (K_x^2 + n lam K_x)^+ = (K_x + n lam I)^-1 on
+  the range of K_x). A Cholesky factorisation is a sequence of GEMMs and parallelises well; an n x n eigh does
+  not, which matters at n = 12,000 on shared cores.
+- Without an output sketch (IOKR, SIOKR) K~_y^+ K_y is the orthogonal projector onto range(K_u), which leaves
+  every k_y^c unchanged (k_y^c = Phi_u phi(c) lies in that range): it is left out, so no eigendecomposition of
+  K_u is needed and the coordinates are plain coefficients over the distinct training outputs.
 
 Distinct outputs
 ----------------
 Training labels repeat (many spectra per structure). With y_i = u_{idx[i]} for the n_u distinct molecules u
 (by InChIKey), K_y = E K_u E^T (E the n x n_u indicator of idx). The output sketch R_u (m_y x n_u) is drawn
-on the distinct molecules and stands for R_y = R_u E^+-like any matrix with R_y E = R_u (e.g. R_u acting on
-the first occurrence of each molecule); then K~_y = R_u K_u R_u^T, B_y = (R_u K_u)[:, idx], and
-Z_y Z_x^T = Z_u (Z_x E)^T with Z_x E the per-molecule column sums of Z_x. Without an output sketch R_y = E^T-
-like selection gives the same estimator as the naive n x n form, since every k_y^c lies in range(K_y).
+on the distinct molecules. It stands for any R_y (m_y x n) with R_y E = R_u (e.g. R_u acting on the first
+occurrence of each molecule, zero columns elsewhere), for which the naive n-output formulas give exactly
+K~_y = R_u K_u R_u^T and B_y = R_y E K_u E^T = (R_u K_u)[:, idx]; so Z_y = Z_u[:, idx] and
+Z_y Z_x^T = Z_u (Z_x E)^T, with Z_x E the per-molecule column sums of Z_x. Without an output sketch the naive
+R_y = I_n (K_y singular) and R_u = I_{n_u} project onto the same range, hence give the same scores. The tests
+check both against the naive n x n forms.
 
 Decoding as a dot product
 -------------------------
@@ -41,8 +48,10 @@ where landmarks are the training objects the sketch touches (``used_``): only th
 
 Selecting lam and kernel parameters
 -----------------------------------
-The validation loss is the kernel loss ||h(x) - psi_y(y)||^2 = ||g||^2 - 2 g . psi~(y) + k_y(y, y), with
-g = Z_y Z_x^T (Z_x Z_x^T + n lam I)^-1 z(x) and psi~(y) = P_y R_y k_y^y (no decoding). Every combination of the
+The validation loss is the kernel loss ||h(x) - psi_y(y)||^2 (no decoding), from the core coordinates: with an
+output sketch, h(x) = sum_j g_j(x) e_j in the orthonormal basis e = P_y R_y Psi_y, so the loss is
+||g||^2 - 2 g . psi~(y) + k_y(y, y) with psi~(y) = P_y R_y k_y^y; without one, h(x) = sum_u c_u(x) psi_y(u) and
+the loss is c^T K_u c - 2 c . k_u^y + k_y(y, y). Every combination of the
 input-kernel grid, output-kernel grid and lam grid is scored. With ``val=None`` and more than one grid point, a
 seeded fraction ``val_fraction`` of the *structures* is held out to choose, then the model is refitted on all
 data with the chosen point. (Losses under different output kernels live in different spaces; comparing them is
@@ -50,6 +59,7 @@ the usual, imperfect practice.)
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Any, ClassVar, Sequence
@@ -61,7 +71,7 @@ import torch
 from ..device import resolve_device, resolve_dtype
 from ..errors import ModelFileError, MolpredictError, ResourceError, SpecError
 from ..registry import create, get_registry
-from ..sketches import IdentitySketch, Sketch, make_sketch
+from ..sketches import Sketch, make_sketch
 from ..specs import ComponentSpec, Grid, parse_spec, parse_values
 from .base import Model
 
@@ -176,6 +186,29 @@ def split_by_structure(molecules: Sequence[Any], fraction: float, seed: int) -> 
     return np.flatnonzero(~mask).astype(np.int64), np.flatnonzero(mask).astype(np.int64)
 
 
+#: below this order a CPU eigendecomposition runs on one thread (see _lapack_threads)
+_SERIAL_EIGH_MAX = 4096
+
+
+@contextlib.contextmanager
+def _lapack_threads(matrix: torch.Tensor):
+    """Run a CPU eigensolver of order <= _SERIAL_EIGH_MAX on one thread.
+
+    The multi-threaded tridiagonal eigensolver synchronises its threads many times; below a few thousand rows it
+    gains little, and when the cores are shared it becomes 5 to 50 times slower than one thread (measured on
+    2 shared cores: order 2000 took 21 s on 2 threads, 4 s on 1).
+    """
+    if matrix.device.type != "cpu" or matrix.shape[0] > _SERIAL_EIGH_MAX or torch.get_num_threads() == 1:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def eigh_pinv(matrix: torch.Tensor, rtol: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Eigenpairs of a symmetric PSD matrix above a relative cut-off, in float64.
 
@@ -192,7 +225,8 @@ def eigh_pinv(matrix: torch.Tensor, rtol: float) -> tuple[torch.Tensor, torch.Te
     s : Tensor of shape (r,), float64, ascending
     V : Tensor of shape (k, r), float64 (a view of the full eigenvector matrix)
     """
-    s, V = torch.linalg.eigh(matrix.to(torch.float64))
+    with _lapack_threads(matrix):
+        s, V = torch.linalg.eigh(matrix.to(torch.float64))
     top = float(s[-1]) if s.numel() else 0.0
     if not top > 0:
         raise MolpredictError("a sketched kernel matrix is zero (no direction to regress on): check the kernel "
@@ -316,90 +350,216 @@ class _Profile:
         return _Clock()
 
 
-class _Side:
-    """A fitted kernel + sketch on one side (inputs, or distinct outputs), whitened.
+def _fit_kernel_and_sketch(kind: str, spec: Any, sketch_spec: Any, seed: int, objects: list[Any],
+                           profile: _Profile) -> tuple[str, Sketch, np.ndarray, list[Any], Any]:
+    """Fit the kernel and the sketch on ``objects``; return (resolved spec, sketch, R K, landmarks, landmark
+    kernel). The landmark kernel is rebuilt from the resolved spec on the landmarks only (what a reloaded
+    model does), so that fitting and prediction use identical kernels."""
+    side = kind.split("_")[0]
+    with profile.stage(f"{side}_kernel_fit"):
+        kernel = create(kind, spec).fit(objects)
+    sketch = make_sketch(sketch_spec, seed=seed)
+    with profile.stage(f"{side}_sketch_fit"):
+        sketch.fit(len(objects), kernel)
+    with profile.stage(f"{side}_sketch_rows"):
+        B = sketch.sketch_rows(kernel)  # (m, n)
+    resolved = resolved_kernel_spec(kernel)
+    del kernel
+    landmarks = [objects[i] for i in sketch.used_]
+    with profile.stage(f"{side}_landmark_kernel_fit"):
+        landmark_kernel = create(kind, resolved).fit(landmarks)
+    return resolved, sketch, B, landmarks, landmark_kernel
 
-    K~ = R K R^T = V S V^T (relative cut-off); P = S^-1/2 V^T (r x m) is applied through :meth:`project`
-    without being formed; Z = P R K (r x n) are the whitened features of the fitted objects (for an identity
-    sketch Z = S^1/2 V^T, never computed as a product).
+
+def _whiten(sketch: Sketch, B: np.ndarray, device: torch.device, dtype: torch.dtype, rtol: float,
+            profile: _Profile, side: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """K~ = R K R^T = V S V^T (relative cut-off) and the whitened features Z = S^-1/2 V^T B.
+
+    Returns
+    -------
+    P : Tensor (r, m), S^-1/2 V^T
+    Z : Tensor (r, n)
+    s : Tensor (r,), float64
+    """
+    K_tilde = sketch.apply_right(B[:, sketch.used_])  # (m, m)
+    with profile.stage(f"{side}_eigh"):
+        s, V = eigh_pinv(_to_device(K_tilde, device, torch.float64), rtol)
+    P = (V.T * (1.0 / torch.sqrt(s))[:, None]).to(dtype)
+    Bt = _to_device(B, device, dtype)
+    with profile.stage(f"{side}_whiten", (P.shape[0], P.shape[1], Bt.shape[1])):
+        Z = P @ Bt
+    return P, Z, s
+
+
+class _OutputSide:
+    """The distinct training outputs: a sketched side is whitened (core coordinates g = Z_u beta in R^r_y),
+    an un-sketched side keeps K_u (core coordinates = the coefficients beta over the distinct outputs).
+
+    ``beta`` (n_u x k) are always coefficients over the distinct outputs, i.e. E^T alpha.
     """
 
-    def __init__(self, kind: str, spec: Any, sketch_spec: Any, seed: int, objects: list[Any],
-                 device: torch.device, dtype: torch.dtype, rtol: float, profile: _Profile) -> None:
-        side = kind.split("_")[0]
-        with profile.stage(f"{side}_kernel_fit"):
-            kernel = create(kind, spec).fit(objects)
-        sketch = make_sketch(sketch_spec, seed=seed)
-        with profile.stage(f"{side}_sketch_fit"):
-            sketch.fit(len(objects), kernel)
-        with profile.stage(f"{side}_sketch_rows"):
-            B = sketch.sketch_rows(kernel)  # (m, n)
-        self.resolved_spec = resolved_kernel_spec(kernel)
-        del kernel
-        K_tilde = B if sketch.is_identity else sketch.apply_right(B[:, sketch.used_])  # (m, m)
-        with profile.stage(f"{side}_eigh"):
-            # eigh reads one triangle: the kernel's rounding asymmetry does not matter and no copy is made
-            s, V = eigh_pinv(_to_device(K_tilde, device, torch.float64), rtol)
-        del K_tilde
-        self.s = s
-        self.inv_sqrt = (1.0 / torch.sqrt(s)).to(dtype)
-        self.V = V.to(dtype)  # (m, r)
-        del V
+    def __init__(self, spec: Any, sketch_spec: Any, seed: int, objects: list[Any], device: torch.device,
+                 dtype: torch.dtype, rtol: float, profile: _Profile) -> None:
+        self.spec = spec
+        self.resolved_spec, self.sketch, B, self.landmarks, self.kernel = _fit_kernel_and_sketch(
+            "output_kernel", spec, sketch_spec, seed, objects, profile)
         self.device, self.dtype = device, dtype
-        self.Z: torch.Tensor | None = None
-        if not sketch.is_identity:
-            Bt = _to_device(B, device, dtype)
-            del B
-            with profile.stage(f"{side}_whiten", (self.V.shape[1], Bt.shape[0], Bt.shape[1])):
-                self.Z = self.project(Bt)  # (r, n)
-            del Bt
+        if self.identity:
+            # R_y = I: K~_y^+ K_y is the projector on range(K_u), which fixes every k_y^c; it is left out
+            self.K = _to_device(B, device, dtype)  # (n_u, n_u)
+            self.Zu = self.P = None
+            self.rank = int(B.shape[0])
         else:
-            del B
-        self.kind = kind
-        self.sketch = sketch
-        self.landmarks = [objects[i] for i in sketch.used_]
-        with profile.stage(f"{side}_landmark_kernel_fit"):
-            self.kernel = create(kind, self.resolved_spec).fit(self.landmarks)
-
-    @property
-    def rank(self) -> int:
-        return int(self.s.shape[0])
+            self.P, self.Zu, s = _whiten(self.sketch, B, device, dtype, rtol, profile, "output")
+            self.K = None
+            self.rank = int(s.shape[0])
 
     @property
     def identity(self) -> bool:
         return bool(self.sketch.is_identity)
 
-    def project(self, X: torch.Tensor) -> torch.Tensor:
-        """P X = S^-1/2 V^T X for X of shape (m, k): shape (r, k)."""
-        return (self.V.T @ X) * self.inv_sqrt[:, None]
+    def core(self, beta: torch.Tensor) -> torch.Tensor:
+        """Core coordinates of h for coefficients ``beta`` (n_u x k) over the distinct outputs."""
+        return beta if self.Zu is None else self.Zu @ beta
 
-    def project_T(self, Y: torch.Tensor) -> torch.Tensor:
-        """P^T Y = V S^-1/2 Y for Y of shape (r, k): shape (m, k)."""
-        return self.V @ (Y * self.inv_sqrt[:, None])
+    def prepare_val(self, molecules: list[Any]) -> None:
+        K = self.kernel.transform(molecules).T  # (n', n_val)
+        if self.P is None:
+            self.val_cross = _to_device(K, self.device, self.dtype)  # K_u(., y): coefficients pair with it
+        else:
+            self.val_cross = self.P @ _to_device(self.sketch.apply(K), self.device, self.dtype)  # psi~(y)
+        self.val_diag = torch.as_tensor(self.kernel.diagonal(molecules), dtype=torch.float64, device=self.device)
 
-    def features_matrix(self) -> torch.Tensor:
-        """Z (r x n), formed explicitly (S^1/2 V^T for an identity sketch)."""
-        if self.Z is not None:
-            return self.Z
-        return self.V.T * torch.sqrt(self.s).to(self.dtype)[:, None]
+    def val_loss(self, core: torch.Tensor) -> float:
+        """Mean ||h(x) - psi(y)||^2 over the validation pairs, from the core coordinates (d_core x n_val)."""
+        gram = core if self.K is None else self.K @ core  # whitened: the basis is orthonormal in H_y
+        per = ((core * gram).sum(0) - 2.0 * (core * self.val_cross).sum(0)).to(torch.float64) + self.val_diag
+        return float(per.mean())
 
-    def group_sum(self, index: torch.Tensor, n_groups: int) -> torch.Tensor:
-        """Z E: per-group column sums of the features, (r x n_groups)."""
-        if self.Z is not None:
-            return _group_sum(self.Z, index, n_groups)
-        VE = torch.zeros((n_groups, self.V.shape[1]), dtype=self.dtype, device=self.device)
-        VE.index_add_(0, index, self.V)
-        return (VE * torch.sqrt(self.s).to(self.dtype)[None, :]).T
+    def to_coordinates(self) -> torch.Tensor | None:
+        """The map from core coordinates to model coordinates (coefficients over R_y rows): P_y (r_y x m_y),
+        or None for the identity."""
+        return self.P
 
-    def features(self, objects: Sequence[Any]) -> torch.Tensor:
-        """Whitened features P R k(landmarks, objects), shape (r, len(objects))."""
-        K = self.kernel.transform(list(objects))  # (k, n')
-        RK = self.sketch.apply(K.T)  # (m, k)
-        return self.project(_to_device(RK, self.device, self.dtype))
+    def release_val(self) -> None:
+        self.val_cross = self.val_diag = None
 
-    def release(self) -> None:
-        """Drop the training features (all that is needed later is P, the sketch and the landmarks)."""
-        self.Z = None
+
+class _WhitenedInput:
+    """A sketched input side: Z_x = P_x R_x K_x; ridge on the eigenbasis of Z_x Z_x^T (one eigh for all lam)."""
+
+    def __init__(self, spec: Any, sketch_spec: Any, seed: int, objects: list[Any], index: torch.Tensor, n_u: int,
+                 device: torch.device, dtype: torch.dtype, rtol: float, profile: _Profile) -> None:
+        self.resolved_spec, self.sketch, B, self.landmarks, self.kernel = _fit_kernel_and_sketch(
+            "input_kernel", spec, sketch_spec, seed, objects, profile)
+        self.n = len(objects)
+        self.device, self.dtype = device, dtype
+        self.P, Z, s = _whiten(self.sketch, B, device, dtype, rtol, profile, "input")
+        del B
+        self.rank = int(s.shape[0])
+        r = Z.shape[0]
+        with profile.stage("input_gram_features", (r, Z.shape[1], r), kind="syrk"):
+            C = gram_rows(Z).to(torch.float64)
+        with profile.stage("input_eigh_gram"), _lapack_threads(C):
+            lam_eig, Q = torch.linalg.eigh(C)
+        del C
+        self.lam_eig = torch.clamp(lam_eig, min=0.0)
+        self.Q = Q.to(dtype)
+        with profile.stage("input_group_sum"):
+            self.ZEQ = (_group_sum(Z, index, n_u).T @ self.Q)  # (n_u, r): (Z_x E)^T Q
+        del Z
+        self.QTz: torch.Tensor | None = None
+
+    def prepare_val(self, inputs: list[Any]) -> None:
+        RK = self.sketch.apply(self.kernel.transform(inputs).T)  # (m, n_val)
+        self.QTz = self.Q.T @ (self.P @ _to_device(RK, self.device, self.dtype))
+
+    def _D(self, lam: float) -> torch.Tensor:
+        return (1.0 / (self.lam_eig + self.n * lam)).to(self.dtype)
+
+    def start_output(self, out: _OutputSide, profile: _Profile) -> None:
+        """Precompute F = core(E^T Z_x^T) Q for one output side (d_core x r)."""
+        with profile.stage("cross_features", (out.rank, self.ZEQ.shape[0], self.ZEQ.shape[1])):
+            self.F = out.core(self.ZEQ)
+
+    def val_core(self, lam: float, profile: _Profile) -> torch.Tensor:
+        with profile.stage("val_predict", (self.F.shape[0], self.F.shape[1], self.QTz.shape[1])):
+            return (self.F * self._D(lam)[None, :]) @ self.QTz
+
+    def weights(self, out: _OutputSide, lam: float, profile: _Profile) -> np.ndarray:
+        """W = A_x^T P_x^T Q D F^T [P_y]: (n'_x, d)."""
+        with profile.stage("build_weights", (self.Q.shape[0], self.Q.shape[1], self.F.shape[0])):
+            X = self.Q @ (self._D(lam)[:, None] * self.F.T)  # (r, d_core)
+            to_coords = out.to_coordinates()
+            if to_coords is not None:
+                X = X @ to_coords
+            X = self.P.T @ X  # (m_x, d)
+        return self.sketch.apply_transpose(X.to(torch.float64).cpu().numpy())
+
+    def release_val(self) -> None:
+        self.QTz = None
+
+
+class _CholeskyInput:
+    """An un-sketched input side (exact IOKR / ISOKR): K_x kept, one Cholesky of K_x + n lam I per lam."""
+
+    def __init__(self, spec: Any, sketch_spec: Any, seed: int, objects: list[Any], index: torch.Tensor, n_u: int,
+                 device: torch.device, dtype: torch.dtype, rtol: float, profile: _Profile) -> None:
+        self.resolved_spec, self.sketch, K, self.landmarks, self.kernel = _fit_kernel_and_sketch(
+            "input_kernel", spec, sketch_spec, seed, objects, profile)
+        self.n = len(objects)
+        self.K = _to_device(K, device, torch.float64)
+        del K
+        self.index, self.n_u = index, n_u
+        self.device, self.dtype = device, dtype
+        self.rank = self.n
+        self.lam: float | None = None
+        self.L: torch.Tensor | None = None
+        self.Kval: torch.Tensor | None = None
+        self.profile = profile
+
+    def _factor(self, lam: float) -> torch.Tensor:
+        if self.lam != lam:
+            self.L = None  # free the previous factor first: the fit holds K and one factor
+            with self.profile.stage("input_cholesky", (self.n, self.n, self.n), kind="cholesky"):
+                A = self.K.clone()
+                A.diagonal().add_(self.n * lam)
+                L, info = torch.linalg.cholesky_ex(A, out=(A, torch.empty(0, dtype=torch.int32, device=A.device)))
+            if int(info) != 0:
+                raise MolpredictError(f"K_x + n lam I is not positive definite at lam={lam} (is the input kernel "
+                                      "positive semi-definite?); use a larger lam")
+            self.L, self.lam = L, lam
+        return self.L
+
+    def prepare_val(self, inputs: list[Any]) -> None:
+        self.Kval = _to_device(self.kernel.transform(inputs).T, self.device, torch.float64)  # (n, n_val)
+
+    def start_output(self, out: _OutputSide, profile: _Profile) -> None:
+        pass
+
+    def _beta(self, rhs: torch.Tensor, lam: float) -> torch.Tensor:
+        alpha = torch.cholesky_solve(rhs, self._factor(lam))  # (n, k)
+        beta = torch.zeros((self.n_u, alpha.shape[1]), dtype=alpha.dtype, device=alpha.device)
+        return beta.index_add_(0, self.index, alpha)  # E^T alpha
+
+    def val_core(self, lam: float, profile: _Profile, out: _OutputSide | None = None) -> torch.Tensor:
+        with profile.stage("val_solve", (self.n, self.n, self.Kval.shape[1])):
+            beta = self._beta(self.Kval, lam).to(self.dtype)
+        return out.core(beta)
+
+    def weights(self, out: _OutputSide, lam: float, profile: _Profile) -> np.ndarray:
+        """W = (K_x + n lam I)^-1 E M: (n, d) with M = Z_u^T P_y (whitened output) or I_{n_u}."""
+        if out.Zu is None:
+            rhs = torch.zeros((self.n, self.n_u), dtype=torch.float64, device=self.device)
+            rhs[torch.arange(self.n, device=self.device), self.index] = 1.0
+        else:
+            rhs = (out.Zu.T @ out.to_coordinates()).to(torch.float64)[self.index]  # (n, m_y)
+        with profile.stage("build_weights", (self.n, self.n, rhs.shape[1])):
+            W = torch.cholesky_solve(rhs, self._factor(lam))
+        return W.cpu().numpy()
+
+    def release_val(self) -> None:
+        self.Kval = None
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -429,10 +589,10 @@ class _OKRBase(Model):
     seed : int
         Seeds the sketches and the held-out split.
     max_memory_gb : float
-        Refuse (ResourceError) un-sketched sides whose n x n Gram matrix would exceed it, and sketched sides
-        whose m x n sketched rows (twice: rows and features) would.
+        Refuse (ResourceError) un-sketched sides whose n x n Gram matrix (twice: the matrix and its factor)
+        would exceed it, and sketched sides whose m x n sketched rows (twice: rows and features) would.
     pinv_rtol : float
-        Relative eigenvalue cut-off of the pseudo-inverses.
+        Relative eigenvalue cut-off of the pseudo-inverses K~_x^+ and K~_y^+ (sketched sides).
 
     Fitted attributes
     -----------------
@@ -479,7 +639,8 @@ class _OKRBase(Model):
     def _check_memory(self, sketch_spec: Any, n: int, side: str) -> None:
         sketch = make_sketch(sketch_spec)
         if sketch.is_identity:
-            need, what = 8.0 * n * n, f"the {n} x {n} {side} Gram matrix (no {side} sketch)"
+            # the input side holds K_x and its Cholesky factor; the output side K_u and a product of its size
+            need, what = 16.0 * n * n, f"the {n} x {n} {side} Gram matrix and its factor (no {side} sketch)"
         else:
             m = sketch.m if isinstance(sketch.m, int) else n
             need, what = 16.0 * min(m, n) * n, f"the {min(m, n)} x {n} sketched {side} rows"
@@ -555,88 +716,65 @@ class _OKRBase(Model):
         self._check_memory(self._input_sketch_spec(), n, "input")
         self._check_memory(self._output_sketch_spec(), n_u, "output")
         index_t = torch.as_tensor(index, device=device)
-        lam_t = torch.as_tensor(lams, dtype=torch.float64, device=device)
+        input_cls = _CholeskyInput if make_sketch(self._input_sketch_spec()).is_identity else _WhitenedInput
 
         outputs = []
         for spec in out_specs:
-            side = _Side("output_kernel", spec, self._output_sketch_spec(), int(self.seed) + 1, unique_mols,
-                         device, dtype, rtol, profile)
-            side.Z = side.features_matrix()  # (r_y, n_u), small: n_u distinct molecules
-            entry: dict[str, Any] = {"side": side, "spec": spec}
+            out = _OutputSide(spec, self._output_sketch_spec(), int(self.seed) + 1, unique_mols, device, dtype,
+                              rtol, profile)
             if val is not None:
                 with profile.stage("output_val_features"):
-                    entry["psi"] = side.features(val[1])  # (r_y, n_val)
-                entry["kdiag"] = torch.as_tensor(side.kernel.diagonal(val[1]), dtype=torch.float64,
-                                                 device=device)
-            outputs.append(entry)
+                    out.prepare_val(val[1])
+            outputs.append(out)
 
         points: list[dict[str, Any]] = []
         best: dict[str, Any] | None = None
+        best_loss = math.inf
         for spec in in_specs:
-            side = _Side("input_kernel", spec, self._input_sketch_spec(), int(self.seed), inputs, device, dtype,
-                         rtol, profile)
-            if side.identity:
-                Q, lam_eig = None, side.s  # Z_x Z_x^T = S
-            else:
-                r = side.Z.shape[0]
-                with profile.stage("input_gram_features", (r, n, r), kind="syrk"):
-                    C = gram_rows(side.Z).to(torch.float64)
-                with profile.stage("input_eigh_gram"):
-                    lam_eig, Q = torch.linalg.eigh(C)
-                del C
-                lam_eig = torch.clamp(lam_eig, min=0.0)
-                Q = Q.to(dtype)
-            with profile.stage("input_group_sum"):
-                ZE = side.group_sum(index_t, n_u)  # (r_x, n_u)
-            side.release()
-            QTz = None
+            inp = input_cls(spec, self._input_sketch_spec(), int(self.seed), inputs, index_t, n_u, device, dtype,
+                            rtol, profile)
             if val is not None:
                 with profile.stage("input_val_features"):
-                    z_val = side.features(val[0])
-                    QTz = z_val if Q is None else Q.T @ z_val
-                del z_val
-            for entry in outputs:
-                Zy = entry["side"].Z
-                with profile.stage("cross_features", (Zy.shape[0], n_u, ZE.shape[0])):
-                    F = Zy @ ZE.T  # (r_y, r_x) = Z_y Z_x^T
-                if Q is not None:
-                    with profile.stage("cross_rotate", (F.shape[0], Q.shape[0], Q.shape[1])):
-                        F = F @ Q
+                    inp.prepare_val(val[0])
+            losses: dict[tuple[int, int], float] = {}
+            # the Cholesky input side factors once per lam, the whitened one prepares once per output side
+            order = ([(o, j) for j in range(len(lams)) for o in range(len(outputs))] if input_cls is _CholeskyInput
+                     else [(o, j) for o in range(len(outputs)) for j in range(len(lams))])
+            started = None
+            for o, j in order:
+                out = outputs[o]
+                if started != o:
+                    inp.start_output(out, profile)
+                    started = o
+                loss = math.nan
+                if val is not None:
+                    core = (inp.val_core(lams[j], profile, out) if input_cls is _CholeskyInput
+                            else inp.val_core(lams[j], profile))
+                    loss = out.val_loss(core)
+                    del core
+                losses[o, j] = loss
+            for o, out in enumerate(outputs):
                 for j, lam in enumerate(lams):
-                    loss = float("nan")
-                    if QTz is not None:
-                        D = (1.0 / (lam_eig + n * lam_t[j])).to(dtype)
-                        with profile.stage("val_predict", (F.shape[0], F.shape[1], QTz.shape[1])):
-                            G = (F * D[None, :]) @ QTz  # (r_y, n_val)
-                        psi = entry["psi"]
-                        per = ((G * G).sum(0) - 2.0 * (G * psi).sum(0)).to(torch.float64) + entry["kdiag"]
-                        loss = float(per.mean())
-                    points.append({"input_kernel": str(spec), "output_kernel": str(entry["spec"]), "lam": lam,
-                                   "val_loss": loss, "input_kernel_resolved": side.resolved_spec,
-                                   "output_kernel_resolved": entry["side"].resolved_spec})
-                    if best is None or (math.isfinite(loss) and not loss >= best["loss"]):
-                        best = {"loss": loss if math.isfinite(loss) else float("inf"), "index": len(points) - 1,
-                                "input": side, "output": entry["side"], "F": F, "Q": Q, "lam_eig": lam_eig,
-                                "lam": lam}
-            del ZE
+                    loss = losses[o, j]
+                    points.append({"input_kernel": str(spec), "output_kernel": str(out.spec), "lam": lam,
+                                   "val_loss": loss, "input_kernel_resolved": inp.resolved_spec,
+                                   "output_kernel_resolved": out.resolved_spec})
+                    if best is None or loss < best_loss:
+                        best_loss = loss if math.isfinite(loss) else math.inf
+                        best = {"index": len(points) - 1, "input": inp, "output": out, "lam": lam}
+            inp.release_val()
+            del inp
+        for out in outputs:
+            out.release_val()
         if build:
             with profile.stage("build"):
-                self._build(best, n, n_u, dtype, profile)
+                self._build(best, n, n_u, profile)
         return points, best["index"]
 
-    def _build(self, best: dict[str, Any], n: int, n_u: int, dtype: torch.dtype, profile: _Profile) -> None:
+    def _build(self, best: dict[str, Any], n: int, n_u: int, profile: _Profile) -> None:
         inp, out = best["input"], best["output"]
-        D = (1.0 / (best["lam_eig"] + n * best["lam"])).to(dtype)
-        core = best["F"] * D[None, :]  # (r_y, r_x)
-        if best["Q"] is not None:
-            core = core @ best["Q"].T
-        # Omega^T = P_x^T core^T P_y  (m_x x m_y)
-        Py = (out.V * out.inv_sqrt[None, :]).T  # P_y = T^-1/2 U^T: (r_y, m_y)
-        with profile.stage("build_omega", (core.shape[1], core.shape[0], Py.shape[1])):
-            X = inp.project_T(core.T @ Py)
-        W = X.to(torch.float64).cpu().numpy()
-        del X, core
-        self.W_ = inp.sketch.apply_transpose(W)  # A_x^T Omega^T: (n'_x, m_y)
+        inp.start_output(out, profile)
+        self.W_ = np.ascontiguousarray(inp.weights(out, best["lam"], profile), dtype=np.float64)
         self.output_A_ = None if out.identity else sp.csr_matrix(out.sketch.A_)
         self.input_kernel_ = inp.kernel
         self.output_kernel_ = out.kernel
@@ -644,7 +782,7 @@ class _OKRBase(Model):
         self.output_landmarks_ = out.landmarks
         self.input_kernel_spec_ = inp.resolved_spec
         self.output_kernel_spec_ = out.resolved_spec
-        self.input_sketch_spec_ = "identity" if inp.identity else str(inp.sketch.to_spec())
+        self.input_sketch_spec_ = "identity" if inp.sketch.is_identity else str(inp.sketch.to_spec())
         self.output_sketch_spec_ = "identity" if out.identity else str(out.sketch.to_spec())
         self.lam_ = float(best["lam"])
         self.n_train_ = int(n)
