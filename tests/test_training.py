@@ -1,0 +1,123 @@
+"""The training pipeline: filters and skip reasons, licences, ion modes, the bundle it saves, and `molpredict train`."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from identification_helpers import FAKE_MODEL, install_fake_model, synthetic_spectra
+from molpredict.cli import cli
+from molpredict.errors import InputError, SpecError
+from molpredict.modelfile import ModelBundle
+from molpredict.spectra import Spectrum, write_mgf
+from molpredict.training import TrainOptions, build_model, license_excluded, load_labelled, train_bundle
+
+
+@pytest.fixture
+def files(tmp_path):
+    install_fake_model()
+    pos, _ = synthetic_spectra(n_per=3, seed=0)
+    neg, _ = synthetic_spectra(n_per=2, seed=1, ion_mode="negative")
+    for s in neg:
+        s.id = "neg-" + s.id
+    odd = [
+        Spectrum("no-structure", mz=[50.0, 60.0], intensities=[1.0, 2.0], precursor_mz=100.0, charge=1,
+                 ion_mode="positive"),
+        Spectrum("bad-smiles", mz=[50.0, 60.0], intensities=[1.0, 2.0], precursor_mz=100.0, charge=1,
+                 ion_mode="positive", metadata={"smiles": "C1CC(C"}),
+        Spectrum("precursor-only", mz=[100.0], intensities=[5.0], precursor_mz=100.0, charge=1,
+                 ion_mode="positive", metadata={"smiles": "CCO"}),
+    ]
+    write_mgf(pos + odd, tmp_path / "train_pos.mgf")
+    write_mgf(neg, tmp_path / "train_neg.mgf")
+    val, _ = synthetic_spectra(n_per=1, seed=2)
+    write_mgf(val, tmp_path / "val_pos.mgf")
+    with open(tmp_path / "train_pos.mgf", "a") as handle:  # a record the reader cannot parse
+        handle.write("BEGIN IONS\nTITLE=broken\nPEPMASS=100\n12.0 abc\nEND IONS\n")
+    return tmp_path, pos, neg
+
+
+def test_license_tokens():
+    assert license_excluded("CC BY-NC-SA", ["NC"]) and license_excluded("cc by-nc", ["nc"])
+    assert not license_excluded("CC0", ["NC"]) and not license_excluded("UNCLEAR", ["NC"])
+    assert not license_excluded(None, ["NC"]) and not license_excluded("CC BY-NC", [])
+    assert license_excluded("dl-de/by-2-0", ["dl-de"]) is False  # tokens, not substrings
+    assert license_excluded("CC BY-SA", ["SA", "ND"])
+
+
+def test_skip_reasons_and_counts(files):
+    tmp_path, pos, neg = files
+    data = load_labelled([tmp_path / "train_pos.mgf", tmp_path / "train_neg.mgf"], TrainOptions())
+    assert data.n_used("positive") == len(pos) and data.n_used("negative") == len(neg)
+    assert dict(data.skipped) == {"no structure (SMILES or InChI)": 1, "structure not parsed by RDKit": 1,
+                                  "no peaks after cleaning": 1, "unreadable record (non-numeric peak)": 1}
+    assert data.n_read == len(pos) + len(neg) + 4
+    assert data.n_structures("positive") == 12
+    nc = load_labelled([tmp_path / "train_pos.mgf"], TrainOptions(exclude_licenses=["NC"], ion_modes=["positive"]))
+    assert nc.skipped["licence excluded"] == sum("NC" in s.metadata["license"] for s in pos)
+    assert set(nc.licenses["positive"]) == {"CC BY"}
+    only_neg = load_labelled([tmp_path / "train_pos.mgf", tmp_path / "train_neg.mgf"],
+                             TrainOptions(ion_modes=["negative"]))
+    assert only_neg.skipped["ion mode positive not requested"] == len(pos) + 3  # + the three odd positive ones
+
+
+def test_train_bundle_both_modes(files):
+    tmp_path, pos, neg = files
+    options = TrainOptions(model=f"{FAKE_MODEL}:dim=32", lam="0.01|0.1")
+    bundle, summary = train_bundle([tmp_path / "train_pos.mgf", tmp_path / "train_neg.mgf"], options,
+                                   val_paths=[tmp_path / "val_pos.mgf"], progress=False)
+    assert bundle.ion_modes == ["positive", "negative"]
+    assert summary["models"]["positive"]["n_spectra"] == len(pos)
+    assert summary["models"]["positive"]["validation"]["n_spectra"] == 12
+    assert "kernel_loss" not in summary["models"]["negative"]["validation"]  # no negative validation data
+    sub = bundle.for_mode("negative")
+    assert sub.adducts[0] == "[M-H]-" and sub.info["training"]["n_structures"] == 12
+    assert sub.info["selection"] == [{"lam": 0.01, "loss": pytest.approx(sub.model.selection_[0]["loss"])},
+                                     {"lam": 0.1, "loss": pytest.approx(sub.model.selection_[1]["loss"])}]
+    with pytest.raises(InputError, match="no usable negative training spectra"):
+        train_bundle([tmp_path / "train_pos.mgf"], TrainOptions(model=FAKE_MODEL, ion_modes=["negative"]),
+                     progress=False)
+
+
+def test_build_model_errors():
+    install_fake_model()
+    with pytest.raises(SpecError, match="no parameter"):
+        build_model(f"{FAKE_MODEL}:depth=3", {})
+    with pytest.raises(SpecError, match="unknown model"):
+        build_model("no-such-model", {})
+    model = build_model(f"{FAKE_MODEL}:lam=0.1|1", {"lam": 5.0, "not_a_param": 1, "input_kernel": "ppk"})
+    assert model.lam == "0.1|1" and model.input_kernel == "ppk"
+
+
+def test_cli_train(files):
+    tmp_path, pos, neg = files
+    runner = CliRunner()
+    result = runner.invoke(cli, ["train", str(tmp_path / "train_pos.mgf"), str(tmp_path / "train_neg.mgf"),
+                                 "--val", str(tmp_path / "val_pos.mgf"), "--model", FAKE_MODEL, "--lam", "0.01|0.1",
+                                 "--exclude-license", "NC", "--ion-mode", "both", "-o", str(tmp_path / "m"),
+                                 "--summary-json", str(tmp_path / "s.json")])
+    assert result.exit_code == 0, result.output
+    assert "skipped" in result.stderr and "licence excluded" in result.stderr
+    assert "saved model bundle" in result.stderr
+    bundle = ModelBundle.load(tmp_path / "m")
+    meta = bundle.for_mode("positive").metadata
+    assert meta["training"]["filters"]["exclude_licenses"] == ["NC"]
+    assert meta["training"]["licenses"] == {"CC BY": sum("NC" not in s.metadata["license"] for s in pos)}
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert summary["skipped"]["licence excluded"] > 0
+    # bad inputs: not spectra, nothing usable, unknown model
+    (tmp_path / "notes.txt").write_text("hello")
+    result = runner.invoke(cli, ["train", str(tmp_path / "notes.txt"), "-o", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "unknown spectra format" in result.stderr
+    empty = tmp_path / "nostructure.mgf"
+    write_mgf([Spectrum("a", mz=[50.0], intensities=[1.0], precursor_mz=100.0, charge=1, ion_mode="positive")],
+              empty)
+    result = runner.invoke(cli, ["train", str(empty), "--model", FAKE_MODEL, "-o", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "no usable training spectra" in result.stderr
+    assert "no structure" in result.stderr
+    result = runner.invoke(cli, ["train", str(tmp_path / "train_pos.mgf"), "--model", "deep-magic", "-o",
+                                 str(tmp_path / "x")])
+    assert result.exit_code == 2 and "unknown model 'deep-magic'" in result.stderr
+    assert not (tmp_path / "x").exists()
