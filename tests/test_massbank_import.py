@@ -159,3 +159,26 @@ def test_release_url_and_network_failure(tmp_path, monkeypatch):
     text = str(e.value)
     assert "\n" not in text and "could not download" in text and "2025.05.1" in text
     assert not list((tmp_path / "mb").glob("*.part"))
+
+
+def test_cli_data_commands(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+    from molpredict.cli import cli
+
+    runner = CliRunner()
+    result = runner.invoke(cli, ["data", "import-massbank", str(FIXTURES), "-o", str(tmp_path / "mb")])
+    assert result.exit_code == 0, result.output
+    assert "4 of 8 records imported" in result.stderr and "skipped 1: no SMILES" in result.stderr
+    assert (tmp_path / "mb" / "train_pos.mgf").is_file()
+    result = runner.invoke(cli, ["data", "import-massbank", str(tmp_path / "missing"), "-o", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "no such file or directory" in result.stderr
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr("urllib.request.urlopen", offline)
+    result = runner.invoke(cli, ["data", "fetch", "massbank", "-o", str(tmp_path / "f"), "--release", "2025.05.1",
+                                 "--no-progress"])
+    assert result.exit_code == 5
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("molpredict: error: could not download https://github.com/")
