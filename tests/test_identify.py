@@ -333,3 +333,12 @@ def test_cli_score_library(cli_setup, tmp_path):
     assert f"computed {n} of {n} molecules" in result.stderr
     result = runner.invoke(cli, args)
     assert f"computed 0 of {n} molecules" in result.stderr
+
+
+def test_cli_identify_reads_stdin(cli_setup):
+    model, lib, mgf, queries = cli_setup
+    result = CliRunner().invoke(cli, ["identify", "--model", str(model), "--library", str(lib), "--top-k", "1", "-q"],
+                                input=mgf.read_text())
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].split("\t") == list(OUTPUT_COLUMNS) and len(lines) == 1 + len(queries)
