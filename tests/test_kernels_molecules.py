@@ -56,6 +56,19 @@ def test_tanimoto_matches_set_definition(mols, fp, params):
     np.testing.assert_array_equal(np.diag(k.gram()), 1.0)
 
 
+@pytest.mark.parametrize("ratio", [0.0, 1e9])  # 0: always the sparse product, 1e9: always the GEMM
+def test_tanimoto_sparse_and_gemm_paths_agree(mols, monkeypatch, ratio):
+    import molpredict.kernels.fingerprints as mod
+
+    monkeypatch.setattr(mod, "SPARSE_SPEED_RATIO", ratio)
+    k = TanimotoKernel(size=1024).fit(mols[:7])
+    fps = [m.fingerprint(size=1024) for m in mols]
+    want = np.array([[naive_tanimoto(a, b) for b in fps[:7]] for a in fps])
+    np.testing.assert_allclose(k.transform(mols), want, rtol=1e-14, atol=0)
+    a, b = np.stack(fps[:5]), np.stack(fps[5:])
+    np.testing.assert_array_equal(tanimoto_bits(a, b, "sparse"), tanimoto_bits(a, b, "gemm"))
+
+
 def test_minmax_counts_matches_definition(mols):
     k = TanimotoKernel(counts=True, size=256).fit(mols)
     fps = [m.fingerprint(kind="morgan", radius=2, size=256, counts=True) for m in mols]

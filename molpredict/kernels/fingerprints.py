@@ -1,7 +1,9 @@
 """Kernels on molecular fingerprints: Tanimoto (``tanimoto``) and Gaussian-Tanimoto (``gaussian-tanimoto``).
 
 Binary fingerprints: ``T(a, b) = |a & b| / |a | b|``; the intersections of a block are one GEMM on 0/1
-matrices (float32 is exact: counts stay far below 2**24), the unions follow as ``|a| + |b| - |a & b|``.
+matrices (float32 is exact: counts stay far below 2**24), or, for sparse fingerprints (Morgan bits: ~1% set),
+a sparse-sparse product that skips the zeros (chosen per block by a cost estimate; both exact); the unions
+follow as ``|a| + |b| - |a & b|``.
 Count fingerprints (``counts=True``): the MinMax (weighted Tanimoto) similarity ``sum(min(a, b)) / sum(max(a,
 b))``; for integer counts ``sum(min(a, b)) = sum_t <[a >= t], [b >= t]>`` over count levels t = 1, 2, ...,
 again a GEMM, on the 0/1 level indicators of the bits that reach each level.
@@ -11,10 +13,11 @@ RDKit could not parse, or one with no bit set): T = 1 between two of them, 0 wit
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
+import scipy.sparse as sp
 
 from ..errors import SpecError
 from ..molecules import Molecule, fingerprint_matrix
@@ -24,6 +27,8 @@ __all__ = ["tanimoto_bits", "minmax_counts", "TanimotoKernel", "GaussianTanimoto
 
 #: largest reference sample used to set gamma="auto"
 GAMMA_SAMPLE = 2000
+#: dense float32 columns a BLAS GEMM processes in the time of one sparse match (measured: ~25-40 on AVX2 cores)
+SPARSE_SPEED_RATIO = 30.0
 
 
 def _similarity_from_counts(inter: np.ndarray, na: np.ndarray, nb: np.ndarray) -> np.ndarray:
@@ -38,22 +43,60 @@ def _similarity_from_counts(inter: np.ndarray, na: np.ndarray, nb: np.ndarray) -
     return np.divide(inter, union, out=union)
 
 
-def tanimoto_bits(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _csr_bits(x: np.ndarray) -> sp.csr_matrix:
+    """0/1 matrix as float32 CSR (built from ``nonzero``: faster than scipy's dense conversion)."""
+    x = np.ascontiguousarray(x)
+    flat = np.flatnonzero(x.reshape(-1))
+    cols = (flat % x.shape[1]).astype(np.int32)
+    indptr = np.zeros(x.shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.count_nonzero(x, axis=1), out=indptr[1:])
+    return sp.csr_matrix((np.ones(flat.size, dtype=np.float32), cols, indptr), shape=x.shape)
+
+
+def _bit_frequencies(x: np.ndarray) -> np.ndarray:
+    """Fraction of rows with each bit set, shape (d,)."""
+    return np.count_nonzero(x, axis=0) / max(x.shape[0], 1)
+
+
+def _sparse_is_faster(freq_a: np.ndarray, freq_b: np.ndarray) -> bool:
+    """A sparse product costs ~ the expected common bits per pair, ``freq_a @ freq_b``; BLAS processes
+    ~``SPARSE_SPEED_RATIO`` dense columns in the time of one sparse match."""
+    return float(freq_a @ freq_b) * SPARSE_SPEED_RATIO < freq_a.shape[0]
+
+
+def _intersections(a: np.ndarray, b: np.ndarray, method: str, a_csr: sp.csr_matrix | None = None,
+                   b_csr: sp.csr_matrix | None = None, b_f32: np.ndarray | None = None) -> np.ndarray:
+    if method == "sparse":
+        a_csr = _csr_bits(a) if a_csr is None else a_csr
+        b_csr = _csr_bits(b) if b_csr is None else b_csr
+        return (a_csr @ b_csr.T).toarray()
+    if method == "gemm":
+        b_f32 = np.asarray(b, dtype=np.float32) if b_f32 is None else b_f32
+        return np.asarray(a, dtype=np.float32) @ b_f32.T
+    raise ValueError(f"method must be 'auto', 'gemm' or 'sparse', not {method!r}")
+
+
+def tanimoto_bits(a: np.ndarray, b: np.ndarray, method: str = "auto") -> np.ndarray:
     """Tanimoto similarity of binary fingerprints.
 
     Parameters
     ----------
     a : ndarray of shape (n_a, d), 0/1 (any numeric dtype)
     b : ndarray of shape (n_b, d)
+    method : {"auto", "gemm", "sparse"}
+        How the intersections are counted: a dense float32 GEMM, or a sparse-sparse product (several times
+        faster for sparse fingerprints such as Morgan bits, ~1% set); ``auto`` estimates which is cheaper.
+        Both are exact.
 
     Returns
     -------
     ndarray of shape (n_a, n_b), float64
     """
-    a32 = np.asarray(a, dtype=np.float32)
-    b32 = np.asarray(b, dtype=np.float32)
-    inter = a32 @ b32.T
-    return _similarity_from_counts(inter, a32.sum(axis=1, dtype=np.float64), b32.sum(axis=1, dtype=np.float64))
+    if method == "auto":
+        method = "sparse" if _sparse_is_faster(_bit_frequencies(a), _bit_frequencies(b)) else "gemm"
+    inter = _intersections(a, b, method)
+    return _similarity_from_counts(inter, np.count_nonzero(a, axis=1).astype(np.float64),
+                                   np.count_nonzero(b, axis=1).astype(np.float64))
 
 
 def _count_levels(a: np.ndarray, b: np.ndarray) -> list[tuple[int, np.ndarray]]:
@@ -98,17 +141,42 @@ def minmax_counts(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return _similarity_from_counts(inter, na, nb)
 
 
+#: a reference fingerprint matrix is kept as float32 for the GEMM when it is at most this many entries
+CACHE_F32_ENTRIES = 64_000_000
+
+
 @dataclass
 class _Fingerprints:
-    """A fingerprint matrix (n, d): uint8 bits or float32 counts."""
+    """A fingerprint matrix (n, d): uint8 bits or float32 counts, with cached derived forms (for the
+    reference set, which every block reuses)."""
 
     matrix: np.ndarray
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
         return int(self.matrix.shape[0])
 
     def __getitem__(self, index: np.ndarray | slice) -> "_Fingerprints":
         return _Fingerprints(self.matrix[index])
+
+    def cached(self, key: str, make) -> Any:
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def bit_counts(self) -> np.ndarray:
+        return self.cached("counts", lambda: np.count_nonzero(self.matrix, axis=1).astype(np.float64))
+
+    def frequencies(self) -> np.ndarray:
+        return self.cached("freq", lambda: _bit_frequencies(self.matrix))
+
+    def csr(self) -> sp.csr_matrix:
+        return self.cached("csr", lambda: _csr_bits(self.matrix))
+
+    def f32(self) -> np.ndarray | None:
+        if self.matrix.size > CACHE_F32_ENTRIES:
+            return None
+        return self.cached("f32", lambda: np.asarray(self.matrix, dtype=np.float32))
 
 
 class TanimotoKernel(OutputKernel):
@@ -149,7 +217,16 @@ class TanimotoKernel(OutputKernel):
 
     def similarity(self, fa: _Fingerprints, fb: _Fingerprints) -> np.ndarray:
         """Tanimoto / MinMax similarity, shape (len(fa), len(fb))."""
-        return minmax_counts(fa.matrix, fb.matrix) if self.counts else tanimoto_bits(fa.matrix, fb.matrix)
+        if self.counts:
+            return minmax_counts(fa.matrix, fb.matrix)
+        # fb is usually the reference set: its sparse / float32 forms and bit statistics are computed once
+        method = "sparse" if _sparse_is_faster(_bit_frequencies(fa.matrix), fb.frequencies()) else "gemm"
+        if method == "sparse":
+            inter = _intersections(fa.matrix, fb.matrix, method, b_csr=fb.csr())
+        else:
+            inter = _intersections(fa.matrix, fb.matrix, method, b_f32=fb.f32())
+        return _similarity_from_counts(inter, np.count_nonzero(fa.matrix, axis=1).astype(np.float64),
+                                       fb.bit_counts())
 
     def pairwise(self, fa: _Fingerprints, fb: _Fingerprints) -> np.ndarray:
         return self.similarity(fa, fb)
