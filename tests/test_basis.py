@@ -189,3 +189,67 @@ def test_objects_state_for_text_and_molecules():
     arrays, meta = objects_to_state(mols, "x")
     back = objects_from_state(arrays, meta, "x")
     assert [m.inchikey for m in back] == [m.inchikey for m in mols]
+
+
+# -- sketch-size selection -------------------------------------------------------------------------------
+def test_perfect_h_is_exact_with_the_full_basis():
+    from dsokr_helpers import install_synthetic_registry
+    from molpredict.sketch_size import perfect_h_curve
+    install_synthetic_registry()
+    train = [np.round(v, 8) for v in np.random.default_rng(0).normal(size=(60, 3))]
+    truths = train[:20]
+    rows = perfect_h_curve(train, truths, grid=[2, 60, 500], output_kernel="test-rbf:gamma=2.0",
+                           candidates=train)
+    assert [r["m_used"] for r in rows] == [2, 60]   # 500 > 60 distinct structures: capped and listed once
+    assert rows[1]["hit@1"] == 1.0 and rows[1]["mrr"] == 1.0 and rows[1]["p_y"] <= 60
+    assert rows[0]["hit@1"] < 1.0 and rows[0]["p_y"] <= 2
+
+
+def test_recommend_takes_the_start_of_the_plateau():
+    from molpredict.sketch_size import recommend
+    rows = [{"m_used": 100, "hit@1": 0.20}, {"m_used": 200, "hit@1": 0.295}, {"m_used": 400, "hit@1": 0.30},
+            {"m_used": 800, "hit@1": 0.301}]
+    assert recommend(rows)["m"] == 200
+    assert recommend(rows, tolerance=0.0)["m"] == 800
+    assert recommend(rows, tolerance=0.2)["m"] == 100
+
+
+def test_effective_dimension_matches_the_exact_trace():
+    from dsokr_helpers import install_synthetic_registry
+    from molpredict.sketch_size import effective_dimension
+    install_synthetic_registry()
+    train = list(np.random.default_rng(1).normal(size=(40, 3)))
+    rows = effective_dimension(train, "test-rbf:gamma=0.5", lams=[1e-2, 1e-4], n_landmarks=40)
+    x = np.stack(train)
+    k = np.exp(-0.5 * ((x[:, None, :] - x[None, :, :]) ** 2).sum(-1))
+    for row in rows:
+        exact = np.trace(k @ np.linalg.inv(k + 40 * row["lam"] * np.eye(40)))
+        assert row["d_eff"] == pytest.approx(exact, rel=1e-6)
+    assert rows[0]["d_eff"] < rows[1]["d_eff"]
+    approx = effective_dimension(train, "test-rbf:gamma=0.5", lams=[1e-2], n_landmarks=15)[0]
+    assert approx["d_eff"] <= rows[0]["d_eff"] + 1e-9  # a Nystrom approximation never adds spectrum
+
+
+def test_select_sketch_size_command(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+    from molpredict.cli import cli
+    train = ["CCO", "CCCO", "CCCCO", "c1ccccc1", "c1ccccc1O", "c1ccccc1N", "CC(=O)O", "CCC(=O)O", "CCN", "CCCN",
+             "OCC(O)CO", "CC(C)O", "CCOC", "COC", "CC=O", "C1CCCCC1"]
+    (tmp_path / "train.smi").write_text("\n".join(train + ["not-a-smiles"]) + "\n")
+    (tmp_path / "val.tsv").write_text("cid\tsmiles\tdescription\n1\tCCCCCO\tan alcohol\n2\tc1ccccc1C\ttoluene\n"
+                                      "3\tCCCC(=O)O\tbutyric acid\n")
+    out = tmp_path / "curve.json"
+    result = CliRunner().invoke(cli, ["select-sketch-size", str(tmp_path / "train.smi"), "--val",
+                                      str(tmp_path / "val.tsv"), "--grid", "2,4,8,16", "--json", str(out),
+                                      "--plot", str(tmp_path / "curve.png"), "--landmarks", "8", "-q"])
+    assert result.exit_code == 0, result.output
+    assert "recommended m_y" in result.output
+    data = json.loads(out.read_text())
+    assert [row["m_used"] for row in data["curve"]] == [2, 4, 8, 16]
+    assert data["n_queries"] == 3 and data["recommendation"]["m"] in (2, 4, 8, 16)
+    assert (tmp_path / "curve.png").stat().st_size > 1000
+    bad = CliRunner().invoke(cli, ["select-sketch-size", str(tmp_path / "train.smi"), "--val",
+                                   str(tmp_path / "val.tsv"), "--grid", "a,b"])
+    assert bad.exit_code == 2 and "--grid" in bad.output

@@ -61,6 +61,7 @@ from . import plugins  # noqa: E402,F401
 from . import spectra  # noqa: E402,F401
 from . import candidates  # noqa: E402,F401
 from . import identification  # noqa: E402,F401
+from . import dsokr  # noqa: E402,F401
 
 
 def _add_plugin_commands() -> None:

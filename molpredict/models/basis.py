@@ -80,8 +80,10 @@ def output_key(obj: Any) -> Any:
     return (array.shape, array.tobytes())
 
 
-def distinct_objects(objects: Sequence[Any]) -> tuple[list[Any], np.ndarray]:
+def distinct_objects(objects: Sequence[Any], key: Any = None) -> tuple[list[Any], np.ndarray]:
     """Distinct objects (first occurrence order) and the index back to them.
+
+    ``key`` (default :func:`output_key`) gives each object's identity.
 
     Returns
     -------
@@ -93,11 +95,12 @@ def distinct_objects(objects: Sequence[Any]) -> tuple[list[Any], np.ndarray]:
     position: dict[Any, int] = {}
     distinct: list[Any] = []
     inverse = np.empty(len(objects), dtype=np.int64)
+    key = key or output_key
     for i, obj in enumerate(objects):
-        key = output_key(obj)
-        j = position.get(key)
+        identity = key(obj)
+        j = position.get(identity)
         if j is None:
-            j = position[key] = len(distinct)
+            j = position[identity] = len(distinct)
             distinct.append(obj)
         inverse[i] = j
     return distinct, inverse
@@ -311,6 +314,17 @@ class SketchedOutputBasis:
         if not objects:
             return np.zeros((0, self.rank_))
         return self.kernel_.transform(objects) @ self.projection_
+
+    def featurize(self, objects: Sequence[Any]) -> Any:
+        """The output kernel's features of ``objects``, for repeated :meth:`coordinates_of_features` calls."""
+        self._check_fitted()
+        return self.kernel_.featurize(list(objects))
+
+    def coordinates_of_features(self, features: Any) -> np.ndarray:
+        """psi~ of already-featurised outputs (features from :meth:`featurize` of a basis whose kernel was fitted
+        on the same training outputs), shape (len(features), p_y)."""
+        self._check_fitted()
+        return self.kernel_.transform_features(features) @ self.projection_
 
     def sample_coordinates(self) -> np.ndarray:
         """psi~ of each training sample (duplicates repeated), shape (n, p_y)."""

@@ -51,6 +51,11 @@ def _hit_key(obj: Any) -> Any:
     return key if isinstance(key, str) and key else output_key(obj)
 
 
+def _pool_key(obj: Any) -> Any:
+    smiles = getattr(obj, "smiles", None)
+    return ("smiles", smiles) if isinstance(smiles, str) else output_key(obj)
+
+
 @dataclass
 class CandidateSets:
     """Candidates for a batch of queries over one pool of distinct molecules.
@@ -86,7 +91,9 @@ def candidate_sets(truths: Sequence[Any], candidates: Any = None) -> CandidateSe
     candidates = list(candidates)
     per_query = bool(candidates) and isinstance(candidates[0], (list, tuple))
     flat = [c for group in candidates for c in group] if per_query else candidates
-    pool, inverse = distinct_objects(flat)
+    # pool identity by SMILES text (no InChI computation for large candidate sets); a structure written two
+    # ways is merely scored twice, and hits are decided by the InChIKey first block below
+    pool, inverse = distinct_objects(flat, key=_pool_key)
     key_ids: dict[Any, int] = {}
     keys = np.asarray([key_ids.setdefault(_hit_key(c), len(key_ids)) for c in pool], dtype=np.int64)
     if per_query:

@@ -1,0 +1,127 @@
+"""``molpredict select-sketch-size``: choose DSOKR's output sketch size m_y from the perfect-h curve."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..errors import InputError, SpecError
+from . import cli
+
+__all__ = ["select_sketch_size"]
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise SpecError(f"--grid {text!r}: expected comma-separated integers") from None
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise SpecError(f"--lams {text!r}: expected comma-separated numbers") from None
+
+
+@cli.command("select-sketch-size")
+@click.argument("train", type=click.Path(dir_okay=False))
+@click.option("--val", "val_path", required=True, type=click.Path(dir_okay=False),
+              help="Validation structures: labelled spectra (MGF/MSP/mzML) or a SMILES / TSV file.")
+@click.option("--grid", default="100,200,400,800,1600", show_default=True, help="Sketch sizes m_y to try.")
+@click.option("--output-kernel", default="gaussian-tanimoto:gamma=auto", show_default=True,
+              help="Output kernel spec.")
+@click.option("--sketch", default="subsample", show_default=True,
+              help="Output sketch spec without m (subsample, p-sparsified-rademacher, ...).")
+@click.option("--candidates", "candidates_path", default=None, type=click.Path(dir_okay=False),
+              help="Candidate-set JSON {inchikey14: [[inchikey14, smiles], ...]} (default: rank among the "
+                   "validation structures).")
+@click.option("--repeats", default=1, show_default=True, type=int, help="Sketch draws per size (averaged).")
+@click.option("--max-queries", default=1000, show_default=True, type=int,
+              help="Use at most this many distinct validation structures (drawn with --seed); 0: all.")
+@click.option("--tolerance", default=0.01, show_default=True, type=float,
+              help="Plateau rule: the smallest m_y whose hit@1 is within this of the best.")
+@click.option("--lams", default="1e-2,1e-3,1e-4,1e-5", show_default=True,
+              help="Ridge values for the effective dimension d_eff(lam).")
+@click.option("--landmarks", "n_landmarks", default=1000, show_default=True, type=int,
+              help="Nystrom landmarks for the effective dimension (0: skip it).")
+@click.option("--ion-mode", type=click.Choice(["positive", "negative"]), default=None,
+              help="Use only spectra of this ion mode.")
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), help="Write the curve as PNG.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
+              help="Write the curve, d_eff and the recommendation as JSON.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress messages on stderr.")
+def select_sketch_size(train: str, val_path: str, grid: str, output_kernel: str, sketch: str,
+                       candidates_path: str | None, repeats: int, max_queries: int, tolerance: float, lams: str,
+                       n_landmarks: int, ion_mode: str | None, seed: int, plot_path: str | None,
+                       json_path: str | None, quiet: bool) -> None:
+    """Decode the validation structures with the perfect h (g(x) = psi~(y_true)) for each output sketch size
+    m_y, estimate the effective dimension of K_y, and recommend the smallest m_y on the plateau (hit@1 within
+    --tolerance of the best)."""
+    import numpy as np
+
+    from ..models.basis import distinct_objects
+    from ..sketch_size import effective_dimension, perfect_h_curve, plot_curve, read_structures, recommend
+
+    def say(message: str) -> None:
+        if not quiet:
+            click.echo(f"molpredict: {message}", err=True)
+
+    sizes = _int_list(grid)
+    if not sizes:
+        raise SpecError("--grid is empty")
+    train_molecules, skipped = read_structures(train, ion_mode)
+    say(f"{train}: {len(train_molecules)} structures ({len(distinct_objects(train_molecules)[0])} distinct, "
+        f"{skipped} records skipped)")
+    val_molecules, skipped = read_structures(val_path, ion_mode)
+    by_key: dict[str, object] = {}
+    for molecule in val_molecules:
+        by_key.setdefault(molecule.inchikey14, molecule)
+    truths = list(by_key.values())
+    if not truths:
+        raise InputError("no validation structures", path=val_path)
+    candidates = None
+    if candidates_path:
+        from ..candidates import candidate_set_molecules, load_candidate_sets
+        sets = load_candidate_sets(candidates_path)
+        missing = [t for t in truths if t.inchikey14 not in sets]
+        truths = [t for t in truths if t.inchikey14 in sets]
+        if not truths:
+            raise InputError("no validation structure has a candidate set", path=candidates_path)
+        if missing:
+            say(f"{len(missing)} validation structures have no candidate set and are left out")
+    if max_queries and len(truths) > max_queries:
+        keep = np.sort(np.random.default_rng(seed).choice(len(truths), size=max_queries, replace=False))
+        truths = [truths[i] for i in keep]
+    if candidates_path:
+        candidates = [candidate_set_molecules(sets[t.inchikey14]) for t in truths]
+        say(f"{len(truths)} queries, {sum(len(c) for c in candidates)} candidates in all")
+    else:
+        say(f"{len(truths)} queries ranked among the {len(truths)} validation structures")
+
+    rows = perfect_h_curve(train_molecules, truths, sizes, output_kernel, sketch, candidates, repeats, seed,
+                           progress=None if quiet else say)
+    choice = recommend(rows, tolerance)
+    deff = effective_dimension(train_molecules, output_kernel, _float_list(lams), n_landmarks, seed) \
+        if n_landmarks > 0 else []
+
+    click.echo(f"{'m_y':>7} {'p_y':>7} {'hit@1':>7} {'hit@5':>7} {'hit@10':>7} {'mrr':>7} {'sec':>7}")
+    for row in rows:
+        click.echo(f"{row['m_used']:>7} {row['p_y']:>7.0f} {row['hit@1']:>7.3f} {row['hit@5']:>7.3f} "
+                   f"{row['hit@10']:>7.3f} {row['mrr']:>7.3f} {row['seconds']:>7.1f}")
+    for row in deff:
+        click.echo(f"d_eff(lam={row['lam']:g}) = {row['d_eff']:.1f} (n = {row['n']}; "
+                   f"m ~ d_eff log d_eff = {row['suggested_m']})")
+    click.echo(f"recommended m_y = {choice['m']} (hit@1 {choice['value']:.3f}, best {choice['best']:.3f}, "
+               f"tolerance {tolerance:g})")
+    if plot_path:
+        plot_curve(rows, plot_path, choice, title=f"Perfect h ({output_kernel}, {sketch})")
+        say(f"wrote {plot_path}")
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as handle:
+            json.dump({"train": train, "val": val_path, "candidates": candidates_path, "output_kernel": output_kernel,
+                       "sketch": sketch, "repeats": repeats, "n_queries": len(truths), "curve": rows,
+                       "effective_dimension": deff, "recommendation": choice}, handle, indent=2)
+        say(f"wrote {json_path}")
