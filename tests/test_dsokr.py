@@ -93,6 +93,7 @@ def test_fitted_weights_minimise_the_combined_validation_loss(registry, data):
     w = model.weights_
     assert w.shape == (2,) and np.all(w >= 0) and w.sum() == pytest.approx(1.0)
     best = _explicit_combined_loss(model, xv, yv, w)
+    assert model.kernel_loss(xv, yv) == pytest.approx(best, rel=1e-6)
     for a in np.linspace(0, 1, 21):
         assert best <= _explicit_combined_loss(model, xv, yv, [a, 1 - a]) + 1e-9
     with pytest.raises(SpecError):
@@ -114,6 +115,7 @@ def test_early_stopping_keeps_the_best_epoch(registry, data):
     g = torch.as_tensor(model.member_predictions(xv)[0], dtype=torch.float32)
     loss = squared_distance(g, torch.as_tensor(basis.coordinates(yv), dtype=torch.float32), 1.0).mean()
     assert float(loss) == pytest.approx(history["val"][best], rel=1e-5)
+    assert model.kernel_loss(xv, yv) == pytest.approx(float(loss), rel=1e-5)
 
 
 def test_mrr_validation_with_per_query_candidates(registry, data):

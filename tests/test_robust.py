@@ -96,6 +96,7 @@ def test_huber_beats_square_under_output_outliers(registry):
     square = _model(loss="square", **common).fit(x, corrupted)
     huber = _model(loss="huber:delta=0.3", **common).fit(x, corrupted)
     clean_square, clean_huber = _kernel_loss(square, xt, yt), _kernel_loss(huber, xt, yt)
+    assert huber.kernel_loss(xt, yt) == pytest.approx(clean_huber)
     assert clean_huber < 0.9 * clean_square
     # the robust fit minimised its own objective below the square solution it started from
     assert huber.history_["objective"][-1] < huber.history_["objective"][0]

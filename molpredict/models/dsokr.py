@@ -372,23 +372,41 @@ class DSOKR(Model):
         network.eval()
         return network, history
 
-    def _fit_weights(self, val: dict, device: torch.device) -> np.ndarray:
-        """Simplex weights minimising the validation kernel loss of h = sum_t w_t h_t."""
-        from scipy.optimize import minimize
-        T = len(self.networks_)
-        gs = [self._forward(net, val["features"], device).double().cpu().numpy() for net in self.networks_]
-        psis = [b.coordinates(val["molecules"]) for b in self.bases_]
+    def _loss_terms(self, gs: list[np.ndarray], psis: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """G (T, T) and b (T,) with mean ||sum_t w_t h_t(x) - psi_y(y)||^2 = w^T G w - 2 w^T b + mean k_y(y, y).
+
+        G_st = mean_i g_s(x_i)^T C_st g_t(x_i), C_st = [<e^s_j, e^t_l>] the cross-Gram of the members' bases;
+        b_t = mean_i g_t(x_i)^T psi~_t(y_i).
+        """
+        T = len(gs)
         G = np.zeros((T, T))
         for s in range(T):
             for t in range(s, T):
-                cross = self.bases_[s].cross_gram(self.bases_[t])          # <e^s_j, e^t_l>
+                cross = np.eye(gs[s].shape[1]) if s == t else self.bases_[s].cross_gram(self.bases_[t])
                 G[s, t] = G[t, s] = float(np.mean(np.einsum("ij,jk,ik->i", gs[s], cross, gs[t])))
         b = np.array([float(np.mean(np.sum(g * p, axis=1))) for g, p in zip(gs, psis)])
+        return G, b
+
+    def _fit_weights(self, val: dict, device: torch.device) -> np.ndarray:
+        """Simplex weights minimising the validation kernel loss of h = sum_t w_t h_t (a quadratic in w)."""
+        from scipy.optimize import minimize
+        T = len(self.networks_)
+        gs = [self._forward(net, val["features"], device).double().cpu().numpy() for net in self.networks_]
+        G, b = self._loss_terms(gs, [basis.coordinates(val["molecules"]) for basis in self.bases_])
         result = minimize(lambda w: w @ G @ w - 2 * w @ b, np.full(T, 1.0 / T),
                           jac=lambda w: 2 * G @ w - 2 * b, method="SLSQP", bounds=[(0.0, 1.0)] * T,
                           constraints=[{"type": "eq", "fun": lambda w: w.sum() - 1.0}])
         w = np.clip(result.x, 0.0, None)
         return w / w.sum()
+
+    def kernel_loss(self, inputs: Sequence[Any], molecules: Sequence[Any]) -> float:
+        """Mean ||h(x) - psi_y(y)||^2 of the weighted-mean predictor h = sum_t w_t h_t on labelled pairs."""
+        self._check_fitted()
+        molecules = list(molecules)
+        gs = self.member_predictions(inputs)
+        G, b = self._loss_terms(gs, [basis.coordinates(molecules) for basis in self.bases_])
+        kyy = float(np.mean(self.bases_[0].diagonal(molecules)))
+        return float(self.weights_ @ G @ self.weights_ - 2 * self.weights_ @ b + kyy)
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "networks_"):

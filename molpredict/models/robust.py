@@ -215,6 +215,15 @@ class RobustOKR(Model):
         loss = make_loss(_nested(self.loss))(g, psi, kyy).mean()
         return float(loss) + 0.5 * float(self.lam) * float((self.V_ ** 2).sum())
 
+    def kernel_loss(self, inputs: Sequence[Any], molecules: Sequence[Any]) -> float:
+        """Mean ||h(x) - psi_y(y)||^2 on labelled pairs."""
+        from .losses import squared_distance
+        self._check_fitted()
+        molecules = list(molecules)
+        g = torch.as_tensor(self.predict_coordinates(inputs))
+        psi = torch.as_tensor(self.output_basis_.coordinates(molecules))
+        return float(squared_distance(g, psi, torch.as_tensor(self.output_basis_.diagonal(molecules))).mean())
+
     def _check_fitted(self) -> None:
         if not hasattr(self, "V_"):
             raise RuntimeError("RobustOKR is not fitted: call fit(inputs, molecules) first")
