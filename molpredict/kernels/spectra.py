@@ -23,10 +23,14 @@ and the base class cosine-normalises it to k(x, x) = 1. It is an inner product, 
 
 - The paper uses uniform mixture weights and the intensity Gaussian: ``intensity_power=0, int_sigma=<s>``.
   Our default is ``intensity_power=0.5, int_sigma=None`` (no intensity Gaussian; peaks weighted by the square
-  root of their relative intensity), because with uncleaned spectra uniform weights let hundreds of noise
-  peaks outweigh the few peaks that carry the signal, and the square-root weighting is what the spectral
-  cosine uses; it scored best among the settings we compared on MassBank (benchmarks/kernels.py reports the
-  same-structure retrieval rate of each). Both are the same kernel family: set the parameters to get either.
+  root of their relative intensity): uniform weights let the many small noise peaks of uncleaned spectra count
+  as much as the few that carry the signal, and an intensity Gaussian makes two spectra of one compound at
+  different collision energies (same peaks, other heights) dissimilar. On MassBank train_pos (800 seeded
+  queries, is the most similar other training spectrum of the same structure?) the default scored 0.820 on
+  raw and 0.806 on cleaned spectra, uniform weights 0.821 / 0.776, uniform weights with ``int_sigma=0.2``
+  0.801 / 0.769, ``intensity_power=1`` 0.745 / 0.789. The default cleaning pipeline of
+  :mod:`molpredict.spectra` already takes square roots, so there the default weight is the fourth root of the
+  deposited intensity; ``intensity_power=1`` uses the cleaned intensities as they are.
 - ``ppm``: the m/z width becomes relative, ``sigma_i = max(mz_sigma, ppm * 1e-6 * mz_i)``. With unequal widths
   the kernel uses the inner product of unit-L2 Gaussians, ``sqrt(2 s_i s_j / (s_i^2 + s_j^2)) exp(-d^2 /
   (2 (s_i^2 + s_j^2)))``, which equals the constant-width formula when s_i = s_j and stays an exact inner
