@@ -412,3 +412,15 @@ def test_ppk_on_massbank_matches_naive():
     # same-compound spectra (consecutive MassBank accessions) are far more similar than random pairs
     gram = k.gram()
     assert np.median(np.diag(gram, 1)) > 5 * np.median(gram)
+
+
+@pytest.mark.parametrize("spec", ["ppk:mz_sigma=auto,int_sigma=0.2,intensity_power=0",
+                                  "ppk-losses:loss_weight=0.25,ppm=10", "cosine:matching=greedy,tolerance=0.02"])
+def test_spec_round_trip(spec):
+    from molpredict.registry import get_registry
+
+    registry = get_registry()
+    kernel = registry.create("input_kernel", spec)
+    again = registry.create("input_kernel", str(kernel.to_spec()))
+    assert type(again) is type(kernel) and again.get_params() == kernel.get_params()
+    assert all(v is None or isinstance(v, (bool, int, float, str)) for v in kernel.get_params().values())
