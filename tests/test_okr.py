@@ -271,14 +271,19 @@ def test_rank_deficient_linear_input_kernel():
 
 
 # -- selection -------------------------------------------------------------------------------------------------
-def test_lam_grid_selection_picks_the_validation_minimum():
+@pytest.mark.parametrize("model_cls,sketches", [
+    (SISOKR, {"input_sketch": "subsample:m=150", "output_sketch": "p-sparsified-rademacher:m=40"}),
+    (SIOKR, {"input_sketch": "subsample:m=150"}),
+    (ISOKR, {"output_sketch": "p-sparsified-rademacher:m=40"}),
+    (IOKR, {}),
+])
+def test_lam_grid_selection_picks_the_validation_minimum(model_cls, sketches):
     X, Y, U, A = make_data(n=300, n_structures=80, seed=6, noise=0.5)
     rng = np.random.default_rng(7)
     Uv = rng.normal(size=(60, 3))
     Xv = np.tanh(Uv @ A) + 0.5 * rng.normal(size=(60, 5))
     grid = "1e-9|1e-6|1e-4|1e-2|1|100"
-    model = SISOKR(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=150",
-                   output_sketch="p-sparsified-rademacher:m=40", lam=grid, device="cpu")
+    model = model_cls(input_kernel=IN, output_kernel=OUT, lam=grid, device="cpu", **sketches)
     model.fit(list(X), list(Y), val=(list(Xv), list(Uv)))
     losses = np.array(model.val_loss_)
     sel = model.selection_

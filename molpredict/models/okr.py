@@ -466,9 +466,13 @@ class _WhitenedInput:
         self.lam_eig = torch.clamp(lam_eig, min=0.0)
         self.Q = Q.to(dtype)
         with profile.stage("input_group_sum"):
-            self.ZEQ = (_group_sum(Z, index, n_u).T @ self.Q)  # (n_u, r): (Z_x E)^T Q
+            ZE = _group_sum(Z, index, n_u)  # (r, n_u): Z_x E
         del Z
+        with profile.stage("input_rotate", (n_u, r, r)):
+            self.ZEQ = ZE.T @ self.Q  # (n_u, r): (Z_x E)^T Q
+        del ZE
         self.QTz: torch.Tensor | None = None
+        self._F_for: _OutputSide | None = None
 
     def prepare_val(self, inputs: list[Any]) -> None:
         RK = self.sketch.apply(self.kernel.transform(inputs).T)  # (m, n_val)
@@ -479,8 +483,14 @@ class _WhitenedInput:
 
     def start_output(self, out: _OutputSide, profile: _Profile) -> None:
         """Precompute F = core(E^T Z_x^T) Q for one output side (d_core x r)."""
-        with profile.stage("cross_features", (out.rank, self.ZEQ.shape[0], self.ZEQ.shape[1])):
-            self.F = out.core(self.ZEQ)
+        if self._F_for is out:
+            return
+        if out.Zu is None:
+            self.F = self.ZEQ
+        else:
+            with profile.stage("cross_features", (out.rank, self.ZEQ.shape[0], self.ZEQ.shape[1])):
+                self.F = out.core(self.ZEQ)
+        self._F_for = out
 
     def val_core(self, lam: float, profile: _Profile) -> torch.Tensor:
         with profile.stage("val_predict", (self.F.shape[0], self.F.shape[1], self.QTz.shape[1])):
@@ -516,6 +526,7 @@ class _CholeskyInput:
         self.lam: float | None = None
         self.L: torch.Tensor | None = None
         self.Kval: torch.Tensor | None = None
+        self._val_beta: tuple[float, torch.Tensor] | None = None
         self.profile = profile
 
     def _factor(self, lam: float) -> torch.Tensor:
@@ -543,9 +554,11 @@ class _CholeskyInput:
         return beta.index_add_(0, self.index, alpha)  # E^T alpha
 
     def val_core(self, lam: float, profile: _Profile, out: _OutputSide | None = None) -> torch.Tensor:
-        with profile.stage("val_solve", (self.n, self.n, self.Kval.shape[1])):
-            beta = self._beta(self.Kval, lam).to(self.dtype)
-        return out.core(beta)
+        if self._val_beta is None or self._val_beta[0] != lam:  # one solve per lam, shared by output sides
+            self._val_beta = None
+            with profile.stage("val_solve", (self.n, self.n, self.Kval.shape[1])):
+                self._val_beta = (lam, self._beta(self.Kval, lam).to(self.dtype))
+        return out.core(self._val_beta[1])
 
     def weights(self, out: _OutputSide, lam: float, profile: _Profile) -> np.ndarray:
         """W = (K_x + n lam I)^-1 E M: (n, d) with M = Z_u^T P_y (whitened output) or I_{n_u}."""
@@ -559,7 +572,7 @@ class _CholeskyInput:
         return W.cpu().numpy()
 
     def release_val(self) -> None:
-        self.Kval = None
+        self.Kval = self._val_beta = None
 
 
 # ----------------------------------------------------------------------------------------------------------
