@@ -62,10 +62,14 @@ def rank_candidates(scores: np.ndarray, keys: Sequence[str], top_k: int | None =
     scores = np.asarray(scores, dtype=np.float64)
     if scores.ndim != 1 or len(keys) != scores.shape[0]:
         raise ValueError("scores must be 1-D and keys must have the same length")
-    key_array = np.asarray(keys, dtype=object).astype(str)
     # NaN scores (a degenerate candidate) sort last rather than poisoning the order.
     primary = np.where(np.isnan(scores), np.inf, -scores)
-    order = np.lexsort((key_array, primary))
+    order = np.argsort(primary, kind="stable")
+    ranked = primary[order]
+    if ranked.size > 1 and np.any(ranked[1:] == ranked[:-1]):
+        # Ties are rare with real scores: only then pay for comparing keys.
+        key_array = np.asarray(keys, dtype=object).astype(str)
+        order = np.lexsort((key_array, primary))
     return order if top_k is None else order[:top_k]
 
 

@@ -62,6 +62,8 @@ __all__ = [
 OUTPUT_COLUMNS = ("query_id", "rank", "score", "confidence", "smiles", "inchikey", "formula", "adduct", "name", "id",
                   "n_candidates")
 OUTPUT_FORMATS = ("tsv", "csv", "json")
+#: queries sharing one candidate list from which one matrix product beats per-query products
+_GEMM_MIN_QUERIES = 32
 
 
 def default_library_path() -> Path | None:
@@ -100,7 +102,7 @@ class IdentifyOptions:
     top_k: int = 10
     formulas: dict[str, str] | None = None
     block_queries: int = 512
-    max_block_candidates: int = 65536
+    max_block_candidates: int = 16384
 
 
 @dataclass
@@ -257,6 +259,7 @@ class SetSource(CandidateSource):
         pairs = list(index)
         self._ik14 = np.array([p[0] for p in pairs], dtype=object)
         self._smiles = np.array([p[1] for p in pairs], dtype=object)
+        self._tie = np.array([f"{k}|{s}" for k, s in pairs], dtype=object)
         self.has_name = False
         self.has_id = False
 
@@ -281,7 +284,7 @@ class SetSource(CandidateSource):
         return ["smiles:" + s for s in self._smiles[ids]]
 
     def tie_keys(self, ids: np.ndarray) -> np.ndarray:
-        return np.array([f"{k}|{s}" for k, s in zip(self._ik14[ids], self._smiles[ids])], dtype=object)
+        return self._tie[ids]
 
     def molecules(self, ids: np.ndarray) -> list[Any]:
         from .molecules import Molecule
@@ -481,9 +484,15 @@ class Identifier:
         for members in groups.values():
             ids = queries[members[0]].ids
             block = coords[np.searchsorted(union, ids)]
-            scores = predicted[members] @ block.T
-            for row, i in enumerate(members):
-                out[i] = scores[row]
+            if len(members) >= _GEMM_MIN_QUERIES:
+                scores = predicted[members] @ block.T
+                for row, i in enumerate(members):
+                    out[i] = scores[row]
+            else:
+                # A few queries per candidate list: matrix-vector products avoid the start-up cost of a
+                # threaded matrix product, which dominates at these sizes (and on a busy machine).
+                for i in members:
+                    out[i] = block @ predicted[i]
         self.timings["score_s"] += time.perf_counter() - t0
         return out  # type: ignore[return-value]
 
