@@ -221,10 +221,9 @@ class CoordinatesCache:
             self.refresh()
             if self.dim is None:
                 self.dim = int(coords.shape[1])
-                tmp = self.directory / "meta.json.tmp"
-                tmp.write_text(json.dumps({"key": self.key, "dim": self.dim, "dtype": "float64",
-                                           "layout_version": LAYOUT_VERSION}))
-                os.replace(tmp, self.directory / "meta.json")
+                self._write_atomic(self.directory / "meta.json", {"key": self.key, "dim": self.dim,
+                                                                   "dtype": "float64",
+                                                                   "layout_version": LAYOUT_VERSION})
             elif coords.shape[1] != self.dim:
                 raise ValueError(f"coordinates cache {self.directory}: dimension {coords.shape[1]} != {self.dim}")
             fresh: dict[str, int] = {}
