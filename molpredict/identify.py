@@ -176,8 +176,13 @@ class LibrarySource(CandidateSource):
     def select(self, spectrum: Any, mode: str, adducts: Sequence[Any], formula: str | None
                ) -> tuple[np.ndarray, np.ndarray | None, str] | str:
         """``(ids, adduct per id or None, reported adduct)`` or the skip reason."""
-        from .molecules import neutral_mass
+        from .molecules import neutral_mass, normalize_formula
 
+        if formula and self.options.by is None:
+            try:
+                normalize_formula(formula)
+            except InputError:
+                formula = None  # an unusable FORMULA field: fall back to the precursor mass
         by = self.options.by or ("formula" if formula else "mass")
         if by == "formula":
             if not formula:

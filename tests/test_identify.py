@@ -174,6 +174,12 @@ def test_formula_hints_and_sources(bundle, library, tmp_path):
     assert hints == {"s0-0": "C9H8O4"}
     rows, _ = run(bundle, library, queries[:1], tmp_path, formulas=hints)
     assert {r["formula"] for r in rows} == {"C9H8O4"}
+    garbage = queries[0]
+    garbage.metadata["formula"] = "N/A"
+    rows, ident = run(bundle, library, [garbage], tmp_path)  # falls back to the mass
+    assert rows and not ident.skipped and rows[0]["adduct"] == "[M+H]+"
+    rows, ident = run(bundle, library, [garbage], tmp_path, by="formula")
+    assert ident.skipped[0].reason == "unparsable formula 'N/A'"
     rows, ident = run(bundle, library, queries[:1], tmp_path, sources=["elsewhere"])
     assert rows == [] and "no candidates" in ident.skipped[0].reason
     (tmp_path / "bad.tsv").write_text("s0-0\tC9H8Q4\n")
