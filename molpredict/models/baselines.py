@@ -327,8 +327,8 @@ def _dense_batch(matrix: sp.csr_matrix, rows: np.ndarray, device: str):
 class FingerprintFFN(_FingerprintMixin, Model):
     """An MLP predicting Morgan fingerprint bits from a binned spectrum (MassSpecGym's fingerprint FFN).
 
-    Inputs: :func:`molpredict.features.bin_spectra` (``bin_width``, ``max_mz``, square root of the intensities
-    relative to the spectrum's largest peak, summed per bin). Network:
+    Inputs: :func:`molpredict.features.bin_spectra` (``bin_width``, ``max_mz``; intensities relative to the
+    spectrum's largest peak raised to ``intensity_power``, summed per bin). Network:
     ``n_layers`` hidden layers of ``hidden`` units (ReLU, dropout), logits for ``fp_size`` bits; binary
     cross-entropy, Adam, mini-batches; the epoch with the lowest validation loss is kept (training stops after
     ``patience`` epochs without improvement). Validation data: ``val`` in :meth:`fit`, else ``val_fraction`` of
@@ -339,6 +339,9 @@ class FingerprintFFN(_FingerprintMixin, Model):
     ----------
     bin_width, max_mz : float
         Spectrum binning.
+    intensity_power : float
+        Power applied to relative intensities before binning. 1 by default because the training pipeline's
+        cleaning already takes the square root; use 0.5 on raw spectra.
     hidden, n_layers : int
         Hidden width and number of hidden layers.
     dropout : float
@@ -365,13 +368,15 @@ class FingerprintFFN(_FingerprintMixin, Model):
     best_epoch_ : int
     """
 
-    def __init__(self, bin_width: float = 1.0, max_mz: float = 1005.0, hidden: int = 1024, n_layers: int = 2,
+    def __init__(self, bin_width: float = 1.0, max_mz: float = 1005.0, intensity_power: float = 1.0,
+                 hidden: int = 512, n_layers: int = 2,
                  dropout: float = 0.2, learning_rate: float = 1e-3, weight_decay: float = 0.0,
                  batch_size: int = 256, max_epochs: int = 30, patience: int = 3, val_fraction: float = 0.1,
                  fingerprint: str = "morgan", radius: int = 2, fp_size: int = 4096, counts: bool = False,
                  seed: int = 0, device: str = "auto", verbose: bool = False) -> None:
         self.bin_width = bin_width
         self.max_mz = max_mz
+        self.intensity_power = intensity_power
         self.hidden = hidden
         self.n_layers = n_layers
         self.dropout = dropout
@@ -390,7 +395,7 @@ class FingerprintFFN(_FingerprintMixin, Model):
         self.verbose = verbose
 
     def _features(self, inputs: Sequence[Any]) -> sp.csr_matrix:
-        return bin_spectra(list(inputs), bin_width=self.bin_width, max_mz=self.max_mz, intensity_power=0.5)
+        return bin_spectra(list(inputs), bin_width=self.bin_width, max_mz=self.max_mz, intensity_power=self.intensity_power)
 
     def _split(self, molecules: Sequence[Molecule], rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         _, index = unique_structures(molecules)
