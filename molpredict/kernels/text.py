@@ -203,19 +203,34 @@ def load_sentence_model(device: str = "cpu") -> Any:
     return _MODELS[device]
 
 
+#: text -> embedding of recent calls (the same descriptions are embedded by a kernel, an encoder, validation...)
+_EMBEDDINGS: dict[str, np.ndarray] = {}
+_EMBEDDINGS_MAX = 200_000
+
+
 def embed_texts(texts: Sequence[str], batch_size: int = 64, device: str = "cpu") -> np.ndarray:
-    """Unit-norm sentence embeddings.
+    """Unit-norm sentence embeddings (memoised per text, up to 200,000 texts per process).
 
     Returns
     -------
     ndarray of shape (len(texts), 384), float32
     """
-    if not len(texts):
-        return np.zeros((0, 384), dtype=np.float32)
-    model = load_sentence_model(device)
-    out = model.encode([str(t) for t in texts], batch_size=batch_size, convert_to_numpy=True,
-                       normalize_embeddings=True, show_progress_bar=False)
-    return np.asarray(out, dtype=np.float32)
+    texts = [str(t) for t in texts]
+    out = np.zeros((len(texts), 384), dtype=np.float32)
+    missing = sorted({t for t in texts if t not in _EMBEDDINGS})
+    if missing:
+        model = load_sentence_model(device)
+        new = model.encode(missing, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=True,
+                           show_progress_bar=False)
+        if len(_EMBEDDINGS) + len(missing) > _EMBEDDINGS_MAX:
+            _EMBEDDINGS.clear()
+        fresh = dict(zip(missing, np.asarray(new, dtype=np.float32)))
+        _EMBEDDINGS.update(fresh)
+    else:
+        fresh = {}
+    for i, text in enumerate(texts):
+        out[i] = fresh[text] if text in fresh else _EMBEDDINGS[text]
+    return out
 
 
 class TextEmbeddingKernel(InputKernel):
