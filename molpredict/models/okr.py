@@ -319,7 +319,10 @@ def _objects_from_state(arrays: dict[str, np.ndarray], meta: dict[str, Any], pre
 # ----------------------------------------------------------------------------------------------------------
 
 class _Profile:
-    """Wall time per stage and per dense product (shapes, for GFLOP/s), filled while fitting."""
+    """Wall time per stage and per dense product (shapes, for GFLOP/s), filled while fitting.
+
+    Stages do not nest; a stage met again (one per grid point) accumulates. Exposed as ``profile_``.
+    """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -548,16 +551,17 @@ class _CholeskyInput:
     def start_output(self, out: _OutputSide, profile: _Profile) -> None:
         pass
 
-    def _beta(self, rhs: torch.Tensor, lam: float) -> torch.Tensor:
-        alpha = torch.cholesky_solve(rhs, self._factor(lam))  # (n, k)
+    def _beta(self, rhs: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
+        alpha = torch.cholesky_solve(rhs, L)  # (n, k)
         beta = torch.zeros((self.n_u, alpha.shape[1]), dtype=alpha.dtype, device=alpha.device)
         return beta.index_add_(0, self.index, alpha)  # E^T alpha
 
     def val_core(self, lam: float, profile: _Profile, out: _OutputSide | None = None) -> torch.Tensor:
         if self._val_beta is None or self._val_beta[0] != lam:  # one solve per lam, shared by output sides
             self._val_beta = None
+            L = self._factor(lam)
             with profile.stage("val_solve", (self.n, self.n, self.Kval.shape[1])):
-                self._val_beta = (lam, self._beta(self.Kval, lam).to(self.dtype))
+                self._val_beta = (lam, self._beta(self.Kval, L).to(self.dtype))
         return out.core(self._val_beta[1])
 
     def weights(self, out: _OutputSide, lam: float, profile: _Profile) -> np.ndarray:
@@ -567,8 +571,9 @@ class _CholeskyInput:
             rhs[torch.arange(self.n, device=self.device), self.index] = 1.0
         else:
             rhs = (out.Zu.T @ out.to_coordinates()).to(torch.float64)[self.index]  # (n, m_y)
+        L = self._factor(lam)
         with profile.stage("build_weights", (self.n, self.n, rhs.shape[1])):
-            W = torch.cholesky_solve(rhs, self._factor(lam))
+            W = torch.cholesky_solve(rhs, L)
         return W.cpu().numpy()
 
     def release_val(self) -> None:
@@ -617,7 +622,16 @@ class _OKRBase(Model):
     lam_ : float
     selection_ : dict
         ``{"source": "val" | "held-out" | "none", "points": [{"input_kernel", "output_kernel", "lam",
-        "val_loss"}], "best": index}``.
+        "val_loss", ...}], "best": index}`` (``val_loss`` is NaN when nothing was selected).
+    val_loss_ : list of float
+        The validation kernel loss of each grid point, in the order of ``selection_["points"]``.
+    rank_ : dict
+        Numerical ranks kept by the pseudo-inverses: ``{"input": r_x, "output": r_y}``.
+    n_train_, n_unique_ : int
+        Training pairs and distinct training outputs.
+    profile_ : dict
+        ``{"stages": {name: seconds}, "products": [{"name", "kind", "shape": [m, k, n], "seconds"}]}`` of the
+        last fit (benchmarks/engine.py turns the products into GFLOP/s).
     """
 
     input_type: ClassVar[str] = "spectrum"
@@ -780,8 +794,7 @@ class _OKRBase(Model):
         for out in outputs:
             out.release_val()
         if build:
-            with profile.stage("build"):
-                self._build(best, n, n_u, profile)
+            self._build(best, n, n_u, profile)
         return points, best["index"]
 
     def _build(self, best: dict[str, Any], n: int, n_u: int, profile: _Profile) -> None:
