@@ -29,7 +29,7 @@ import numpy as np
 
 from .decoding import (bootstrap_ci, group_means, query_metrics, random_expectation, topk_curve,
                        true_rank_counts)
-from .errors import InputError
+from .errors import InputError, ResourceError
 from .identify import Identifier, IdentifyOptions, Query, SetSource
 from .kernels.base import DegenerateObjectWarning
 from .modelfile import ModelBundle
@@ -284,7 +284,10 @@ def format_report(results: dict[str, Any]) -> str:
 
 def plot_curves(results: dict[str, Any], path: str | Path) -> None:
     """Top-k accuracy (k = 1..20) of every model, with the random expectation dashed, to a PNG file."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ResourceError("--plot needs matplotlib: pip install 'molpredict[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
