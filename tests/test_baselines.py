@@ -138,6 +138,16 @@ def test_prior_counts_roundtrip():
 
 # -- fingerprint-ffn -------------------------------------------------------------------------------------
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Tiny networks: extra threads only spin (and crawl on a loaded machine)."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def ffn_data(n_per: int = 12):
     """Each structure has its own fragment m/z (jittered intensities): the map spectrum -> fingerprint is learnable."""
     rng = np.random.default_rng(1)
@@ -153,8 +163,8 @@ def ffn_data(n_per: int = 12):
 
 def test_ffn_learns_and_ranks_by_cosine():
     spectra, mols, structures = ffn_data()
-    model = FingerprintFFN(hidden=64, n_layers=1, fp_size=256, max_epochs=60, patience=60, dropout=0.0,
-                           learning_rate=5e-3, batch_size=16, max_mz=500.0, device="cpu", seed=3)
+    model = FingerprintFFN(hidden=64, n_layers=1, fp_size=256, max_epochs=20, patience=20, dropout=0.0,
+                           learning_rate=1e-2, batch_size=16, max_mz=500.0, device="cpu", seed=3)
     model.fit(spectra, mols, val=(spectra, mols))
     assert model.history_[model.best_epoch_ - 1]["val_loss"] == min(h["val_loss"] for h in model.history_)
     cands = molecules(structures)

@@ -104,7 +104,11 @@ def structure_similarity(a: np.ndarray, b: np.ndarray, similarity: str = "tanimo
     """
     a = np.asarray(a, dtype=np.float32)
     b = np.asarray(b, dtype=np.float32)
-    dot = (a @ b.T).astype(np.float64)
+    if a.size and np.count_nonzero(a) < 0.1 * a.size:
+        # Morgan fingerprints are ~2% dense: a sparse-dense product is several times faster than the GEMM
+        dot = np.asarray(sp.csr_matrix(a) @ np.ascontiguousarray(b.T), dtype=np.float64)
+    else:
+        dot = (a @ b.T).astype(np.float64)
     na = np.einsum("ij,ij->i", a, a, dtype=np.float64)
     nb = np.einsum("ij,ij->i", b, b, dtype=np.float64)
     if similarity == "cosine":
