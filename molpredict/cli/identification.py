@@ -70,11 +70,11 @@ _quiet_option = click.option("-q", "--quiet", is_flag=True, help="No status mess
               help="Validation spectra: grids are chosen on their kernel loss (repeatable).")
 @click.option("--model", "model_spec", default="sisokr", show_default=True,
               help="Model registry name, optionally with parameters (name:key=value).")
-@click.option("--input-kernel", default=None, help="Input kernel spec (default ppk; grids a|b allowed).")
+@click.option("--input-kernel", default=None, help="Input kernel spec (default ppk-losses; grids a|b allowed).")
 @click.option("--output-kernel", default=None, help="Output kernel spec (default gaussian-tanimoto).")
 @click.option("--input-sketch", default=None, help="Input sketch spec (default subsample:m=4000).")
 @click.option("--output-sketch", default=None, help="Output sketch spec (default subsample:m=2000).")
-@click.option("--lam", default=None, help="Ridge parameter or grid a|b|c (default 1e-6|1e-5|1e-4|1e-3).")
+@click.option("--lam", default=None, help="Ridge parameter or grid a|b|c (default 1e-5|1e-4|1e-3|1e-2).")
 @click.option("--ion-mode", type=click.Choice(["positive", "negative", "both"]), default=None,
               help="Modes to train (default: those present in the training files).")
 @click.option("--exclude-license", "exclude_licenses", multiple=True,
