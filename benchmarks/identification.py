@@ -668,6 +668,7 @@ def run(out: Path, quick: bool = False, data: Path = DATA, only: set[str] | None
             continue
         try:
             methods[method.label] = run_method(method, loaded[mode], n_boot, seed, log)
+            methods[method.label]["started_min"] = elapsed
         except Exception as exc:  # one failing method must not lose the others' numbers
             traceback.print_exc()
             methods[method.label] = {"model": method.model, "group": method.group, "files": list(method.files),
