@@ -26,20 +26,19 @@ within one model.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
 import os
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .coordinates_cache import CoordinatesCache, molecule_key
+from .coordinates_cache import CoordinatesCache
 from .decoding import margins, rank_candidates
 from .errors import InputError, MolpredictError
 from .modelfile import ModelBundle, SubModel
