@@ -32,11 +32,13 @@ import os
 import sys
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
+import torch
 
 from .coordinates_cache import CoordinatesCache
 from .decoding import margins, rank_candidates
@@ -61,8 +63,20 @@ __all__ = [
 OUTPUT_COLUMNS = ("query_id", "rank", "score", "confidence", "smiles", "inchikey", "formula", "adduct", "name", "id",
                   "n_candidates")
 OUTPUT_FORMATS = ("tsv", "csv", "json")
-#: queries sharing one candidate list from which one matrix product beats per-query products
-_GEMM_MIN_QUERIES = 32
+
+
+@contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """Run a block with ``n`` torch threads, then restore the previous setting."""
+    previous = torch.get_num_threads()
+    if previous == n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def default_library_path() -> Path | None:
@@ -485,18 +499,21 @@ class Identifier:
         groups: dict[bytes, list[int]] = {}
         for i, q in enumerate(queries):
             groups.setdefault(q.ids.tobytes(), []).append(i)
-        for members in groups.values():
-            ids = queries[members[0]].ids
-            block = coords[np.searchsorted(union, ids)]
-            if len(members) >= _GEMM_MIN_QUERIES:
-                scores = predicted[members] @ block.T
-                for row, i in enumerate(members):
-                    out[i] = scores[row]
-            else:
-                # A few queries per candidate list: matrix-vector products avoid the start-up cost of a
-                # threaded matrix product, which dominates at these sizes (and on a busy machine).
-                for i in members:
-                    out[i] = block @ predicted[i]
+        # The products are small (a few queries x ~256 candidates): they run in torch on one thread. numpy's
+        # BLAS threads would compete with torch's still-spinning OpenMP threads (from the prediction just
+        # before), and any multi-threaded small product is 10-20x slower than one thread on a busy machine.
+        P = torch.from_numpy(np.ascontiguousarray(predicted))
+        C = torch.from_numpy(np.ascontiguousarray(coords))
+        with _torch_threads(1):
+            for members in groups.values():
+                ids = queries[members[0]].ids
+                block = C.index_select(0, torch.from_numpy(np.searchsorted(union, ids)))
+                if len(members) == 1:
+                    out[members[0]] = torch.mv(block, P[members[0]]).numpy()
+                else:
+                    scores = (P[members] @ block.T).numpy()
+                    for row, i in enumerate(members):
+                        out[i] = scores[row]
         self.timings["score_s"] += time.perf_counter() - t0
         return out  # type: ignore[return-value]
 
