@@ -250,13 +250,20 @@ def graph_edit_distance(a: Any, b: Any, timeout: float) -> float:
 
 
 def run_qm9(args: argparse.Namespace, clock: Clock) -> dict[str, Any]:
+    from molpredict.errors import InputError
     from molpredict.models.dsokr import DSOKR, candidate_sets
     from molpredict.molecules import Molecule
     with clock("read"):
         smiles = [line.split()[0] for line in open(args.data / "qm9" / "qm9.smi", encoding="utf-8") if line.strip()]
         rng = np.random.default_rng(args.seed)
-        chosen = rng.choice(len(smiles), size=args.n_train + args.n_test, replace=False)
-        molecules = [Molecule.from_smiles(smiles[i]) for i in chosen]
+        molecules = []
+        for i in rng.permutation(len(smiles)):  # a few QM9 SMILES do not parse in RDKit: skip them
+            try:
+                molecules.append(Molecule.from_smiles(smiles[i]))
+            except InputError:
+                continue
+            if len(molecules) == args.n_train + args.n_test:
+                break
         strings = [m.smiles for m in molecules]   # canonical SMILES as inputs
     x, y = strings[: args.n_train], molecules[: args.n_train]
     xt, yt = strings[args.n_train:], molecules[args.n_train:]

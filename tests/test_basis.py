@@ -253,3 +253,16 @@ def test_select_sketch_size_command(tmp_path):
     bad = CliRunner().invoke(cli, ["select-sketch-size", str(tmp_path / "train.smi"), "--val",
                                    str(tmp_path / "val.tsv"), "--grid", "a,b"])
     assert bad.exit_code == 2 and "--grid" in bad.output
+
+
+def test_graph_kernel_landmarks_are_refitted():
+    from molpredict.molecules import Molecule
+    smiles = ["CCO", "CCCO", "CCCCO", "c1ccccc1", "c1ccccc1O", "CC(=O)O", "CCN", "OCC(O)CO", "CC(C)O", "COC"]
+    molecules = [Molecule.from_smiles(s) for s in smiles]
+    basis = SketchedOutputBasis("wl-subtree:n_iter=2", "subsample:m=4", seed=0).fit(molecules)
+    new = [Molecule.from_smiles("CCCCCO"), Molecule.from_smiles("c1ccccc1C")]
+    psi = basis.coordinates(new)
+    assert psi.shape == (2, basis.rank_)
+    np.testing.assert_allclose(basis.coordinates(molecules), basis.sample_coordinates(), atol=1e-10)
+    again = SketchedOutputBasis.from_state(*basis.get_state())
+    np.testing.assert_allclose(again.coordinates(new), psi, atol=1e-10)

@@ -124,11 +124,14 @@ def frozen_spec(component: Any) -> ComponentSpec:
     return ComponentSpec(spec.name, params)
 
 
-def restrict_kernel(kernel: Any, index: np.ndarray) -> Any:
-    """A copy of a fitted kernel whose reference objects are the rows ``index`` of its own.
+def restrict_kernel(kernel: Any, index: np.ndarray, objects: Sequence[Any] | None = None) -> Any:
+    """A kernel equal to a fitted one whose reference objects are the rows ``index`` of its own.
 
-    Resolved data-dependent parameters (fitted on all reference objects) are kept, which refitting on the
-    subset would not do.
+    The fitted kernel is copied with its features sliced, keeping parameters (and vocabularies) resolved on all
+    reference objects. A kernel whose ``pairwise`` does not work on sliced features (GraKeL graph kernels
+    compare with the graphs their own fit saw: a wrong shape or a ``ValueError``) is instead rebuilt with its
+    resolved parameters (:func:`frozen_spec` values) and fitted on ``objects``, the reference objects at
+    ``index``.
     """
     kernel._check_fitted()
     index = np.asarray(index, dtype=np.int64)
@@ -136,7 +139,17 @@ def restrict_kernel(kernel: Any, index: np.ndarray) -> Any:
     restricted.fit_features_ = kernel.take(kernel.fit_features_, index)
     restricted.fit_diag_ = np.asarray(kernel.fit_diag_)[index]
     restricted.n_fit_ = int(index.shape[0])
-    return restricted
+    if objects is None or not len(index):
+        return restricted
+    try:
+        probe = restricted.pairwise(kernel.take(kernel.fit_features_, index[:1]), restricted.fit_features_)
+        if np.shape(probe) == (1, len(index)):
+            return restricted
+    except ValueError:
+        pass
+    params = kernel.get_params()
+    params.update({k: v for k, v in frozen_spec(kernel).params.items() if k in params})
+    return type(kernel)(**params).fit(list(objects))
 
 
 def objects_to_state(objects: Sequence[Any], prefix: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -293,7 +306,7 @@ class SketchedOutputBasis:
         self.landmark_index_ = used
         self.landmarks_ = [self.distinct_[i] for i in used]
         self.train_coordinates_ = k_used.T @ self.projection_                   # (n_d, p)
-        self.kernel_ = restrict_kernel(kernel, used)
+        self.kernel_ = restrict_kernel(kernel, used, self.landmarks_)
         self.sketch_ = sketch
         return self
 
