@@ -172,7 +172,8 @@ class DSOKR(Model):
     loss : str
         ``square`` (default), ``huber:delta=...``, ``eps-l1:epsilon=...``, ``eps-l2:epsilon=...``.
     lr, epochs, batch_size, weight_decay
-        Adam settings.
+        Adam settings. (On all 47,880 positive MassBank spectra with the default ``mlp`` one epoch takes about
+        75 s on 2 busy CPU cores and the validation kernel loss stopped improving after ~12 epochs.)
     patience : int
         Early stopping (with validation data): epochs without improvement before stopping.
     val_metric : {"auto", "loss", "mrr"}
@@ -198,7 +199,7 @@ class DSOKR(Model):
 
     def __init__(self, encoder: str = "mlp", output_kernel: str = "gaussian-tanimoto:gamma=auto",
                  output_sketch: str = "subsample:m=1000", loss: str = "square", lr: float = 1e-3,
-                 epochs: int = 100, batch_size: int = 128, weight_decay: float = 0.0, patience: int = 10,
+                 epochs: int = 30, batch_size: int = 128, weight_decay: float = 0.0, patience: int = 5,
                  val_metric: str = "auto", n_members: int = 1, combine: str = "mean",
                  member_weights: str = "uniform", rel_cutoff: float = 1e-10, device: str = "auto",
                  seed: int = 0) -> None:
