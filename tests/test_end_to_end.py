@@ -88,6 +88,7 @@ def test_train_summary_and_bundle(workspace, trained):
     assert meta["training"]["sha256"] == file_sha256([files["train"]], extra=meta["training"]["filters"])
 
 
+@pytest.mark.filterwarnings("ignore::molpredict.kernels.base.DegenerateObjectWarning")
 def test_bundle_round_trip_predicts_the_same(workspace, trained, tmp_path):
     from molpredict.candidates import read_library
     from molpredict.modelfile import ModelBundle
