@@ -90,6 +90,8 @@ class Method:
         Candidate files to evaluate on.
     curve : dict, optional
         ``{"axis": "m_x" or "m_y", "m": int}`` for sketch-size curve points.
+    torch_threads : int, optional
+        torch intra-op threads while this method trains and identifies (None: leave as is).
     """
 
     label: str
@@ -99,6 +101,7 @@ class Method:
     subset: bool = False
     files: tuple[str, ...] = CANDIDATE_FILES
     curve: dict[str, Any] | None = None
+    torch_threads: int | None = None
 
 
 def _sisokr(m_x: int, m_y: int, input_sketch: str = "subsample", output_sketch: str = "subsample",
@@ -120,7 +123,7 @@ def method_list(mode: str, quick: bool) -> list[Method]:
         methods = [
             Method("random", "random", {}, "baseline"),
             Method("prior", "prior", {}, "baseline"),
-            Method("fingerprint-ffn", "fingerprint-ffn", ffn, "baseline"),
+            Method("fingerprint-ffn", "fingerprint-ffn", ffn, "baseline", torch_threads=1),
             Method("library-knn", "library-knn", {"input_kernel": "ppk", "k": 10}, "baseline"),
             Method("sisokr", "sisokr", _sisokr(mx, my), "main"),
             Method("iokr (subset)", "iokr", {}, "subset", subset=True),
@@ -145,7 +148,8 @@ def method_list(mode: str, quick: bool) -> list[Method]:
     baselines = [
         Method("random", "random", {}, "baseline"),
         Method("prior", "prior", {}, "baseline"),
-        Method("fingerprint-ffn", "fingerprint-ffn", ffn, "baseline"),
+        # Small GEMMs: a second thread mostly spins, and on a loaded machine an epoch then takes 6x longer.
+        Method("fingerprint-ffn", "fingerprint-ffn", ffn, "baseline", torch_threads=1),
         Method("library-knn", "library-knn", {"input_kernel": "ppk", "k": 10}, "baseline"),
     ]
     main = [Method("sisokr", "sisokr", _sisokr(mx, my), "main")]
@@ -362,6 +366,22 @@ def load_mode(mode: str, data: Path, shared: SharedSetSource, quick: bool, seed:
 def run_method(method: Method, data: ModeData, n_boot: int, seed: int, log: Callable[[str], None]
                ) -> dict[str, Any]:
     """Train one method, evaluate it on its candidate files; JSON-ready record."""
+    import torch
+
+    if method.torch_threads is None:
+        return _run_method(method, data, n_boot, seed, log)
+    before = torch.get_num_threads()
+    torch.set_num_threads(method.torch_threads)
+    try:
+        record = _run_method(method, data, n_boot, seed, log)
+    finally:
+        torch.set_num_threads(before)
+    record["torch_threads"] = method.torch_threads
+    return record
+
+
+def _run_method(method: Method, data: ModeData, n_boot: int, seed: int, log: Callable[[str], None]
+                ) -> dict[str, Any]:
     from molpredict.evaluate import rank_queries, summarize_ranks
     from molpredict.identify import Identifier, IdentifyOptions
     from molpredict.modelfile import ModelBundle, SubModel, json_ready
