@@ -65,9 +65,8 @@ def environment() -> dict[str, Any]:
 def metrics_of(model: Any, inputs: list, truths: list, candidates: Any) -> dict[str, float]:
     from molpredict.models.dsokr import candidate_sets, coordinate_metrics
     sets = candidate_sets(truths, candidates)
-    scorer = getattr(model, "score_coordinates", None)
     return coordinate_metrics(model.predict_coordinates(inputs), model.candidate_coordinates(sets.pool), sets,
-                              ks=(1, 5, 10, 20), scorer=scorer)
+                              ks=(1, 5, 10, 20), scorer=model.score_coordinates)
 
 
 def split_by_structure(molecules: list, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -276,9 +275,7 @@ def run_qm9(args: argparse.Namespace, clock: Clock) -> dict[str, Any]:
 
     def evaluate(model: Any, name: str) -> dict[str, Any]:
         result = metrics_of(model, xt, yt, pool)
-        scores = model.score_coordinates(model.predict_coordinates(xt), model.candidate_coordinates(sets.pool)) \
-            if hasattr(model, "score_coordinates") else model.predict_coordinates(xt) @ \
-            model.candidate_coordinates(sets.pool).T
+        scores = model.score_coordinates(model.predict_coordinates(xt), model.candidate_coordinates(sets.pool))
         decoded = [sets.pool[j] for j in np.argmax(scores, axis=1)]
         n_ged = min(len(xt), args.n_ged)
         with clock(f"{name}_ged"):

@@ -7,6 +7,23 @@ from .errors import InputError, ModelFileError, MolpredictError, PluginError, Re
 from .registry import create, get_registry
 from .specs import ComponentSpec, parse_spec
 
+# The data types and entry points most scripts need, imported on first use so that `import molpredict` (and the
+# CLI's start-up) stays cheap.
+_LAZY = {
+    "Spectrum": "spectra", "read_spectra": "spectra", "write_mgf": "spectra", "CleaningPipeline": "spectra",
+    "Molecule": "molecules", "CandidateLibrary": "candidates", "ModelBundle": "modelfile",
+    "Identifier": "identify", "IdentifyOptions": "identify",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'molpredict' has no attribute {name!r}")
+
 __all__ = [
     "__version__",
     "MolpredictError",
@@ -19,4 +36,5 @@ __all__ = [
     "parse_spec",
     "get_registry",
     "create",
+    *_LAZY,
 ]

@@ -508,7 +508,11 @@ class Identifier:
             for members in groups.values():
                 ids = queries[members[0]].ids
                 block = C.index_select(0, torch.from_numpy(np.searchsorted(union, ids)))
-                if len(members) == 1:
+                if not sub.model.dot_product_scores:
+                    scores = sub.model.score_coordinates(P[members].numpy(), block.numpy())
+                    for row, i in enumerate(members):
+                        out[i] = scores[row]
+                elif len(members) == 1:
                     out[members[0]] = torch.mv(block, P[members[0]]).numpy()
                 else:
                     scores = (P[members] @ block.T).numpy()

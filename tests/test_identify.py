@@ -112,6 +112,31 @@ def test_scores_equal_model_score(bundle, library, tmp_path):
         np.testing.assert_allclose([r["score"] for r in group], expected, rtol=1e-12)
 
 
+class DistanceScored(FingerprintRidge):
+    """Scores by negative squared distance: not a dot product, so identify must use score_coordinates."""
+
+    dot_product_scores = False
+
+    def score_coordinates(self, predictions, candidates):
+        return -((predictions[:, None, :] - candidates[None, :, :]) ** 2).sum(axis=2)
+
+
+def test_models_that_are_not_dot_products_score_through_score_coordinates(library, tmp_path):
+    spectra, molecules = synthetic_spectra(n_per=3, seed=0)
+    model = DistanceScored(lam=0.01).fit(spectra, molecules)
+    bundle = ModelBundle({"positive": SubModel(model=model, ion_mode="positive",
+                                               cleaning=CleaningPipeline().to_dict(), adducts=["[M+H]+"])})
+    queries, _ = synthetic_spectra(n_per=2, seed=6)
+    rows, _ = run(bundle, library, queries, tmp_path, top_k=50, block_queries=3)
+    clean = CleaningPipeline()
+    index = {k: i for i, k in enumerate(library.column("inchikey"))}
+    for s in queries:
+        group = [r for r in rows if r["query_id"] == s.id]
+        expected = model.score([clean(s)], library.molecules([index[r["inchikey"]] for r in group]))[0]
+        assert np.all(expected <= 0)  # a distance, not the dot product (which is positive here)
+        np.testing.assert_allclose([r["score"] for r in group], expected, rtol=1e-10)
+
+
 def test_block_size_does_not_change_results(bundle, library, tmp_path):
     queries, _ = synthetic_spectra(n_per=2, seed=5)
     big, _ = run(bundle, library, queries, tmp_path / "a", top_k=3)

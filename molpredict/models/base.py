@@ -45,9 +45,32 @@ class Model(Component, ABC):
     def candidate_coordinates(self, molecules: Sequence[Any]) -> np.ndarray:
         """ndarray of shape (n_molecules, d), float64."""
 
+    @property
+    def dot_product_scores(self) -> bool:
+        """True when :meth:`score_coordinates` is the plain dot product (callers may then use their own products).
+
+        A model whose scores are not a dot product of the two coordinate vectors (e.g. a max-combined ensemble)
+        returns False, and every caller scores through :meth:`score_coordinates`.
+        """
+        return True
+
+    def score_coordinates(self, predictions: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+        """Scores from :meth:`predict_coordinates` and :meth:`candidate_coordinates` outputs.
+
+        Parameters
+        ----------
+        predictions : ndarray of shape (n_inputs, d)
+        candidates : ndarray of shape (n_candidates, d)
+
+        Returns
+        -------
+        ndarray of shape (n_inputs, n_candidates); higher is better.
+        """
+        return predictions @ candidates.T
+
     def score(self, inputs: Sequence[Any], candidates: Sequence[Any]) -> np.ndarray:
         """Scores of every candidate for every input, shape (n_inputs, n_candidates); higher is better."""
-        return self.predict_coordinates(inputs) @ self.candidate_coordinates(candidates).T
+        return self.score_coordinates(self.predict_coordinates(inputs), self.candidate_coordinates(candidates))
 
     @abstractmethod
     def get_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

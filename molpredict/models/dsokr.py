@@ -439,6 +439,11 @@ class DSOKR(Model):
         parts = [b.coordinates(molecules) for b in self.bases_]
         return np.concatenate([s * p for s, p in zip(self._scales(), parts)], axis=1)
 
+    @property
+    def dot_product_scores(self) -> bool:
+        """``combine="mean"`` scores by the dot product of the concatenated coordinates; ``"max"`` does not."""
+        return self.combine == "mean"
+
     def score_coordinates(self, predictions: np.ndarray, candidates: np.ndarray) -> np.ndarray:
         """Scores from :meth:`predict_coordinates` and :meth:`candidate_coordinates` outputs.
 
@@ -451,10 +456,6 @@ class DSOKR(Model):
         bounds = np.cumsum([0] + [b.rank_ for b in self.bases_])
         return np.max(np.stack([predictions[:, a:z] @ candidates[:, a:z].T
                                 for a, z in zip(bounds[:-1], bounds[1:])]), axis=0)
-
-    def score(self, inputs: Sequence[Any], candidates: Sequence[Any]) -> np.ndarray:
-        """Scores of every candidate for every input, shape (n_inputs, n_candidates); higher is better."""
-        return self.score_coordinates(self.predict_coordinates(inputs), self.candidate_coordinates(candidates))
 
     def validation_metrics(self, inputs: Sequence[Any], molecules: Sequence[Any], candidates: Any = None
                            ) -> dict[str, float]:
