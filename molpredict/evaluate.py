@@ -14,6 +14,12 @@ Protocol
 - Intervals: percentile bootstrap (95%, seeded) resampling queries (per spectrum) or structures (per structure).
 - ``kernel_loss``: the model's mean kernel loss between predictions and the true structures (when the model
   provides ``kernel_loss``), computed on the evaluated spectra.
+
+Text queries (:func:`evaluate_text`, pairs tables with a ``text`` model): each description is one query, ranked
+against the whole library (ChEBI-20: ``molecules.tsv``) or, with candidate sets, against the set of its
+structure's first block. A hit is the same molecule: the same RDKit canonical isomeric SMILES (stereo
+included), not only the same first block. A query whose structure is not among its candidates is skipped and
+counted. The metrics and JSON keys are those of the spectra protocol.
 """
 from __future__ import annotations
 
@@ -35,7 +41,7 @@ from .kernels.base import DegenerateObjectWarning
 from .modelfile import ModelBundle
 
 __all__ = ["KS", "LabelledQuery", "collect_queries", "rank_queries", "summarize_ranks", "evaluate",
-           "format_report", "plot_curves"]
+           "evaluate_text", "format_report", "plot_curves"]
 
 KS = (1, 5, 10, 20)
 K_MAX = 20
@@ -252,6 +258,152 @@ def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, M
     return results
 
 
+def _canonical_lookup(smiles: Sequence[str], cache: dict[str, str | None]) -> list[str | None]:
+    from .text_pairs import canonical_smiles
+    out = []
+    for s in smiles:
+        if s not in cache:
+            cache[s] = canonical_smiles(s)
+        out.append(cache[s])
+    return out
+
+
+def evaluate_text(pairs_paths: Sequence[str | Path], bundles: Sequence[tuple[str, ModelBundle]],
+                  library: Any = None, sets: dict[str, list[tuple[str, str]]] | None = None,
+                  cache_root: Any = None, n_boot: int = 1000, seed: int = 0, kernel_loss: bool = True,
+                  progress: bool = False, block_queries: int = 256) -> dict[str, Any]:
+    """Evaluate text models on description/SMILES pairs (see the module docstring).
+
+    Parameters
+    ----------
+    pairs_paths : sequence of path
+        Pairs tables (:func:`molpredict.text_pairs.read_text_pairs`).
+    bundles : sequence of (label, ModelBundle)
+        Bundles holding a ``text`` model.
+    library : CandidateLibrary, optional
+        Every query is ranked against all of it.
+    sets : dict, optional
+        Candidate sets keyed by the true structure's first block (instead of ``library``).
+    cache_root, n_boot, seed, kernel_loss, progress
+        As in :func:`evaluate`.
+    block_queries : int
+        Queries scored together against the library.
+
+    Returns
+    -------
+    dict
+        ``{label: metrics}`` with the keys of :func:`evaluate` plus ``input_type`` and ``hit_definition``.
+
+    Raises
+    ------
+    InputError
+        Neither or both of ``library`` and ``sets``; a bundle without a text model.
+    """
+    from .identify import LibrarySource, shared_candidate_scores
+    from .modelfile import TEXT_MODE
+    from .text_pairs import PairsReport, read_text_pairs
+
+    if (library is None) == (sets is None):
+        raise InputError("text evaluation needs either a candidate library or candidate sets")
+    for label, bundle in bundles:
+        if bundle.for_mode(TEXT_MODE) is None:
+            raise InputError(f"the model takes {bundle.input_type} input, not text", path=label)
+    report = PairsReport()
+    structures: dict[str, Any] = {}
+    pairs = [p for path in pairs_paths for p in read_text_pairs(path, report, structures)]
+    skipped: Counter = Counter({f"unreadable row ({reason})": n for reason, n in report.by_reason().items()})
+    canonical: dict[str, str | None] = {}
+    # the candidates of each query and which of them are the truth (same canonical isomeric SMILES)
+    kept: list[int] = []
+    true_ids: list[np.ndarray] = []
+    set_ids: list[np.ndarray] = []
+    if library is not None:
+        source: Any = LibrarySource(library, IdentifyOptions())
+        all_ids = source.all_ids()
+        ik14 = library.column("inchikey14")
+        wanted = {p.molecule.inchikey14 for p in pairs}
+        positions = np.flatnonzero(np.isin(ik14, np.asarray(sorted(wanted), dtype=object)))
+        by_smiles: dict[str, list[int]] = {}
+        for j, s in zip(positions, _canonical_lookup(list(library.column("smiles")[positions]), canonical)):
+            if s is not None:
+                by_smiles.setdefault(s, []).append(int(j))
+        for i, pair in enumerate(pairs):
+            hits = by_smiles.get(pair.molecule.smiles)
+            if not hits:
+                skipped["true structure not in the library"] += 1
+                continue
+            kept.append(i)
+            true_ids.append(np.asarray(sorted(hits), dtype=np.int64))
+    else:
+        source = SetSource(sets or {})
+        for i, pair in enumerate(pairs):
+            ids = source.set_ids(pair.molecule.inchikey14)
+            if ids is None:
+                skipped["no candidate set for the structure"] += 1
+                continue
+            is_true = np.asarray([s == pair.molecule.smiles for s in
+                                  _canonical_lookup(list(source._smiles[ids]), canonical)], dtype=bool)
+            if not is_true.any():
+                skipped["true structure (stereo included) not in its candidate set"] += 1
+                continue
+            kept.append(i)
+            set_ids.append(ids)
+            true_ids.append(ids[is_true])
+    queries = [pairs[i] for i in kept]
+    texts = [p.description for p in queries]
+    results: dict[str, Any] = {}
+    for label, bundle in bundles:
+        t0 = time.perf_counter()
+        sub = bundle.for_mode(TEXT_MODE)
+        identifier = Identifier(bundle, source, IdentifyOptions(), cache_root=cache_root, progress=progress)
+        g, t, found, n_c = [], [], [], []
+        if library is not None:
+            position = np.searchsorted(all_ids, np.concatenate(true_ids)) if true_ids else np.zeros(0, int)
+            bounds = np.cumsum([0] + [len(x) for x in true_ids])
+            iterator: Iterable = shared_candidate_scores(identifier, sub, texts, all_ids, block_queries)
+            if progress:
+                from tqdm import tqdm
+                iterator = tqdm(iterator, total=-(-len(texts) // block_queries), desc="evaluating",
+                                unit=" blocks", file=sys.stderr)
+            for start, scores in iterator:
+                for r, row in enumerate(scores):
+                    q = start + r
+                    is_true = np.zeros(len(all_ids), dtype=bool)
+                    is_true[position[bounds[q]:bounds[q + 1]]] = True
+                    a, b, f = true_rank_counts(row, is_true)
+                    g.append(a)
+                    t.append(b)
+                    found.append(f)
+                    n_c.append(len(all_ids))
+        else:
+            prepared = [Query(i, text, TEXT_MODE, sub, ids) for i, (text, ids) in enumerate(zip(texts, set_ids))]
+            for query, scores in identifier.scored(prepared):
+                a, b, f = true_rank_counts(scores, np.isin(query.ids, true_ids[query.position]))
+                g.append(a)
+                t.append(b)
+                found.append(f)
+                n_c.append(len(query.ids))
+        ranks = {"n_greater": np.asarray(g, dtype=np.int64), "n_ties": np.asarray(t, dtype=np.int64),
+                 "found": np.asarray(found, dtype=bool), "n_candidates": np.asarray(n_c, dtype=np.int64),
+                 "groups": [p.molecule.smiles for p in queries]}
+        metrics = summarize_ranks(ranks, n_boot=n_boot, seed=seed)
+        metrics["n_skipped"] = int(sum(skipped.values()))
+        metrics["skipped"] = dict(skipped.most_common())
+        metrics["n_empty_spectra"] = 0
+        loss = None
+        if kernel_loss and queries and hasattr(sub.model, "kernel_loss"):
+            loss = float(sub.model.kernel_loss(texts, [p.molecule for p in queries]))
+        metrics["kernel_loss"] = loss
+        metrics["model"] = str(bundle.path) if bundle.path else label
+        metrics["input_type"] = "text"
+        metrics["hit_definition"] = "same RDKit canonical isomeric SMILES (stereo included)"
+        metrics["candidates_from"] = "library" if library is not None else "candidate sets"
+        metrics["time_s"] = round(time.perf_counter() - t0, 3)
+        metrics["timings"] = {k: round(v, 3) for k, v in identifier.timings.items()}
+        results[label] = metrics
+    return results
+
+
 def format_report(results: dict[str, Any]) -> str:
     """A compact human-readable table of :func:`evaluate`'s results."""
     lines = []
@@ -262,8 +414,11 @@ def format_report(results: dict[str, Any]) -> str:
             f"{100 * m[f'hit@{k}']:>6.2f}%" for k in KS) + f" {m['mrr']:>7.4f} {m['mean_rank']:>7.2f}")
     for label, m in results.items():
         lines.append("")
-        lines.append(f"{label}: {m['n_queries']} queries ({m['n_structures']} structures; {m['n_empty_spectra']} "
-                     f"without peaks after cleaning, kept), {m['n_skipped']} skipped"
+        if m.get("input_type") == "text":
+            what = f"{m['n_structures']} structures; candidates from the {m.get('candidates_from', 'library')}"
+        else:
+            what = f"{m['n_structures']} structures; {m['n_empty_spectra']} without peaks after cleaning, kept"
+        lines.append(f"{label}: {m['n_queries']} queries ({what}), {m['n_skipped']} skipped"
                      + "".join(f"; {n} {r}" for r, n in m["skipped"].items()))
         ci = m["ci95"]
         lines.append("  95% CI (per spectrum): " + ", ".join(

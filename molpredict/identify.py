@@ -18,6 +18,11 @@ For each spectrum, in input order:
 Ranking and ties: candidates are ordered by score (descending), ties broken by InChIKey (ascending), so the
 same inputs always give the same table.
 
+Text queries (a ``text`` model, see :mod:`molpredict.text_pairs`): every description is ranked against the whole
+library (or the rows of the ``--source`` filter), with no formula or mass selection; :meth:`Identifier.run_text`
+scores blocks of queries against the library in chunks (:func:`shared_candidate_scores`), so memory stays
+bounded by a block of queries x the library, and the candidate coordinates still come from the on-disk cache.
+
 Confidence: the score margin. For the top candidate it is its lead over the runner-up (>= 0; larger means a
 clearer decision); for every other candidate it is its (negative) gap to the top candidate. It is empty when a
 query has a single candidate. Scores are inner products in the output kernel's feature space, comparable
@@ -54,6 +59,7 @@ __all__ = [
     "SetSource",
     "Query",
     "Identifier",
+    "shared_candidate_scores",
     "read_formula_hints",
     "default_library_path",
     "ResultWriter",
@@ -130,7 +136,7 @@ class Skipped:
 
 @dataclass
 class Query:
-    """A spectrum on its way through the pipeline."""
+    """A spectrum (or, for a text model, a description) on its way through the pipeline."""
 
     position: int
     spectrum: Any
@@ -234,6 +240,12 @@ class LibrarySource(CandidateSource):
             where = f"formula {formula}" if by == "formula" else f"mass within {self.options.ppm:g} ppm"
             return f"no candidates in the library ({where})"
         return ids, adduct_names, reported
+
+    def all_ids(self) -> np.ndarray:
+        """Every usable row id (ascending): the whole library, or the rows of the ``sources`` filter."""
+        if self._allowed is None:
+            return np.arange(len(self.library), dtype=np.int64)
+        return np.flatnonzero(self._allowed).astype(np.int64)
 
     def keys(self, ids: np.ndarray) -> list[str]:
         return list(self._inchikey[ids])
@@ -581,6 +593,54 @@ class Identifier:
                     "name": fields["name"][r], "id": fields["id"][r], "n_candidates": n,
                 }
 
+    def run_text(self, texts: Sequence[tuple[str, str]], block_queries: int = 64) -> Iterator[dict[str, Any]]:
+        """Output rows for text queries ``(query_id, description)``, each ranked against every candidate of the
+        source (:meth:`LibrarySource.all_ids`), top-k per query, in input order.
+
+        Raises
+        ------
+        InputError
+            The bundle has no text model, or the source has no candidates.
+        """
+        from .modelfile import TEXT_MODE
+
+        sub = self.bundle.for_mode(TEXT_MODE)
+        if sub is None:
+            raise InputError(f"the model takes {self.bundle.input_type} input, not text",
+                             path=str(self.bundle.path) if self.bundle.path else None)
+        ids = self.source.all_ids()
+        if ids.size == 0:
+            raise InputError("no candidates in the library (after the --source filter)")
+        tie_keys = self.source.tie_keys(ids)
+        top_k = self.options.top_k
+        n = len(ids)
+        texts = list(texts)
+        iterator: Iterable = shared_candidate_scores(self, sub, [t for _, t in texts], ids,
+                                                     block_queries=block_queries)
+        if self.progress:
+            from tqdm import tqdm
+            iterator = tqdm(iterator, total=-(-len(texts) // block_queries), desc="identifying", unit=" blocks",
+                            file=sys.stderr)
+        for start, scores in iterator:
+            for row_index, row in enumerate(scores):
+                query_id = texts[start + row_index][0]
+                self.n_queries += 1
+                self.n_identified += 1
+                self.n_candidates.append(n)
+                order = rank_candidates(row, tie_keys)
+                conf = margins(row[order[:2]] if n >= 2 else row[order])
+                top = order[:top_k]
+                chosen = ids[top]
+                fields = self.source.fields(chosen)
+                for r, pos in enumerate(top):
+                    confidence = (conf[0] if r == 0 else row[pos] - row[order[0]]) if n >= 2 else float("nan")
+                    yield {
+                        "query_id": query_id, "rank": r + 1, "score": float(row[pos]),
+                        "confidence": float(confidence), "smiles": fields["smiles"][r],
+                        "inchikey": fields["inchikey"][r], "formula": fields["formula"][r], "adduct": "",
+                        "name": fields["name"][r], "id": fields["id"][r], "n_candidates": n,
+                    }
+
     def summary(self) -> dict[str, Any]:
         reasons = Counter(s.reason for s in self.skipped)
         n_c = np.asarray(self.n_candidates) if self.n_candidates else np.zeros(0)
@@ -589,6 +649,52 @@ class Identifier:
                 "candidates_median": float(np.median(n_c)) if n_c.size else None,
                 "candidates_max": int(n_c.max()) if n_c.size else None,
                 "timings": {k: round(v, 3) for k, v in self.timings.items()}}
+
+
+def shared_candidate_scores(identifier: Identifier, sub: SubModel, inputs: Sequence[Any], ids: np.ndarray,
+                            block_queries: int = 64) -> Iterator[tuple[int, np.ndarray]]:
+    """Scores of the same candidates ``ids`` for every input, block of inputs by block.
+
+    The candidates are taken in chunks of ``identifier.options.max_block_candidates`` rows (coordinates from
+    the identifier's cache), so memory is bounded by ``block_queries x len(ids)`` scores plus one chunk of
+    coordinates, never ``n_inputs x len(ids)``.
+
+    Parameters
+    ----------
+    identifier : Identifier
+        Supplies the candidate coordinates (cached) and collects timings.
+    sub : SubModel
+    inputs : sequence
+        What ``sub.model.predict_coordinates`` takes (descriptions for a text model).
+    ids : ndarray of shape (n_candidates,), int64
+        Candidate ids in ``identifier.source``, ascending and unique.
+    block_queries : int
+        Inputs per block.
+
+    Yields
+    ------
+    (start, scores)
+        ``scores``: ndarray of shape (block size, n_candidates), float64, for ``inputs[start:start + b]``.
+    """
+    inputs = list(inputs)
+    ids = np.asarray(ids, dtype=np.int64)
+    chunk = max(1, int(identifier.options.max_block_candidates))
+    model = sub.model
+    for start in range(0, len(inputs), block_queries):
+        block = inputs[start:start + block_queries]
+        t0 = time.perf_counter()
+        predicted = np.asarray(model.predict_coordinates(block), dtype=np.float64)
+        identifier.timings["predict_s"] += time.perf_counter() - t0
+        scores = np.empty((len(block), len(ids)), dtype=np.float64)
+        for lo in range(0, len(ids), chunk):
+            coords = identifier.candidate_coordinates(sub, ids[lo:lo + chunk])
+            t0 = time.perf_counter()
+            if model.dot_product_scores:
+                scores[:, lo:lo + chunk] = predicted @ coords.T
+            else:
+                scores[:, lo:lo + chunk] = model.score_coordinates(predicted, coords)
+            identifier.timings["score_s"] += time.perf_counter() - t0
+        yield start, scores
 
 
 # -- output ------------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ Layout
       positive/metadata.json      everything inference needs except the tensors (see below)
       positive/tensors.safetensors
       negative/...                (when trained)
+      text/...                    (instead, for a text -> molecule model; ``input_type`` "text")
 
 ``metadata.json`` of a sub-model holds: the format version, the molpredict version, the model's registry name
 and parameters (component spec strings, grids as given), the list of components it needs (kind + registry
@@ -45,11 +46,14 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "ION_MODES",
+    "MODES",
+    "TEXT_MODE",
     "SubModel",
     "ModelBundle",
     "home_dir",
     "default_bundle_path",
     "model_components",
+    "model_input_type",
     "json_ready",
     "file_sha256",
 ]
@@ -57,6 +61,10 @@ __all__ = [
 FORMAT_NAME = "molpredict-model-bundle"
 FORMAT_VERSION = 1
 ION_MODES = ("positive", "negative")
+#: the sub-model key of a text -> molecule model (inputs are descriptions, not spectra)
+TEXT_MODE = "text"
+#: every sub-model key a bundle may hold, in the order they are listed
+MODES = ION_MODES + (TEXT_MODE,)
 BUNDLE_FILE = "bundle.json"
 METADATA_FILE = "metadata.json"
 TENSORS_FILE = "tensors.safetensors"
@@ -125,6 +133,8 @@ def model_components(model: Any) -> list[dict[str, str]]:
         if value is None or not isinstance(value, (str, ComponentSpec)):
             continue
         text = str(value)
+        if kind == "sketch" and text.strip().lower() in ("", "none", "identity"):
+            continue  # no sketch (make_sketch's identity): nothing to look up in the registry
         try:
             name = parse_spec(text).name
         except SpecError:
@@ -135,6 +145,37 @@ def model_components(model: Any) -> list[dict[str, str]]:
     return components
 
 
+def model_input_type(model: Any) -> str:
+    """What a fitted model takes: ``"text"`` or ``"spectrum"``.
+
+    A model whose own ``input_type`` says ``text`` takes text; so does one whose ``input_kernel`` or ``encoder``
+    parameter names a registered component of input type ``text`` (an IOKR-family model with ``text-ngram``
+    reports the class default ``spectrum`` itself).
+    """
+    own = getattr(model, "input_type", "spectrum")
+    if own == "text":
+        return "text"
+    params = model.get_params() if hasattr(model, "get_params") else {}
+    from .registry import get_registry
+    registry = get_registry()
+    for param, kind in (("input_kernel", "input_kernel"), ("encoder", "encoder")):
+        value = params.get(param)
+        if value is None or not isinstance(value, (str, ComponentSpec)):
+            continue
+        try:
+            names = parse_spec(str(value).replace(";", ",")).name.split("|")
+        except SpecError:
+            continue
+        for name in names:
+            try:
+                cls = registry.get(kind, name.strip())
+            except Exception:  # an unregistered name: loading reports it, not this helper
+                continue
+            if getattr(cls, "input_type", None) == "text":
+                return "text"
+    return own if isinstance(own, str) else "spectrum"
+
+
 @dataclass
 class SubModel:
     """One fitted model of a bundle, with what inference needs around it.
@@ -143,7 +184,8 @@ class SubModel:
     ----------
     model : Model
         The fitted model.
-    ion_mode : {"positive", "negative"}
+    ion_mode : {"positive", "negative", "text"}
+        The sub-model key (``text`` for a text -> molecule model).
     cleaning : dict or None
         ``CleaningPipeline.to_dict()`` applied to training spectra (apply the same to queries).
     adducts : list of str
@@ -170,12 +212,12 @@ class SubModel:
 
 
 class ModelBundle:
-    """A set of fitted models, one per ion mode, saved as a directory.
+    """A set of fitted models, one per ion mode (or one ``text`` model), saved as a directory.
 
     Parameters
     ----------
     models : dict
-        Ion mode -> :class:`SubModel`.
+        Ion mode (``positive``, ``negative``) or ``text`` -> :class:`SubModel`.
     path : Path, optional
         Where the bundle was loaded from.
     """
@@ -186,7 +228,13 @@ class ModelBundle:
 
     @property
     def ion_modes(self) -> list[str]:
-        return [mode for mode in ION_MODES if mode in self.models]
+        """The sub-model keys present, in :data:`MODES` order (``["text"]`` for a text model)."""
+        return [mode for mode in MODES if mode in self.models]
+
+    @property
+    def input_type(self) -> str:
+        """``"text"`` when the bundle holds a text model, else ``"spectrum"``."""
+        return "text" if TEXT_MODE in self.models else "spectrum"
 
     def for_mode(self, ion_mode: str | None) -> SubModel | None:
         """The sub-model for ``ion_mode`` (None when the bundle has none for it)."""
@@ -218,7 +266,7 @@ class ModelBundle:
                 self._save_submodel(sub, tmp / mode, created)
             _write_json(tmp / BUNDLE_FILE, {"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
                                             "molpredict_version": __version__, "created": created,
-                                            "ion_modes": [m for m in ION_MODES if m in self.models]})
+                                            "ion_modes": [m for m in MODES if m in self.models]})
             old = None
             if path.exists():
                 old = path.parent / f".{path.name}.old-{os.getpid()}"
@@ -254,7 +302,7 @@ class ModelBundle:
             "created": created,
             "ion_mode": sub.ion_mode,
             "default_adducts": list(sub.adducts),
-            "input_type": getattr(sub.model, "input_type", "spectrum"),
+            "input_type": model_input_type(sub.model),
             "model": {"name": model_name, "params": json_ready(params)},
             "components": model_components(sub.model),
             "cleaning": json_ready(sub.cleaning),
@@ -298,7 +346,7 @@ class ModelBundle:
             raise ModelFileError(f"{path / BUNDLE_FILE}: not a molpredict model bundle")
         _check_version(head.get("format_version"), path / BUNDLE_FILE)
         modes = head.get("ion_modes")
-        if not isinstance(modes, list) or not modes or any(m not in ION_MODES for m in modes):
+        if not isinstance(modes, list) or not modes or any(m not in MODES for m in modes):
             raise ModelFileError(f"{path / BUNDLE_FILE}: field ion_modes is missing or invalid")
         if registry is None:
             from .registry import get_registry

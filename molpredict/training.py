@@ -19,8 +19,8 @@ from .errors import InputError, SpecError
 from .modelfile import ION_MODES, ModelBundle, SubModel, file_sha256, json_ready
 from .specs import Grid, parse_spec
 
-__all__ = ["TrainOptions", "DEFAULTS", "LabelledSet", "load_labelled", "train_bundle", "license_excluded",
-           "build_model", "format_summary"]
+__all__ = ["TrainOptions", "DEFAULTS", "TEXT_DEFAULTS", "LabelledSet", "load_labelled", "train_bundle",
+           "train_text_bundle", "text_component_params", "license_excluded", "build_model", "format_summary"]
 
 #: Defaults chosen on the shared MassBank data (train_pos, selection and scoring on val_pos with the
 #: val_formula256 candidate sets; hit@1 of the variants, all SISOKR with lam chosen by validation kernel loss):
@@ -37,6 +37,21 @@ DEFAULTS: dict[str, Any] = {
     "input_sketch": "subsample:m=4000",
     "output_sketch": "subsample:m=2000",
     "lam": "1e-5|1e-4|1e-3|1e-2",
+}
+
+#: Text -> molecule defaults (pairs tables such as ChEBI-20): TF-IDF word 1-2-grams (no extra package; the
+#: ``text-embedding`` kernel needs ``pip install molpredict[text]``), the same output kernel as for spectra, and
+#: no sketch below the spectra defaults' sizes (a few thousand pairs fit exactly in seconds): the input side is
+#: sub-sampled to 4000 landmarks only beyond 4000 pairs, the output side to 2000 beyond 2000 structures (which
+#: also bounds the candidate coordinates at 2000 numbers per library molecule). DSOKR's default encoder for
+#: text is ``text-embedding``.
+TEXT_DEFAULTS: dict[str, Any] = {
+    "input_kernel": "text-ngram",
+    "output_kernel": "gaussian-tanimoto",
+    "lam": DEFAULTS["lam"],
+    "input_landmarks": 4000,
+    "output_landmarks": 2000,
+    "encoder": "text-embedding",
 }
 
 
@@ -246,7 +261,8 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
     Parameters
     ----------
     train_paths : sequence of path
-        Spectra files with structures (MGF, MSP, mzML).
+        Spectra files with structures (MGF, MSP, mzML); or text-pairs tables (``.tsv``/``.csv`` with
+        ``description`` and ``smiles`` columns), which train one ``text`` model (:func:`train_text_bundle`).
     options : TrainOptions
     val_paths : sequence of path
         Validation spectra: grid parameters are chosen on their kernel loss (no decoding).
@@ -260,6 +276,10 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
     InputError
         No usable training spectra (for an asked ion mode).
     """
+    from .text_pairs import split_inputs
+
+    if split_inputs(list(train_paths) + list(val_paths), what="train"):
+        return train_text_bundle(train_paths, options, val_paths=val_paths, log=log)
     say = log or (lambda message: None)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -343,24 +363,159 @@ def _chosen(model: Any) -> dict[str, Any]:
 def format_summary(summary: dict[str, Any]) -> str:
     """The closing summary of ``molpredict train`` as a few human-readable lines."""
     lines = []
-    used = sum(m["n_spectra"] for m in summary["models"].values())
+    text = summary.get("input_type") == "text"
+    unit = "pairs" if text else "spectra"
+    used = sum(m[f"n_{unit}"] for m in summary["models"].values())
     skipped = sum(summary["skipped"].values())
-    lines.append(f"read {summary['n_read']} spectra: {used} used, {skipped} skipped")
+    lines.append(f"read {summary['n_read']} {'description/SMILES pairs' if text else 'spectra'}: {used} used, "
+                 f"{skipped} skipped")
     for reason, n in summary["skipped"].items():
         lines.append(f"  skipped {n}: {reason}")
     for mode, info in summary["models"].items():
-        lines.append(f"{mode}: {info['n_spectra']} spectra, {info['n_structures']} structures, fit "
+        lines.append(f"{mode}: {info[f'n_{unit}']} {unit}, {info['n_structures']} structures, fit "
                      f"{info['fit_s']:.1f} s")
         for key, value in info["chosen"].items():
             if key.endswith("spec_") or key == "lam_":
                 lines.append(f"  {key.removesuffix('_').removesuffix('_spec').replace('_', ' ')}: {value}")
         val = info.get("validation") or {}
         if "kernel_loss" in val:
-            lines.append(f"  validation kernel loss {val['kernel_loss']:.4f} on {val['n_spectra']} spectra "
+            lines.append(f"  validation kernel loss {val['kernel_loss']:.4f} on {val[f'n_{unit}']} {unit} "
                          f"({val['n_structures']} structures)")
-        licences = ", ".join(f"{k}: {v}" for k, v in info["licenses"].items())
-        lines.append(f"  licences: {licences}")
+        if "licenses" in info:
+            licences = ", ".join(f"{k}: {v}" for k, v in info["licenses"].items())
+            lines.append(f"  licences: {licences}")
     timings = summary.get("timings", {})
     if timings:
         lines.append("timings: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# text -> molecule
+# ----------------------------------------------------------------------------------------------------------
+
+def text_component_params(options: TrainOptions, n_pairs: int, n_structures: int) -> dict[str, Any]:
+    """Model parameters for a text model: the user's choices, else :data:`TEXT_DEFAULTS` (sketches sized to the
+    data: none below the landmark counts). Only the parameters the model accepts are used by
+    :func:`build_model`."""
+    model_name = parse_spec(options.model).name
+    params: dict[str, Any] = {}
+    okr_family = model_name in OKR_MODELS
+    for name in ("input_kernel", "output_kernel", "lam"):
+        value = getattr(options, name)
+        if value is None and (okr_family or name == "output_kernel"):
+            value = TEXT_DEFAULTS[name]
+        params[name] = value
+    # "none" (not None, which would leave the model's own sketch default) keeps every training point
+    params["input_sketch"] = options.input_sketch
+    if options.input_sketch is None and okr_family:
+        params["input_sketch"] = (f"subsample:m={TEXT_DEFAULTS['input_landmarks']}"
+                                  if n_pairs > TEXT_DEFAULTS["input_landmarks"] else "none")
+    params["output_sketch"] = options.output_sketch
+    if options.output_sketch is None and (okr_family or model_name == "dsokr"):
+        if n_structures > TEXT_DEFAULTS["output_landmarks"]:
+            params["output_sketch"] = f"subsample:m={TEXT_DEFAULTS['output_landmarks']}"
+        else:  # DSOKR always has a basis: all the structures
+            params["output_sketch"] = "none" if okr_family else f"subsample:m={n_structures}"
+    if model_name == "dsokr":
+        params["encoder"] = TEXT_DEFAULTS["encoder"]
+    params["device"] = options.device
+    params["seed"] = options.seed
+    params.update(options.extra_params)
+    return params
+
+
+def train_text_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
+                      val_paths: Sequence[str | Path] = (), log: Any = None
+                      ) -> tuple[ModelBundle, dict[str, Any]]:
+    """Train one text -> molecule model on pairs tables and return the bundle (key ``text``) and a summary.
+
+    Parameters
+    ----------
+    train_paths : sequence of path
+        Pairs tables (see :mod:`molpredict.text_pairs`); rows with an empty description or an unusable SMILES
+        are skipped and counted (``summary["skipped"]``; the first 100 with file, line and field in
+        ``summary["skipped_rows"]``).
+    options : TrainOptions
+        ``ion_modes``, ``exclude_licenses`` and ``cleaning`` do not apply to text and must be left unset.
+    val_paths : sequence of path
+        Validation pairs: grid parameters (or DSOKR's early stopping) are chosen on them.
+    log : callable, optional
+
+    Raises
+    ------
+    InputError
+        No usable pairs, or spectra-only options given.
+    SpecError
+        A model / input kernel / encoder that does not take text.
+    """
+    from .modelfile import TEXT_MODE, model_input_type
+    from .text_pairs import PairsReport, read_text_pairs
+
+    say = log or (lambda message: None)
+    where = ", ".join(str(p) for p in train_paths)
+    if options.ion_modes or options.exclude_licenses:
+        raise InputError("--ion-mode and --exclude-license apply to spectra, not to text-pairs tables", path=where)
+    timings: dict[str, float] = {}
+    structures: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    report = PairsReport()
+    pairs = [p for path in train_paths for p in read_text_pairs(path, report, structures)]
+    timings["read_train_s"] = time.perf_counter() - t0
+    val_report = PairsReport()
+    val_pairs: list = []
+    if val_paths:
+        t0 = time.perf_counter()
+        val_pairs = [p for path in val_paths for p in read_text_pairs(path, val_report, structures)]
+        timings["read_val_s"] = time.perf_counter() - t0
+    for entry in list(report)[:5] + list(val_report)[:5]:
+        say(f"skipped {entry}")
+    if len(pairs) < 2:
+        reasons = ", ".join(f"{n} {r}" for r, n in report.by_reason().items()) or "no rows"
+        raise InputError(f"fewer than two usable description/SMILES pairs ({report.n_read} read; skipped: "
+                         f"{reasons})", path=where)
+    texts = [p.description for p in pairs]
+    molecules = [p.molecule for p in pairs]
+    n_struct = len({m.inchikey for m in molecules})
+    params = text_component_params(options, len(pairs), n_struct)
+    model = build_model(options.model, params)
+    if model_input_type(model) != "text":
+        spec = params.get("input_kernel") or params.get("encoder") or options.model
+        raise SpecError(f"model {options.model} with {spec} takes spectra, not text: give a text input kernel "
+                        f"(--input-kernel text-ngram or text-embedding) or, for dsokr, a text encoder")
+    val_pair = ([p.description for p in val_pairs], [p.molecule for p in val_pairs]) if val_pairs else None
+    say(f"training {model.registry_name or type(model).__name__} on {len(pairs)} text pairs ({n_struct} "
+        f"structures)" + (f", selecting on {len(val_pairs)} validation pairs" if val_pair else ""))
+    t0 = time.perf_counter()
+    model.fit(texts, molecules, val=val_pair)
+    fit_s = time.perf_counter() - t0
+    validation: dict[str, Any] = {}
+    if val_pair is not None and hasattr(model, "kernel_loss"):
+        t0 = time.perf_counter()
+        validation["kernel_loss"] = float(model.kernel_loss(*val_pair))
+        validation["n_pairs"] = len(val_pairs)
+        validation["n_structures"] = len({p.molecule.inchikey for p in val_pairs})
+        validation["time_s"] = time.perf_counter() - t0
+    filters = {"input": "text", "skip": "empty description, unusable SMILES"}
+    train_hash = file_sha256(train_paths, extra=filters)
+    info = {
+        "training": {"sha256": train_hash, "files": [Path(p).name for p in train_paths], "filters": filters,
+                     "n_pairs": len(pairs), "n_structures": n_struct},
+        "validation": validation,
+        "selection": _selection(model),
+        "timings": {"fit_s": fit_s},
+    }
+    bundle = ModelBundle()
+    bundle.models[TEXT_MODE] = SubModel(model=model, ion_mode=TEXT_MODE, cleaning=None, adducts=[], info=info)
+    summary: dict[str, Any] = {
+        "input_type": "text",
+        "train_files": [str(p) for p in train_paths], "val_files": [str(p) for p in val_paths],
+        "n_read": report.n_read, "skipped": report.by_reason(), "skipped_rows": report.to_list(),
+        "val_skipped": val_report.by_reason() if val_paths else None,
+        "training_sha256": train_hash, "timings": timings,
+        "models": {TEXT_MODE: {
+            "model": str(options.model), "params": json_ready(model.get_params()),
+            "chosen": json_ready(_chosen(model)), "n_pairs": len(pairs), "n_structures": n_struct,
+            "validation": validation, "fit_s": fit_s}},
+    }
+    return bundle, summary

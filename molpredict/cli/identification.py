@@ -67,10 +67,11 @@ _quiet_option = click.option("-q", "--quiet", is_flag=True, help="No status mess
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False),
               help="Model bundle directory to write (replaced if it is a bundle).")
 @click.option("--val", "val_files", multiple=True, type=click.Path(dir_okay=False),
-              help="Validation spectra: grids are chosen on their kernel loss (repeatable).")
+              help="Validation spectra (or pairs tables): grids are chosen on their kernel loss (repeatable).")
 @click.option("--model", "model_spec", default="sisokr", show_default=True,
               help="Model registry name, optionally with parameters (name:key=value).")
-@click.option("--input-kernel", default=None, help="Input kernel spec (default ppk-losses; grids a|b allowed).")
+@click.option("--input-kernel", default=None,
+              help="Input kernel spec (default ppk-losses, text-ngram for pairs tables; grids a|b allowed).")
 @click.option("--output-kernel", default=None, help="Output kernel spec (default gaussian-tanimoto).")
 @click.option("--input-sketch", default=None, help="Input sketch spec (default subsample:m=4000).")
 @click.option("--output-sketch", default=None, help="Output sketch spec (default subsample:m=2000).")
@@ -87,13 +88,18 @@ _quiet_option = click.option("-q", "--quiet", is_flag=True, help="No status mess
 @_quiet_option
 def train(train_files, output, val_files, model_spec, input_kernel, output_kernel, input_sketch, output_sketch,
           lam, ion_mode, exclude_licenses, device, seed, summary_json, progress, quiet) -> None:
-    """Train a model bundle on spectra labelled with structures (SMILES / INCHIKEY metadata).
+    """Train a model bundle on spectra labelled with structures (SMILES / INCHIKEY metadata), or on text.
 
     \b
-    Example:
+    Examples:
       molpredict train train_pos.mgf --val val_pos.mgf -o mymodel
+      molpredict train pairs.tsv --val val_pairs.tsv -o textmodel
     One model is trained per ion mode present (or asked with --ion-mode); spectra without a usable structure
     or without peaks after cleaning are skipped and counted in the closing summary.
+
+    A .tsv/.csv table (optionally .gz) with description and smiles columns trains one text -> molecule model
+    (default input kernel text-ngram; rows with an empty description or an unusable SMILES are skipped and
+    counted, the first ones named by file, line and field). Tables and spectra cannot be mixed in one call.
     """
     from ..training import TrainOptions, format_summary, train_bundle
 
@@ -127,7 +133,7 @@ def _spool_stdin() -> str:
     return handle.name
 
 
-def _load_library(library: str | None, say, progress: bool):
+def _load_library(library: str | None, say, progress: bool, cache: bool | None = None):
     from ..candidates import read_library
     from ..identify import default_library_path
 
@@ -138,13 +144,17 @@ def _load_library(library: str | None, say, progress: bool):
                              "see `molpredict candidates build`)")
         library = str(default)
     t0 = time.perf_counter()
-    lib = read_library(library, progress=progress)
+    lib = read_library(library, progress=progress, cache=cache)
     say(f"library {library}: {len(lib)} structures ({time.perf_counter() - t0:.1f} s)")
     return lib
 
 
 @cli.command()
 @click.argument("spectra_file", metavar="[SPECTRA]", required=False, type=click.Path(dir_okay=False))
+@click.option("--text", "texts", multiple=True,
+              help="A description to identify with a text model (repeatable; instead of SPECTRA).")
+@click.option("--text-file", default=None, type=click.Path(dir_okay=False),
+              help="Descriptions to identify, one per line (instead of SPECTRA).")
 @click.option("--model", "model_path", default=None, type=click.Path(),
               help="Model bundle (default: $MOLPREDICT_HOME/models/default).")
 @click.option("--library", default=None, type=click.Path(dir_okay=False),
@@ -167,9 +177,10 @@ def _load_library(library: str | None, say, progress: bool):
 @click.option("--no-cache", is_flag=True, help="Do not read or write the coordinates cache.")
 @_progress_option
 @_quiet_option
-def identify(spectra_file, model_path, library, by, ppm, sources, formulas, top_k, output, fmt, skipped_path,
-             cache_dir, no_cache, progress, quiet) -> None:
-    """Rank candidate structures for each spectrum of SPECTRA (.mgf, .msp, .mzML; stdin MGF when absent or -).
+def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sources, formulas, top_k, output, fmt,
+             skipped_path, cache_dir, no_cache, progress, quiet) -> None:
+    """Rank candidate structures for each spectrum of SPECTRA (.mgf, .msp, .mzML; stdin MGF when absent or -),
+    or for each description given with --text / --text-file (a text model).
 
     \b
     Output columns: query_id, rank, score, confidence, smiles, inchikey, formula, adduct, name, id, n_candidates.
@@ -177,6 +188,12 @@ def identify(spectra_file, model_path, library, by, ppm, sources, formulas, top_
     Confidence: for rank 1, its score minus the runner-up's (the decision margin, >= 0); for the other
     ranks, the score minus the top score (<= 0); empty with a single candidate.
     Every spectrum appears in the output or in the skipped report (stderr summary, --skipped FILE).
+    Text queries (query_id text1, text2, ...) are ranked against the whole library (or its --source rows);
+    --by, --ppm and --formulas apply to spectra only.
+
+    \b
+    Example:
+      molpredict identify --text "The molecule is a ..." --model textmodel --library molecules.tsv
     """
     from ..identify import (IdentifyOptions, Identifier, LibrarySource, ResultWriter, Skipped, output_format,
                             read_formula_hints, write_skipped)
@@ -185,6 +202,12 @@ def identify(spectra_file, model_path, library, by, ppm, sources, formulas, top_
     say = _say(quiet)
     show = _progress_default(progress)
     out_format = output_format(output, fmt)
+    if texts or text_file:
+        if spectra_file is not None:
+            raise InputError("give either SPECTRA or --text/--text-file, not both")
+        _identify_text(list(texts), text_file, model_path, library, sources, top_k, output, out_format,
+                       cache_dir, no_cache, show, quiet)
+        return
     spool = None
     if spectra_file in (None, "-"):
         if sys.stdin.isatty():
@@ -196,6 +219,9 @@ def identify(spectra_file, model_path, library, by, ppm, sources, formulas, top_
         spectra = read_spectra(spectra_file, report=report)
         hints = read_formula_hints(formulas) if formulas else None
         bundle = _load_bundle(model_path, say)
+        if bundle.input_type != "spectrum":
+            raise InputError(f"the model takes {bundle.input_type} input, not spectra: give --text or --text-file",
+                             path=str(bundle.path))
         lib = _load_library(library, say, show)
         options = IdentifyOptions(by=by, ppm=ppm, sources=list(sources) or None, top_k=top_k, formulas=hints)
         identifier = Identifier(bundle, LibrarySource(lib, options), options,
@@ -228,6 +254,44 @@ def identify(spectra_file, model_path, library, by, ppm, sources, formulas, top_
             click.echo(f"  skipped {n}: {reason}", err=True)
 
 
+def _identify_text(texts: list[str], text_file: str | None, model_path: str | None, library: str | None,
+                   sources, top_k: int, output: str | None, out_format: str, cache_dir: str | None,
+                   no_cache: bool, show: bool, quiet: bool) -> None:
+    """``identify --text``: every description against the whole library (or its --source rows)."""
+    from ..identify import IdentifyOptions, Identifier, LibrarySource, ResultWriter
+    from ..text_pairs import read_text_lines
+
+    say = _say(quiet)
+    texts = [" ".join(t.split()) for t in texts]
+    if text_file:
+        texts += read_text_lines(text_file)
+    if any(not t for t in texts):
+        raise InputError("--text: empty description")
+    if not texts:
+        raise InputError("no descriptions", path=text_file)
+    bundle = _load_bundle(model_path, say)
+    if bundle.input_type != "text":
+        raise InputError(f"the model takes {bundle.input_type} input, not text: give SPECTRA",
+                         path=str(bundle.path))
+    lib = _load_library(library, say, show, cache=True)
+    options = IdentifyOptions(sources=list(sources) or None, top_k=top_k)
+    identifier = Identifier(bundle, LibrarySource(lib, options), options,
+                            cache_root=_cache_root(cache_dir, no_cache), progress=show)
+    t0 = time.perf_counter()
+    handle = open(output, "w", encoding="utf-8", newline="") if output and output != "-" else sys.stdout
+    try:
+        writer = ResultWriter(handle, out_format)
+        for row in identifier.run_text([(f"text{i + 1}", t) for i, t in enumerate(texts)]):
+            writer.write(row)
+        writer.close()
+    finally:
+        if handle is not sys.stdout:
+            handle.close()
+    summary = identifier.summary()
+    say(f"{summary['n_queries']} descriptions identified against {summary['candidates_max']} candidates "
+        f"({time.perf_counter() - t0:.1f} s)")
+
+
 # ----------------------------------------------------------------------------------------------------------
 # evaluate
 # ----------------------------------------------------------------------------------------------------------
@@ -236,8 +300,10 @@ def identify(spectra_file, model_path, library, by, ppm, sources, formulas, top_
 @click.argument("spectra_files", metavar="SPECTRA...", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--model", "model_paths", multiple=True, type=click.Path(),
               help="Model bundle (repeatable to compare models; default: the default bundle).")
-@click.option("--candidates", "candidates_path", required=True, type=click.Path(dir_okay=False),
-              help="Candidate sets JSON {query_inchikey14: [[inchikey14, smiles], ...]}.")
+@click.option("--candidates", "candidates_path", default=None, type=click.Path(dir_okay=False),
+              help="Candidate sets JSON {query_inchikey14: [[inchikey14, smiles], ...]} (required for spectra).")
+@click.option("--library", default=None, type=click.Path(dir_okay=False),
+              help="Text pairs only: rank every description against this whole library (e.g. molecules.tsv).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON (one object per model).")
 @click.option("--plot", default=None, type=click.Path(dir_okay=False), help="Write top-k curves to this PNG.")
 @click.option("--n-boot", default=1000, show_default=True, type=click.IntRange(min=0),
@@ -248,32 +314,56 @@ def identify(spectra_file, model_path, library, by, ppm, sources, formulas, top_
 @click.option("--no-kernel-loss", is_flag=True, help="Skip the kernel loss (saves a pass over the queries).")
 @_progress_option
 @_quiet_option
-def evaluate(spectra_files, model_paths, candidates_path, as_json, plot, n_boot, seed, cache_dir, no_cache,
+def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot, n_boot, seed, cache_dir, no_cache,
              no_kernel_loss, progress, quiet) -> None:
-    """Evaluate model bundles on labelled SPECTRA against candidate sets (the MassSpecGym protocol).
+    """Evaluate model bundles on labelled SPECTRA against candidate sets (the MassSpecGym protocol), or text
+    models on description/SMILES pairs tables against a library (--library) or candidate sets.
 
     Each spectrum is one query ranked against the set of its true structure's InChIKey first block; a hit is a
     candidate with that first block. Reports hit@1/5/10/20, MRR and mean rank (ties counted against the truth,
     and the random-tie-break average), 95% bootstrap intervals, per-structure averages, the random-ranking
     expectation and the kernel loss.
+
+    For text, each description is ranked against the whole --library (ChEBI-20: molecules.tsv) or its
+    structure's candidate set; a hit is the same molecule (canonical isomeric SMILES, stereo included).
     """
     from ..candidates import load_candidate_sets
     from ..evaluate import evaluate as run_evaluation
-    from ..evaluate import format_report, plot_curves
+    from ..evaluate import evaluate_text, format_report, plot_curves
+    from ..text_pairs import split_inputs
 
     say = _say(quiet)
-    sets = load_candidate_sets(candidates_path)
-    say(f"{len(sets)} candidate sets from {candidates_path}")
+    text = split_inputs(spectra_files, what="evaluate")
+    if text and bool(library) == bool(candidates_path):
+        raise click.UsageError("text pairs need exactly one of --library and --candidates")
+    if not text and library:
+        raise click.UsageError("--library applies to text pairs; spectra are evaluated with --candidates")
+    if not text and not candidates_path:
+        raise click.UsageError("Missing option '--candidates'.")
+    sets = None
+    if candidates_path:
+        sets = load_candidate_sets(candidates_path)
+        say(f"{len(sets)} candidate sets from {candidates_path}")
     paths = list(model_paths) or [None]
     bundles = []
     for path in paths:
         bundle = _load_bundle(path, say)
+        wanted = "text" if text else "spectrum"
+        if bundle.input_type != wanted:
+            raise InputError(f"the model takes {bundle.input_type} input, not "
+                             f"{'text' if text else 'spectra'}", path=str(bundle.path))
         bundles.append((str(bundle.path), bundle))
     if len({label for label, _ in bundles}) != len(bundles):
         raise InputError("the same model was given twice")
-    results = run_evaluation(list(spectra_files), bundles, sets, cache_root=_cache_root(cache_dir, no_cache),
-                             n_boot=n_boot, seed=seed, kernel_loss=not no_kernel_loss,
-                             progress=_progress_default(progress))
+    if text:
+        lib = _load_library(library, say, _progress_default(progress), cache=True) if library else None
+        results = evaluate_text(list(spectra_files), bundles, library=lib, sets=sets,
+                                cache_root=_cache_root(cache_dir, no_cache), n_boot=n_boot, seed=seed,
+                                kernel_loss=not no_kernel_loss, progress=_progress_default(progress))
+    else:
+        results = run_evaluation(list(spectra_files), bundles, sets, cache_root=_cache_root(cache_dir, no_cache),
+                                 n_boot=n_boot, seed=seed, kernel_loss=not no_kernel_loss,
+                                 progress=_progress_default(progress))
     if plot:
         plot_curves(results, plot)
         say(f"top-k curves written to {plot}")
