@@ -34,6 +34,7 @@ __all__ = [
     "read_text_pairs",
     "read_text_lines",
     "canonical_smiles",
+    "split_inputs",
 ]
 
 #: Extensions (before an optional ``.gz``) read as pairs tables.
