@@ -82,7 +82,6 @@ def same_structure_rate(block, rows, keys) -> float:
 
 
 def bench_spectrum_kernel(name: str, kernel, spectra, rows, keys) -> dict:
-    import numpy as np
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # spectra emptied by cleaning (precursor only) are expected
         with Clock() as fit:

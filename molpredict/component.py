@@ -6,7 +6,7 @@ from typing import Any, ClassVar
 
 from .specs import ComponentSpec, format_value
 
-__all__ = ["Component"]
+__all__ = ["Component", "frozen_spec"]
 
 
 class Component:
@@ -39,3 +39,21 @@ class Component:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={format_value(v)}" for k, v in self.get_params().items())
         return f"{type(self).__name__}({args})"
+
+
+def frozen_spec(component: Component) -> ComponentSpec:
+    """The spec of a fitted component with its data-dependent parameters resolved.
+
+    A parameter ``p`` given as e.g. ``"auto"`` and resolved at fit time into a fitted attribute ``p_``
+    (``gamma='auto'`` -> ``gamma_``) is written with the resolved value, so that the component rebuilt from the
+    spec and fitted on other objects (the landmarks, when a model is reloaded) computes the same function.
+    """
+    spec = component.to_spec()
+    params = dict(spec.params)
+    for name in component.param_names():
+        resolved = getattr(component, name + "_", None)
+        if hasattr(resolved, "item") and callable(resolved.item):  # a numpy scalar
+            resolved = resolved.item()
+        if isinstance(resolved, (bool, int, float, str)):
+            params[name] = resolved
+    return ComponentSpec(spec.name, params)

@@ -56,3 +56,14 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "cuda" in item.keywords:
                 item.add_marker(skip_cuda)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one thread: the tests' networks and products are tiny, so thread start-up dominates and extra
+    threads only spin (and crawl on an oversubscribed CI machine)."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -15,6 +15,8 @@ from molpredict.models.baselines import (FingerprintFFN, LibraryKNN, PriorBaseli
 from molpredict.registry import Registry, get_registry, reset_registry
 from molpredict.spectra import Spectrum
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 SMILES = ["CCO", "CCCO", "c1ccccc1O", "CC(=O)O", "CCN", "c1ccncc1", "OCC(O)CO", "CC(C)C"]
 
 
@@ -138,14 +140,6 @@ def test_prior_counts_roundtrip():
 
 # -- fingerprint-ffn -------------------------------------------------------------------------------------
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Tiny networks: extra threads only spin (and crawl on a loaded machine)."""
-    import torch
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def ffn_data(n_per: int = 12):

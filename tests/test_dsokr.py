@@ -11,19 +11,14 @@ from dsokr_helpers import install_synthetic_registry, synthetic_pairs
 from molpredict.errors import SpecError
 from molpredict.models.dsokr import DSOKR, candidate_sets, coordinate_metrics
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 @pytest.fixture
 def registry():
     return install_synthetic_registry()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny networks: thread start-up dominates, and oversubscribed cores make it far worse
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _model(**kw):

@@ -3,7 +3,6 @@ constant model, skip accounting, bootstrap determinism, the JSON and plot output
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -1,7 +1,6 @@
 """MassBank record import: parsing, filtering, the MGF fields, the structure-disjoint split, archives, fetch."""
 from __future__ import annotations
 
-import shutil
 import tarfile
 import urllib.error
 import zipfile

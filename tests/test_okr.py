@@ -10,8 +10,9 @@ from molpredict.device import resolve_device, resolve_dtype
 from molpredict.errors import ResourceError, SpecError
 from molpredict.hookspecs import hookimpl
 from molpredict.kernels.base import InputKernel, OutputKernel
-from molpredict.models.okr import (IOKR, ISOKR, SIOKR, SISOKR, lam_grid, resolved_kernel_spec,
-                                   split_by_structure, unique_objects)
+from molpredict.component import frozen_spec
+from molpredict.models.distinct import distinct_positions
+from molpredict.models.okr import IOKR, ISOKR, SIOKR, SISOKR, lam_grid, split_by_structure
 from molpredict.registry import Registry, create, reset_registry
 from molpredict.sketches import make_sketch
 from molpredict.specs import parse_spec
@@ -173,7 +174,7 @@ def dense_sketches(model, X, Y, seed):
     n = len(X)
     Rx = make_sketch(getattr(model, "input_sketch", None), seed=seed).fit(
         n, create("input_kernel", IN).fit(list(X))).matrix()
-    first, _ = unique_objects(list(Y))
+    first, _ = distinct_positions(list(Y))
     ku = create("output_kernel", OUT).fit([Y[i] for i in first])
     Ru = make_sketch(getattr(model, "output_sketch", None), seed=seed + 1).fit(len(first), ku).matrix()
     Ry = np.zeros((Ru.shape[0], n))
@@ -237,7 +238,7 @@ def test_unique_output_side_equals_the_naive_one_with_duplicates(data):
     """The model works on 60 distinct structures; the naive form uses the 240 x 240 K_y with duplicates."""
     X, Y, Xte, C = data
     lam = 1e-2
-    assert len(unique_objects(list(Y))[0]) == 60
+    assert len(distinct_positions(list(Y))[0]) == 60
     for model in (IOKR(input_kernel=IN, output_kernel=OUT, lam=lam, device="cpu"),
                   SIOKR(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=70", lam=lam,
                         device="cpu")):
@@ -476,7 +477,7 @@ def test_models_are_components_with_json_parameters():
 
 def test_resolved_kernel_spec():
     kernel = create("input_kernel", "vec-rbf:gamma=auto").fit([np.zeros(2), np.ones(2), np.arange(2.0)])
-    spec = parse_spec(resolved_kernel_spec(kernel))
+    spec = parse_spec(str(frozen_spec(kernel)))
     assert spec.name == "vec-rbf" and spec.params["gamma"] == kernel.gamma_
 
 

@@ -13,7 +13,7 @@ from molpredict.builtins import INPUT_KERNELS, MODELS, OUTPUT_KERNELS, SKETCHES
 from molpredict.cli import cli
 from molpredict.errors import PluginError, SpecError
 from molpredict.hookspecs import hookimpl
-from molpredict.registry import KINDS, Registry, reset_registry, get_registry
+from molpredict.registry import KINDS, Registry, get_registry
 from molpredict.kernels import InputKernel
 
 PLUGIN_DIR = Path(__file__).resolve().parents[1] / "plugins" / "molpredict-precursor-kernel"

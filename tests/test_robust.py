@@ -10,19 +10,14 @@ from molpredict.errors import SpecError
 from molpredict.models.losses import squared_distance
 from molpredict.models.robust import RobustOKR, ridge_solution
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 
 @pytest.fixture
 def registry():
     return install_synthetic_registry()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny float64 problems: thread start-up dominates, and oversubscribed cores make it far worse
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _model(**kw):

@@ -15,6 +15,8 @@ from molpredict.kernels.text import SmilesNgramKernel, TextEmbeddingKernel, Text
 from molpredict.spectra import Spectrum
 from molpredict.testing import check_kernel
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 SMILES = ["CCO", "CCN", "c1ccccc1", "c1ccccc1O", "CC(=O)O", "CCCCCC", "OCC(O)CO", "C", "N#N", "CC(C)C"]
 TEXT = ["The molecule is a primary alcohol.", "The molecule is an amino acid.", "A steroid hormone.",
         "The molecule is a tertiary amine and a base.", "An alcohol used as a solvent.",
@@ -33,13 +35,6 @@ def require_embeddings() -> None:
     pytest.skip(message)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # small batches: thread start-up dominates, and oversubscribed cores make it far worse
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_ngrams_by_hand():

@@ -26,6 +26,8 @@ import scipy.sparse as sp
 
 from ..errors import ModelFileError, SpecError
 from ..specs import ComponentSpec, parse_spec
+from ..component import frozen_spec
+from .distinct import distinct_objects, output_key
 
 __all__ = [
     "eigh_truncated",
@@ -64,64 +66,6 @@ def eigh_truncated(matrix: np.ndarray, rel_cutoff: float = 1e-10) -> tuple[np.nd
         return values[:0], vectors[:, :0]
     keep = values > rel_cutoff * top
     return values[keep], vectors[:, keep]
-
-
-def output_key(obj: Any) -> Any:
-    """The identity used to deduplicate outputs: the full InChIKey of a molecule, a string itself, else bytes."""
-    key = getattr(obj, "inchikey", None)
-    if isinstance(key, str) and key:
-        return key
-    if isinstance(obj, str):
-        return obj
-    smiles = getattr(obj, "smiles", None)
-    if isinstance(smiles, str):
-        return smiles
-    array = np.ascontiguousarray(np.asarray(obj, dtype=np.float64))
-    return (array.shape, array.tobytes())
-
-
-def distinct_objects(objects: Sequence[Any], key: Any = None) -> tuple[list[Any], np.ndarray]:
-    """Distinct objects (first occurrence order) and the index back to them.
-
-    ``key`` (default :func:`output_key`) gives each object's identity.
-
-    Returns
-    -------
-    distinct : list
-        n_distinct objects.
-    inverse : ndarray of shape (len(objects),), int64
-        ``objects[i]`` is (has the identity of) ``distinct[inverse[i]]``.
-    """
-    position: dict[Any, int] = {}
-    distinct: list[Any] = []
-    inverse = np.empty(len(objects), dtype=np.int64)
-    key = key or output_key
-    for i, obj in enumerate(objects):
-        identity = key(obj)
-        j = position.get(identity)
-        if j is None:
-            j = position[identity] = len(distinct)
-            distinct.append(obj)
-        inverse[i] = j
-    return distinct, inverse
-
-
-def frozen_spec(component: Any) -> ComponentSpec:
-    """The spec of a fitted component with its data-dependent parameters resolved.
-
-    A parameter ``p`` given as e.g. ``"auto"`` and resolved at fit time into a fitted attribute ``p_``
-    (``gamma='auto'`` -> ``gamma_``) is written with the resolved value, so that refitting the component on a
-    subset (the landmarks, when a model is reloaded) reproduces the same function.
-    """
-    spec = component.to_spec()
-    params = dict(spec.params)
-    for name in component.param_names():
-        resolved = getattr(component, name + "_", None)
-        if isinstance(resolved, np.generic):
-            resolved = resolved.item()
-        if isinstance(resolved, (bool, int, float, str)):
-            params[name] = resolved
-    return ComponentSpec(spec.name, params)
 
 
 def restrict_kernel(kernel: Any, index: np.ndarray, objects: Sequence[Any] | None = None) -> Any:

@@ -68,14 +68,16 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from ..component import frozen_spec
 from ..device import resolve_device, resolve_dtype
 from ..errors import ModelFileError, MolpredictError, ResourceError, SpecError
 from ..registry import create, get_registry
 from ..sketches import Sketch, make_sketch
 from ..specs import ComponentSpec, Grid, parse_spec, parse_values
 from .base import Model
+from .distinct import distinct_positions
 
-__all__ = ["IOKR", "SIOKR", "ISOKR", "SISOKR", "object_key", "resolved_kernel_spec"]
+__all__ = ["IOKR", "SIOKR", "ISOKR", "SISOKR"]
 
 STATE_FORMAT = "molpredict.okr"
 STATE_VERSION = 1
@@ -87,69 +89,6 @@ _BLOCK_BYTES = 128 * 2**20
 # ----------------------------------------------------------------------------------------------------------
 # pure helpers
 # ----------------------------------------------------------------------------------------------------------
-
-def object_key(obj: Any) -> Any:
-    """The identity used to find duplicate outputs: a molecule's InChIKey, a string itself, an array's bytes."""
-    if isinstance(obj, str):
-        return obj
-    if isinstance(obj, np.ndarray):
-        return (obj.shape, obj.dtype.str, obj.tobytes())
-    inchikey = getattr(obj, "inchikey", None)
-    if isinstance(inchikey, str) and inchikey:
-        return "inchikey:" + inchikey
-    smiles = getattr(obj, "smiles", None)
-    if isinstance(smiles, str):
-        return "smiles:" + smiles
-    if isinstance(obj, (list, tuple)):
-        return object_key(np.asarray(obj, dtype=np.float64))
-    try:
-        hash(obj)
-    except TypeError:
-        raise TypeError(f"cannot tell duplicates apart for outputs of type {type(obj).__name__}") from None
-    return obj
-
-
-def unique_objects(objects: Sequence[Any]) -> tuple[list[int], np.ndarray]:
-    """First occurrences and the index mapping every object to its distinct representative.
-
-    Returns
-    -------
-    first : list of int, length n_u
-        Position of the first occurrence of each distinct object, in order of appearance.
-    index : ndarray of shape (n,), int64
-        ``objects[i]`` is the distinct object ``index[i]`` (``objects[first[index[i]]]``).
-    """
-    seen: dict[Any, int] = {}
-    first: list[int] = []
-    index = np.empty(len(objects), dtype=np.int64)
-    for i, obj in enumerate(objects):
-        key = object_key(obj)
-        j = seen.get(key)
-        if j is None:
-            j = seen[key] = len(first)
-            first.append(i)
-        index[i] = j
-    return first, index
-
-
-def resolved_kernel_spec(kernel: Any) -> str:
-    """The spec of a fitted kernel with data-dependent parameters replaced by their fitted values.
-
-    A parameter ``p`` whose fitted value is stored as attribute ``p_`` (e.g. ``gamma='auto'`` resolved into
-    ``gamma_``) is written with that value, so that a kernel rebuilt from the spec and fitted on other objects
-    computes the same values.
-    """
-    params: dict[str, Any] = {}
-    for name, value in kernel.get_params().items():
-        fitted = getattr(kernel, name + "_", None)
-        if isinstance(fitted, np.generic):
-            fitted = fitted.item()
-        if fitted is not None and isinstance(fitted, (bool, int, float, str)):
-            value = fitted
-        if value is None or isinstance(value, (bool, int, float, str)):
-            params[name] = value
-    return str(ComponentSpec(kernel.registry_name or type(kernel).__name__, params))
-
 
 def lam_grid(lam: "float | str | Sequence[float]") -> list[float]:
     """The regularisation values named by ``lam``: a number, ``"1e-4"`` or a grid ``"1e-6|1e-4"``."""
@@ -176,7 +115,7 @@ def split_by_structure(molecules: Sequence[Any], fraction: float, seed: int) -> 
     train, held_out : ndarray of int64 (sorted positions); ``held_out`` is empty when there are fewer than two
     distinct structures.
     """
-    first, index = unique_objects(molecules)
+    first, index = distinct_positions(molecules)
     n_u = len(first)
     if n_u < 2:
         return np.arange(len(molecules), dtype=np.int64), np.empty(0, dtype=np.int64)
@@ -366,7 +305,7 @@ def _fit_kernel_and_sketch(kind: str, spec: Any, sketch_spec: Any, seed: int, ob
         sketch.fit(len(objects), kernel)
     with profile.stage(f"{side}_sketch_rows"):
         B = sketch.sketch_rows(kernel)  # (m, n)
-    resolved = resolved_kernel_spec(kernel)
+    resolved = str(frozen_spec(kernel))
     del kernel
     landmarks = [objects[i] for i in sketch.used_]
     with profile.stage(f"{side}_landmark_kernel_fit"):
@@ -737,7 +676,7 @@ class _OKRBase(Model):
         device, dtype = self._torch()
         rtol = float(self.pinv_rtol)
         n = len(inputs)
-        first, index = unique_objects(molecules)
+        first, index = distinct_positions(molecules)
         n_u = len(first)
         unique_mols = [molecules[i] for i in first]
         self._check_memory(self._input_sketch_spec(), n, "input")
