@@ -59,7 +59,9 @@ __all__ = [
 ]
 
 FORMAT_NAME = "molpredict-model-bundle"
-FORMAT_VERSION = 1
+#: 2: a bundle may hold a "text" sub-model (version-1 readers would reject its ion_modes with a confusing
+#: message; with the bump they say "upgrade molpredict"). Version-1 bundles load unchanged.
+FORMAT_VERSION = 2
 ION_MODES = ("positive", "negative")
 #: the sub-model key of a text -> molecule model (inputs are descriptions, not spectra)
 TEXT_MODE = "text"

@@ -163,6 +163,12 @@ def test_newer_format_and_inconsistent_state(bundle_dir):
     (path / "bundle.json").write_text(json.dumps(head))
     with pytest.raises(ModelFileError, match="newer"):
         ModelBundle.load(path)
+    # bundles written before the text sub-model (format 1) still load
+    for name in ("bundle.json", "positive/metadata.json"):
+        meta = json.loads((path / name).read_text())
+        meta["format_version"] = 1
+        (path / name).write_text(json.dumps(meta))
+    assert ModelBundle.load(path).ion_modes == ["positive"]
     head["format_version"] = FORMAT_VERSION
     (path / "bundle.json").write_text(json.dumps(head))
     meta_path = path / "positive" / "metadata.json"
