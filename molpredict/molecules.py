@@ -201,7 +201,7 @@ class Molecule:
 
     # -- representations -----------------------------------------------------------------------------------
     def fingerprint(self, kind: str = "morgan", radius: int = 2, size: int = 2048,
-                    counts: bool = False) -> np.ndarray:
+                    counts: bool = False, chiral: bool = False) -> np.ndarray:
         """A molecular fingerprint, cached per settings on this object.
 
         Parameters
@@ -215,13 +215,16 @@ class Molecule:
             Number of bits (folded length).
         counts : bool
             Count fingerprint instead of bits (morgan and rdkit only).
+        chiral : bool
+            Morgan only: atom environments include tetrahedral chirality (RDKit's ``includeChirality``), so
+            that stereoisomers get different fingerprints.
 
         Returns
         -------
         ndarray of shape (size,) (167 for maccs)
             uint8 0/1 bits, or float32 counts. Read-only (it is the cached array).
         """
-        key = _fp_key(kind, radius, size, counts)
+        key = _fp_key(kind, radius, size, counts, chiral)
         if self._fps is None:
             self._fps = {}
         fp = self._fps.get(key)
@@ -297,38 +300,42 @@ def to_grakel_graph(mol: Molecule, bond_labels: bool = True):
 # Fingerprints
 # ----------------------------------------------------------------------------------------------------------
 
-def _fp_key(kind: str, radius: int, size: int, counts: bool) -> tuple:
-    """Normalised settings (the cache key); raises ``SpecError`` on settings no fingerprint has."""
+def _fp_key(kind: str, radius: int, size: int, counts: bool, chiral: bool = False) -> tuple:
+    """Normalised settings ``(kind, radius, size, counts, chiral)``, the cache key; raises ``SpecError`` on
+    settings no fingerprint has."""
     kind = str(kind).lower()
     if kind not in FINGERPRINT_KINDS:
         raise SpecError(f"unknown fingerprint kind {kind!r} (known: {', '.join(FINGERPRINT_KINDS)})")
-    counts = bool(counts)
+    counts, chiral = bool(counts), bool(chiral)
+    if chiral and kind != "morgan":
+        raise SpecError(f"chiral=true applies to Morgan fingerprints only, not {kind}")
     if kind == "maccs":
         if counts:
             raise SpecError("MACCS keys have no count version: use counts=false with fingerprint maccs")
-        return ("maccs", 0, _MACCS_SIZE, False)
+        return ("maccs", 0, _MACCS_SIZE, False, False)
     size = int(size)
     if size < 1:
         raise SpecError(f"fingerprint size must be positive, got {size}")
     radius = int(radius) if kind == "morgan" else 0
     if kind == "morgan" and radius < 0:
         raise SpecError(f"Morgan radius must be >= 0, got {radius}")
-    return (kind, radius, size, counts)
+    return (kind, radius, size, counts, chiral)
 
 
 @lru_cache(maxsize=32)
-def _generator(kind: str, radius: int, size: int):
+def _generator(kind: str, radius: int, size: int, chiral: bool):
     # Generators are costly to build and not picklable: one per process and setting.
     if kind == "morgan":
-        return rdFingerprintGenerator.GetMorganGenerator(radius=radius, fpSize=size)
+        return rdFingerprintGenerator.GetMorganGenerator(radius=radius, fpSize=size, includeChirality=chiral)
     return rdFingerprintGenerator.GetRDKitFPGenerator(fpSize=size)
 
 
-def _fingerprint_of_mol(mol: Chem.Mol, kind: str, radius: int, size: int, counts: bool) -> np.ndarray:
+def _fingerprint_of_mol(mol: Chem.Mol, kind: str, radius: int, size: int, counts: bool,
+                        chiral: bool) -> np.ndarray:
     if kind == "maccs":
         bits = MACCSkeys.GenMACCSKeys(mol)
         return np.frombuffer(bits.ToBitString().encode("ascii"), dtype=np.uint8) - np.uint8(48)
-    generator = _generator(kind, radius, size)
+    generator = _generator(kind, radius, size, chiral)
     if counts:
         return generator.GetCountFingerprintAsNumPy(mol).astype(np.float32)
     return generator.GetFingerprintAsNumPy(mol).astype(np.uint8, copy=False)
@@ -360,7 +367,7 @@ def _n_workers(n_jobs: int | None) -> int:
 
 def fingerprint_matrix(molecules: Iterable[Molecule | str], kind: str = "morgan", radius: int = 2,
                        size: int = 2048, counts: bool = False, n_jobs: int = 1,
-                       chunk_size: int = 2000) -> np.ndarray:
+                       chunk_size: int = 2000, chiral: bool = False) -> np.ndarray:
     """Fingerprints of many molecules, one row each (the batch version of :meth:`Molecule.fingerprint`).
 
     Parameters
@@ -368,7 +375,7 @@ def fingerprint_matrix(molecules: Iterable[Molecule | str], kind: str = "morgan"
     molecules : iterable of Molecule or str
         Records or SMILES strings. A record's cached fingerprint or parsed ``rdkit_mol`` is reused; nothing is
         cached on the records (batches can be millions of transient candidates).
-    kind, radius, size, counts
+    kind, radius, size, counts, chiral
         As in :meth:`Molecule.fingerprint`.
     n_jobs : int
         Worker processes (SMILES strings are shipped to them); ``-1`` uses all cores, ``1`` runs inline.
@@ -381,7 +388,7 @@ def fingerprint_matrix(molecules: Iterable[Molecule | str], kind: str = "morgan"
         uint8 bits or float32 counts. An unparsable molecule gives an all-zero row; their number is reported
         with a ``RuntimeWarning``, never an exception.
     """
-    key = _fp_key(kind, radius, size, counts)
+    key = _fp_key(kind, radius, size, counts, chiral)
     molecules = list(molecules)
     n = len(molecules)
     out = np.zeros((n, key[2]), dtype=np.float32 if key[3] else np.uint8)

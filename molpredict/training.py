@@ -40,14 +40,15 @@ DEFAULTS: dict[str, Any] = {
 }
 
 #: Text -> molecule defaults (pairs tables such as ChEBI-20): TF-IDF word 1-2-grams (no extra package; the
-#: ``text-embedding`` kernel needs ``pip install molpredict[text]``), the same output kernel as for spectra, and
+#: ``text-embedding`` kernel needs ``pip install molpredict[text]``), the spectra's output kernel on chirality-aware
+#: Morgan bits (a text hit is the same stereoisomer: plain bits tie every stereoisomer with the truth), and
 #: no sketch below the spectra defaults' sizes (a few thousand pairs fit exactly in seconds): the input side is
 #: sub-sampled to 4000 landmarks only beyond 4000 pairs, the output side to 2000 beyond 2000 structures (which
 #: also bounds the candidate coordinates at 2000 numbers per library molecule). DSOKR's default encoder for
 #: text is ``text-embedding``.
 TEXT_DEFAULTS: dict[str, Any] = {
     "input_kernel": "text-ngram",
-    "output_kernel": "gaussian-tanimoto",
+    "output_kernel": "gaussian-tanimoto:chiral=true",
     "lam": DEFAULTS["lam"],
     "input_landmarks": 4000,
     "output_landmarks": 2000,

@@ -151,10 +151,24 @@ def test_gamma_auto_uses_a_seeded_sample(monkeypatch, mols):
 
 
 @pytest.mark.parametrize("bad", [dict(gamma=0), dict(gamma="wide"), dict(fp="ecfp"),
-                                 dict(fp="maccs", counts=True)])
+                                 dict(fp="maccs", counts=True), dict(fp="rdkit", chiral=True)])
 def test_fingerprint_kernels_reject_bad_parameters(bad):
     with pytest.raises(SpecError):
         GaussianTanimotoKernel(**bad)
+
+
+def test_chiral_kernel_separates_stereoisomers():
+    from molpredict.testing import check_kernel
+
+    pair = [Molecule.from_smiles("C[C@H](N)C(=O)O"), Molecule.from_smiles("C[C@@H](N)C(=O)O")]
+    assert GaussianTanimotoKernel(gamma=1.0).fit(pair).gram()[0, 1] == pytest.approx(1.0)
+    chiral = GaussianTanimotoKernel(gamma=1.0, chiral=True).fit(pair)
+    k = chiral.gram()[0, 1]
+    bits = [m.fingerprint(chiral=True).astype(bool) for m in pair]
+    t = (bits[0] & bits[1]).sum() / (bits[0] | bits[1]).sum()
+    assert k == pytest.approx(math.exp(-1.0 * (2 - 2 * t)), rel=1e-12) and k < 1.0
+    more = pair + [Molecule.from_smiles(s) for s in ("C[C@H](O)CC", "C[C@@H](O)CC", "CCO", "c1ccccc1", "CC(N)C(=O)O")]
+    check_kernel(GaussianTanimotoKernel(chiral=True), more, n_sample=len(more))
 
 
 def test_spec_round_trip():

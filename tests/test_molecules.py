@@ -302,3 +302,23 @@ def test_mass_conversions_on_arrays():
     m = neutral_mass(mz, "[M+Na]+")
     assert isinstance(m, np.ndarray) and m.shape == (3,)
     np.testing.assert_allclose(precursor_mz(m, "[M+Na]+"), mz, rtol=0, atol=1e-9)
+
+
+def test_chiral_morgan_fingerprints_tell_stereoisomers_apart():
+    from rdkit import Chem
+    from rdkit.Chem import rdFingerprintGenerator
+
+    l_ala, d_ala = Molecule.from_smiles("C[C@H](N)C(=O)O"), Molecule.from_smiles("C[C@@H](N)C(=O)O")
+    assert np.array_equal(l_ala.fingerprint(), d_ala.fingerprint())
+    assert not np.array_equal(l_ala.fingerprint(chiral=True), d_ala.fingerprint(chiral=True))
+    # against RDKit's generator called directly
+    reference = rdFingerprintGenerator.GetMorganGenerator(radius=2, fpSize=1024, includeChirality=True)
+    for m in (l_ala, d_ala):
+        expected = reference.GetFingerprintAsNumPy(Chem.MolFromSmiles(m.smiles))
+        assert np.array_equal(m.fingerprint(size=1024, chiral=True), expected)
+    # the batch path, and its cache key keeps chiral and plain fingerprints apart
+    matrix = fingerprint_matrix([l_ala, d_ala, "C[C@H](N)C(=O)O"], size=1024, chiral=True)
+    assert np.array_equal(matrix[0], matrix[2]) and not np.array_equal(matrix[0], matrix[1])
+    assert np.array_equal(matrix[0], l_ala.fingerprint(size=1024, chiral=True))
+    with pytest.raises(SpecError, match="Morgan"):
+        l_ala.fingerprint(kind="maccs", chiral=True)

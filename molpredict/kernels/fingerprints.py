@@ -194,26 +194,32 @@ class TanimotoKernel(OutputKernel):
         Count fingerprint and MinMax similarity.
     n_jobs : int
         Worker processes for the fingerprints of large batches (``molecules.fingerprint_matrix``).
+    chiral : bool
+        Morgan only: chirality-aware atom environments, so that stereoisomers are told apart (needed where a
+        hit is the same stereoisomer, e.g. text -> molecule on ChEBI-20).
     """
 
     normalized: ClassVar[bool] = False
     unit_diagonal: ClassVar[bool] = True
 
     def __init__(self, fp: str = "morgan", radius: int = 2, size: int = 2048, counts: bool = False,
-                 n_jobs: int = 1) -> None:
+                 n_jobs: int = 1, chiral: bool = False) -> None:
         self.fp = fp
         self.radius = radius
         self.size = size
         self.counts = counts
         self.n_jobs = n_jobs
+        self.chiral = chiral
         if fp not in ("morgan", "maccs", "rdkit"):
             raise SpecError(f"fp must be one of morgan, maccs, rdkit, not {fp!r}")
         if counts and fp == "maccs":
             raise SpecError("MACCS keys have no count version: use counts=false with fp=maccs")
+        if chiral and fp != "morgan":
+            raise SpecError(f"chiral=true applies to fp=morgan only, not fp={fp}")
 
     def featurize(self, objects: Sequence[Molecule]) -> _Fingerprints:
         return _Fingerprints(fingerprint_matrix(list(objects), kind=self.fp, radius=self.radius, size=self.size,
-                                                counts=self.counts, n_jobs=self.n_jobs))
+                                                counts=self.counts, n_jobs=self.n_jobs, chiral=self.chiral))
 
     def similarity(self, fa: _Fingerprints, fb: _Fingerprints) -> np.ndarray:
         """Tanimoto / MinMax similarity, shape (len(fa), len(fb))."""
@@ -244,7 +250,7 @@ class GaussianTanimotoKernel(TanimotoKernel):
         ``"auto"``: ``1 / mean(2 - 2 T)`` over the distinct pairs of the reference molecules (a sample of at most
         2,000 of them drawn with ``seed`` when there are more), resolved at fit into ``gamma_``; 1.0 when that
         mean is 0 (a single or only identical reference molecules).
-    fp, radius, size, counts, n_jobs
+    fp, radius, size, counts, n_jobs, chiral
         As in :class:`TanimotoKernel`.
     seed : int
         Seed of the reference sample for ``gamma="auto"``.
@@ -255,8 +261,8 @@ class GaussianTanimotoKernel(TanimotoKernel):
     """
 
     def __init__(self, gamma: float | str = "auto", fp: str = "morgan", radius: int = 2, size: int = 2048,
-                 counts: bool = False, n_jobs: int = 1, seed: int = 0) -> None:
-        super().__init__(fp=fp, radius=radius, size=size, counts=counts, n_jobs=n_jobs)
+                 counts: bool = False, n_jobs: int = 1, seed: int = 0, chiral: bool = False) -> None:
+        super().__init__(fp=fp, radius=radius, size=size, counts=counts, n_jobs=n_jobs, chiral=chiral)
         self.gamma = gamma
         self.seed = seed
         if gamma != "auto" and (isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not gamma > 0):
