@@ -62,9 +62,10 @@ def environment() -> dict[str, Any]:
             "cuda": torch.cuda.is_available()}
 
 
-def metrics_of(model: Any, inputs: list, truths: list, candidates: Any) -> dict[str, float]:
+def metrics_of(model: Any, inputs: list, truths: list, candidates: Any, hit: str = "inchikey14"
+               ) -> dict[str, float]:
     from molpredict.models.dsokr import candidate_sets, coordinate_metrics
-    sets = candidate_sets(truths, candidates)
+    sets = candidate_sets(truths, candidates, hit=hit)
     return coordinate_metrics(model.predict_coordinates(inputs), model.candidate_coordinates(sets.pool), sets,
                               ks=(1, 5, 10, 20), scorer=model.score_coordinates)
 
@@ -203,24 +204,24 @@ def run_chebi(args: argparse.Namespace, clock: Clock) -> dict[str, Any]:
     report: dict[str, Any] = {"n_train": len(x), "n_val": len(xv), "n_test": len(xt), "n_candidates": len(pool),
                               "models": {}}
     spec = dict(encoder=args.encoder or "text-embedding:hidden=1024,layers=1,dropout=0.2",
-                output_kernel="gaussian-tanimoto:gamma=auto", output_sketch=f"subsample:m={args.m_y}",
+                output_kernel="gaussian-tanimoto:gamma=auto,chiral=true", output_sketch=f"subsample:m={args.m_y}",
                 epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, patience=args.patience,
                 n_members=args.members, device=args.device, seed=args.seed)
     with clock("dsokr_fit"):
         model = DSOKR(**spec).fit(x, y, val=(xv, yv))
     with clock("dsokr_eval"):
-        result = metrics_of(model, xt, yt, pool)
+        result = metrics_of(model, xt, yt, pool, hit="smiles")
     report["models"]["dsokr"] = {"params": spec, "test": result, "history": model.history_,
                                  "fit": clock.stages["dsokr_fit"], "eval": clock.stages["dsokr_eval"]}
     print(json.dumps({"dsokr": result}), file=sys.stderr)
     if not args.skip_iokr:
         from molpredict.models.okr import IOKR
-        ispec = dict(input_kernel="text-embedding", output_kernel="gaussian-tanimoto:gamma=auto",
+        ispec = dict(input_kernel="text-embedding", output_kernel="gaussian-tanimoto:gamma=auto,chiral=true",
                      lam=args.lam_grid, device=args.device, seed=args.seed)
         with clock("iokr_fit"):
             reference = IOKR(**ispec).fit(x, y, val=(xv, yv))
         with clock("iokr_eval"):
-            result = metrics_of(reference, xt, yt, pool)
+            result = metrics_of(reference, xt, yt, pool, hit="smiles")
         report["models"]["iokr"] = {"params": ispec, "test": result, "lam": getattr(reference, "lam_", None),
                                     "fit": clock.stages["iokr_fit"], "eval": clock.stages["iokr_eval"]}
         print(json.dumps({"iokr": result}), file=sys.stderr)

@@ -61,7 +61,8 @@ _OPTIONAL_COLUMNS = ("name", "id", "source")
 _COMPUTED = ("inchikey", "formula", "monoisotopic_mass")
 #: TSVs at least this large are cached on disk after the first read (unless ``cache=False``).
 CACHE_MIN_BYTES = 8 * 1024 * 1024
-_CACHE_FORMAT = 1
+#: 2: a "cid" column is read as "id" (ChEBI-20)
+_CACHE_FORMAT = 2
 _TABLE_FILE = "library.arrow"
 _REPORT_FILE = "report.json"
 _INDEX_FILES = ("mass_order.npy", "formula_order.npy", "formula_offsets.npy", "formula_keys.json")
@@ -651,6 +652,8 @@ def _read_header(path: Path) -> list[str]:
     if "\x00" in first:
         raise InputError("not a text library file (binary content)", path=path)
     names = [h.strip().lower() for h in first.rstrip("\r\n").split("\t")]
+    if "id" not in names and "cid" in names:  # ChEBI-20 / PubChem tables name their identifier "cid"
+        names[names.index("cid")] = "id"
     if "smiles" not in names:
         raise InputError("not a library TSV: the header has no 'smiles' column", path=path, record=1,
                          field="smiles")

@@ -93,6 +93,16 @@ def test_complete_tsv_with_bad_cells_falls_back_and_reports(tmp_path):
     assert [(s.line, s.field) for s in lib.report.skipped] == [(3, "monoisotopic_mass"), (5, "smiles"), (6, None)]
 
 
+def test_cid_column_is_the_id(tmp_path):
+    path = tmp_path / "chebi_like.tsv"
+    path.write_text("CID\tSMILES\n71586\tCCO\n5280\tc1ccccc1O\n")
+    library = CandidateLibrary.from_tsv(path, cache=False)
+    assert list(library.column("id")) == ["71586", "5280"]
+    both = tmp_path / "both.tsv"
+    both.write_text("cid\tid\tsmiles\n1\ta\tCCO\n")
+    assert list(CandidateLibrary.from_tsv(both, cache=False).column("id")) == ["a"]
+
+
 def test_gzipped_tsv_equals_plain(tmp_path):
     path = tmp_path / "library.tsv.gz"
     path.write_bytes(gzip.compress((MOLS / "library.tsv").read_bytes()))

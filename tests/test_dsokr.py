@@ -136,6 +136,19 @@ def test_candidate_sets_and_metrics_against_a_hand_example():
     assert metrics["mrr"] == pytest.approx((0.5 + 0.5 + 0) / 3)
 
 
+def test_candidate_sets_stereo_hits():
+    from molpredict.molecules import Molecule
+
+    l_ala, d_ala, gly = (Molecule.from_smiles(s) for s in ("C[C@H](N)C(=O)O", "C[C@@H](N)C(=O)O", "NCC(=O)O"))
+    by_block = candidate_sets([l_ala], [[l_ala, d_ala, gly]])
+    by_smiles = candidate_sets([l_ala], [[l_ala, d_ala, gly]], hit="smiles")
+    truth_of = lambda sets: sorted(sets.pool[j].smiles for j in sets.index[0][sets.is_true[0]])  # noqa: E731
+    assert truth_of(by_block) == sorted([l_ala.smiles, d_ala.smiles])  # same InChIKey first block
+    assert truth_of(by_smiles) == [l_ala.smiles]
+    with pytest.raises(SpecError, match="hit"):
+        candidate_sets([l_ala], [[l_ala]], hit="formula")
+
+
 def test_robust_losses_train(registry, data):
     (x, y), _ = data
     for loss in ("huber:delta=0.3", "eps-l1:epsilon=0.05", "eps-l2:epsilon=0.05"):

@@ -51,6 +51,16 @@ def _hit_key(obj: Any) -> Any:
     return key if isinstance(key, str) and key else output_key(obj)
 
 
+def _stereo_hit_key(obj: Any) -> Any:
+    smiles = getattr(obj, "smiles", None)  # RDKit canonical isomeric SMILES for a Molecule
+    return ("smiles", smiles) if isinstance(smiles, str) else output_key(obj)
+
+
+#: what makes a candidate the true structure: the InChIKey first block (MassSpecGym) or the same canonical
+#: isomeric SMILES, stereo included (text -> molecule on ChEBI-20)
+HIT_KEYS = {"inchikey14": _hit_key, "smiles": _stereo_hit_key}
+
+
 def _pool_key(obj: Any) -> Any:
     smiles = getattr(obj, "smiles", None)
     return ("smiles", smiles) if isinstance(smiles, str) else output_key(obj)
@@ -67,7 +77,7 @@ class CandidateSets:
     index : list of ndarray
         For each query, the positions of its candidates in ``pool``.
     is_true : list of ndarray of bool
-        For each query, which of its candidates match the true structure (InChIKey first block).
+        For each query, which of its candidates match the true structure (see ``hit``).
     """
 
     pool: list
@@ -75,7 +85,7 @@ class CandidateSets:
     is_true: list
 
 
-def candidate_sets(truths: Sequence[Any], candidates: Any = None) -> CandidateSets:
+def candidate_sets(truths: Sequence[Any], candidates: Any = None, hit: str = "inchikey14") -> CandidateSets:
     """Candidate sets for queries whose true structures are ``truths``.
 
     Parameters
@@ -84,7 +94,12 @@ def candidate_sets(truths: Sequence[Any], candidates: Any = None) -> CandidateSe
     candidates : None, sequence of Molecule, or sequence (length n_queries) of sequences of Molecule
         None: every query is ranked among the distinct true structures; a flat sequence: one shared set; a
         sequence of sequences: one set per query.
+    hit : {"inchikey14", "smiles"}
+        A hit is a candidate with the truth's InChIKey first block, or with its canonical isomeric SMILES.
     """
+    if hit not in HIT_KEYS:
+        raise SpecError(f"hit must be one of {', '.join(HIT_KEYS)}, not {hit!r}")
+    hit_key = HIT_KEYS[hit]
     truths = list(truths)
     if candidates is None:
         candidates = distinct_objects(truths)[0]
@@ -92,10 +107,10 @@ def candidate_sets(truths: Sequence[Any], candidates: Any = None) -> CandidateSe
     per_query = bool(candidates) and isinstance(candidates[0], (list, tuple))
     flat = [c for group in candidates for c in group] if per_query else candidates
     # pool identity by SMILES text (no InChI computation for large candidate sets); a structure written two
-    # ways is merely scored twice, and hits are decided by the InChIKey first block below
+    # ways is merely scored twice, and hits are decided by ``hit_key`` below
     pool, inverse = distinct_objects(flat, key=_pool_key)
     key_ids: dict[Any, int] = {}
-    keys = np.asarray([key_ids.setdefault(_hit_key(c), len(key_ids)) for c in pool], dtype=np.int64)
+    keys = np.asarray([key_ids.setdefault(hit_key(c), len(key_ids)) for c in pool], dtype=np.int64)
     if per_query:
         if len(candidates) != len(truths):
             raise SpecError(f"{len(candidates)} candidate sets for {len(truths)} queries")
@@ -103,7 +118,7 @@ def candidate_sets(truths: Sequence[Any], candidates: Any = None) -> CandidateSe
         index = [inverse[bounds[i]:bounds[i + 1]] for i in range(len(truths))]
     else:
         index = [inverse] * len(truths)
-    is_true = [keys[idx] == key_ids.get(_hit_key(t), -1) for idx, t in zip(index, truths)]
+    is_true = [keys[idx] == key_ids.get(hit_key(t), -1) for idx, t in zip(index, truths)]
     return CandidateSets(pool, index, is_true)
 
 
