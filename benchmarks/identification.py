@@ -320,8 +320,9 @@ class ModeData:
 
 
 def load_mode(mode: str, data: Path, shared: SharedSetSource, quick: bool, seed: int,
-              log: Callable[[str], None]) -> ModeData:
-    """Read, label and clean one ion mode's splits; build its candidate sources (restricted to test structures)."""
+              log: Callable[[str], None], report_split: str = "test") -> ModeData:
+    """Read, label and clean one ion mode's splits; build its candidate sources (restricted to the structures of
+    ``report_split``: ``test``, or ``val`` for decisions that must not look at test data)."""
     from molpredict.candidates import load_candidate_sets
     from molpredict.evaluate import collect_queries
     from molpredict.spectra import CleaningPipeline, read_spectra
@@ -343,14 +344,14 @@ def load_mode(mode: str, data: Path, shared: SharedSetSource, quick: bool, seed:
     n_subset = 800 if quick else 12000
     subset = np.sort(rng.choice(len(train_s), size=min(n_subset, len(train_s)), replace=False))
 
-    test = [s for s in read_spectra(data / "massbank" / f"test_{tag}.mgf") if spectrum_ion_mode(s) == mode]
+    test = [s for s in read_spectra(data / "massbank" / f"{report_split}_{tag}.mgf") if spectrum_ion_mode(s) == mode]
     out = ModeData(mode, train_s, train_m, val_s, val_m, subset, cleaning=CleaningPipeline().to_dict())
     structures = sorted({s.inchikey.split("-", 1)[0] for s in test if s.inchikey})
     if quick:
         structures = sorted(rng.choice(structures, size=min(30, len(structures)), replace=False).tolist())
     wanted = set(structures)
     for name in CANDIDATE_FILES:
-        sets = load_candidate_sets(data / "candidates" / f"test_{name}.json")
+        sets = load_candidate_sets(data / "candidates" / f"{report_split}_{name}.json")
         sets = {k: v for k, v in sets.items() if k in wanted}
         source = shared.make(sets)
         queries, skipped = collect_queries(test, source)
