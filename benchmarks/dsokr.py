@@ -1,21 +1,42 @@
-"""Accuracy and time of DSOKR on three tasks, each beside a kernel baseline; writes ``dsokr_<task>.json``.
+"""Accuracy and time of DSOKR on three tasks, each beside kernel models and baselines; writes ``dsokr_<task>.json``.
 
-Usage: python benchmarks/dsokr.py {massbank,chebi,qm9} [--out DIR] [--data DIR] [options, see --help]
+Usage: python benchmarks/dsokr.py {massbank,chebi,qm9} [--out DIR] [--data DIR] [--quick] [options, see --help]
 
-- ``massbank``: MS/MS -> structure. DSOKR (``mlp`` on binned spectra, Gaussian-Tanimoto output kernel) trained on
-  train_pos (early stopping on a seeded subset of val_pos), evaluated on test_pos against
-  ``candidates/test_formula256.json`` (each spectrum one query; hit = InChIKey first block; ties against the
-  truth); beside SISOKR (ppk, subsample m_x, p-sparsified m_y) unless ``--skip-sisokr``.
-- ``chebi``: text -> molecule (ChEBI-20). Trained on ``chebi20/val.tsv`` (the official training split is not
-  available offline; 10% of its structures held out for early stopping), evaluated on ``test.tsv`` against
-  all of ``molecules.tsv`` (MRR, Hits@1/10). DSOKR with the ``text-embedding`` encoder (frozen MiniLM + MLP head)
-  beside IOKR on the cosine of the same embeddings (``--skip-iokr`` to leave it out).
-- ``qm9``: SMILES -> molecular graph. A seeded QM9 subset; DSOKR (``transformer`` on SMILES characters, WL
-  subtree output kernel) beside SISOKR (SMILES n-gram input kernel); decoded among all subset structures;
-  hit@1 and the mean graph edit distance between the decoded and the true graph (networkx, element labels, no
-  edge labels, per-pair time limit: an upper bound when the limit is hit).
+Every task runs a small list of rows (model, input kernel or encoder, output kernel), each fitted on the same
+training data, selected on the same held-out data and evaluated on the same test queries and candidates. A row
+records its parameters, its test metrics (hit@1/5/10/20, MRR, mean rank of the truth; ties count against the
+truth), and its fit and evaluation wall (and CPU) seconds. A ``random`` row gives the exact expectation of a
+uniformly random ranking of the same candidate sets (:func:`molpredict.decoding.random_expectation`), so every
+row can be read beside chance.
 
-Wall seconds depend on what else runs on the machine: ``cpu_seconds`` and load averages are recorded too.
+- ``massbank``: MS/MS -> structure. Train on train_pos (early stopping / lam on a seeded subset of val_pos),
+  test on test_pos against ``candidates/test_formula256.json`` (each spectrum one query; hit = InChIKey first
+  block). Rows: ``dsokr`` (``mlp`` on binned spectra, Gaussian-Tanimoto output kernel, subsample m_y) as a single
+  network and as ensembles (``--members 1,3``: one row per member count); ``sisokr`` (ppk, subsample m_x,
+  p-sparsified m_y; ``--skip-sisokr``); the ``prior`` baseline (a candidate's Tanimoto similarity to its 5
+  most similar training structures: it never looks at the spectrum).
+- ``chebi``: text -> molecule (ChEBI-20). Train on ``chebi20/val.tsv`` (the official training split is not
+  available offline; 10% of its structures held out for early stopping and lam), test on ``test.tsv`` against
+  all of ``molecules.tsv`` (hit = same canonical SMILES, stereo included, so the output kernels are chiral).
+  Rows: ``sisokr`` x input kernels {``text-embedding``, ``text-ngram``} x output kernels {``gaussian-tanimoto``,
+  ``fingerprint-cosine``}; ``dsokr`` (``text-embedding`` encoder: frozen MiniLM + MLP head) x the same two
+  output kernels; ``iokr`` on the embeddings with Gaussian-Tanimoto; and the embedding-regression baseline
+  (see :func:`chebi_rows`). Frozen sentence embeddings are memoised in ``<out>/chebi_embeddings.npz``.
+- ``qm9``: SMILES -> molecular graph. A fixed seeded QM9 subset (``--n-train 20000 --n-val 500 --n-test 2000``;
+  one-atom molecules dropped; graphs hydrogen-suppressed and kekulised, so bonds are single / double / triple);
+  candidates are the training plus the test graphs (hit = InChIKey first block). Rows per output kernel of
+  ``--output-kernels`` (GraKeL ``wl-subtree``, ``nspd``, ``core-wl``; default ``wl-subtree`` only, as one
+  20,000-structure DSOKR transformer fills half of the 30-minute budget on two cores: run the others as separate
+  invocations): ``dsokr`` with the character-level ``transformer`` encoder and ``sisokr`` with the
+  ``smiles-ngram`` input kernel. The graph edit distance between the decoded and the true graph (networkx, unit
+  costs, atoms labelled by element; per-pair time limit ``--ged-timeout``, the value then an upper bound and
+  counted in ``ged_timeouts``) is reported on the first ``--n-ged`` test queries, without and with bond labels
+  (bond order as edge label).
+
+``--quick`` shrinks every size that is not given on the command line to a smoke test (under half a minute per
+task on one core, plus ~20 s of one-off sentence embeddings for ``chebi``); ``--only`` runs some of the rows. The
+report is rewritten after every row, so an interrupted run keeps the rows it finished. Wall seconds depend on
+what else runs on the machine: ``cpu_s`` per stage and the load averages are recorded too.
 """
 from __future__ import annotations
 
@@ -26,13 +47,30 @@ import os
 import platform
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
+if str(ROOT) not in sys.path:  # the checkout's molpredict, not whichever one the environment installed
+    sys.path.insert(0, str(ROOT))
+
+#: chiral output kernels for ChEBI-20, where a hit is the same stereoisomer
+CHEBI_GT = "gaussian-tanimoto:gamma=auto,chiral=true"
+CHEBI_FC = "fingerprint-cosine:chiral=true"
+QM9_KERNELS = {"wl-subtree": "wl-subtree:n_iter=3", "nspd": "nspd", "core-wl": "core-wl:n_iter=3"}
+
+#: sizes as (full run, ``--quick``), used for the options not given on the command line
+SIZES: dict[str, tuple[Any, Any]] = {
+    "m_y": (1000, 100), "m_x": (2000, 200), "epochs": (30, 2), "val": (2000, 200), "limit": (None, 2000),
+    "test_limit": (None, 60), "train_limit": (None, 300), "pool_limit": (None, 2000), "members": ("1,3", "1,2"),
+    "n_train": (20000, 400), "n_val": (500, 100), "n_test": (2000, 60), "n_ged": (200, 10),
+}
+#: full-run sizes that differ per task: ChEBI-20 trains on ~3,000 pairs, so larger output sketches are cheap there
+TASK_SIZES: dict[str, dict[str, Any]] = {"chebi": {"m_y": 2000}}
 
 
 class Clock:
@@ -40,6 +78,7 @@ class Clock:
 
     def __init__(self) -> None:
         self.stages: dict[str, dict[str, float]] = {}
+        self.start_wall, self.start_cpu = time.perf_counter(), time.process_time()
 
     def __call__(self, name: str):
         clock = self
@@ -62,12 +101,83 @@ def environment() -> dict[str, Any]:
             "cuda": torch.cuda.is_available()}
 
 
+# -- rows ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Row:
+    """One benchmark row: a model (registry name) with its parameters, under a readable label."""
+
+    name: str
+    model: str
+    params: dict = field(default_factory=dict)
+
+
 def metrics_of(model: Any, inputs: list, truths: list, candidates: Any, hit: str = "inchikey14"
                ) -> dict[str, float]:
-    from molpredict.models.dsokr import candidate_sets, coordinate_metrics
+    """hit@1/5/10/20, MRR and mean rank of the truth (its candidate-set size + 1 when absent)."""
+    from molpredict.models.dsokr import candidate_sets
     sets = candidate_sets(truths, candidates, hit=hit)
-    return coordinate_metrics(model.predict_coordinates(inputs), model.candidate_coordinates(sets.pool), sets,
-                              ks=(1, 5, 10, 20), scorer=model.score_coordinates)
+    return scored_metrics(model, model.predict_coordinates(inputs), model.candidate_coordinates(sets.pool), sets)
+
+
+def scored_metrics(model: Any, predictions: np.ndarray, coordinates: np.ndarray, sets: Any) -> dict[str, float]:
+    """:func:`metrics_of` from already computed query and candidate coordinates."""
+    from molpredict.models.dsokr import coordinate_metrics
+    out = coordinate_metrics(predictions, coordinates, sets, ks=(1, 5, 10, 20), scorer=model.score_coordinates)
+    out["mean_rank"] = out.pop("rank")
+    return out
+
+
+def random_row(truths: list, candidates: Any, hit: str = "inchikey14") -> dict[str, Any]:
+    """The exact metrics of a uniformly random ranking of the same candidate sets (queries whose set lacks the
+    truth count as misses, as for the models)."""
+    from molpredict.decoding import random_expectation
+    from molpredict.models.dsokr import candidate_sets
+    sets = candidate_sets(truths, candidates, hit=hit)
+    n = np.array([len(i) for i in sets.index], dtype=np.float64)
+    found = np.array([bool(t.any()) for t in sets.is_true])
+    expected = random_expectation(n[found] if found.any() else n)
+    share = float(found.mean()) if len(found) else 0.0
+    test = {k: v * share for k, v in expected.items() if k != "mean_rank"}
+    test["mean_rank"] = float(np.mean(np.where(found, (n + 1.0) / 2.0, n + 1.0))) if len(n) else float("nan")
+    return {"model": "random", "params": {}, "test": test, "fit_s": 0.0, "eval_s": 0.0}
+
+
+def fit_and_evaluate(row: Row, data: tuple, evaluate: Callable[[Any, str], dict], clock: Clock) -> dict[str, Any]:
+    """Fit ``row``'s model on ``data`` = (inputs, molecules, val) and evaluate it; the report entry."""
+    from molpredict.registry import get_registry
+    x, y, val = data
+    model = get_registry().get("model", row.model)(**row.params)
+    with clock(f"{row.name}/fit"):
+        model.fit(x, y, val=val)
+    with clock(f"{row.name}/eval"):
+        test = evaluate(model, row.name)
+    fit, ev = clock.stages[f"{row.name}/fit"], clock.stages[f"{row.name}/eval"]
+    entry: dict[str, Any] = {"model": row.model, "params": row.params, "test": test,
+                             "fit_s": fit["wall_s"], "eval_s": ev["wall_s"],
+                             "fit_cpu_s": fit["cpu_s"], "eval_cpu_s": ev["cpu_s"]}
+    if hasattr(model, "lam_"):
+        entry["lam"] = model.lam_
+        entry["val_loss"] = {str(p["lam"]): p["val_loss"] for p in model.selection_["points"]}
+    if hasattr(model, "history_") and isinstance(model.history_, list) and model.history_ \
+            and isinstance(model.history_[0], dict):
+        entry["best_epoch"] = [h.get("best_epoch") for h in model.history_]
+        entry["epochs_run"] = [len(h.get("train_loss", [])) for h in model.history_]
+        entry["p_y"] = [h.get("rank") for h in model.history_]
+        entry["history"] = model.history_
+    if val is not None and hasattr(model, "kernel_loss"):  # the baselines have none
+        entry["kernel_loss_val"] = float(model.kernel_loss(val[0], val[1]))
+    print(json.dumps({row.name: test}), file=sys.stderr, flush=True)
+    return entry
+
+
+def run_rows(rows: list[Row], data: tuple, evaluate: Callable[[Any, str], dict], clock: Clock,
+             report: dict[str, Any], args: argparse.Namespace) -> None:
+    """Fit and evaluate the rows in order (those ``--only`` names), writing the report after each one."""
+    for row in rows:
+        if args.only and not any(row.model == o or row.name.startswith(o) for o in args.only):
+            continue
+        report["models"][row.name] = fit_and_evaluate(row, data, evaluate, clock)
+        write_report(report, args, clock)
 
 
 def split_by_structure(molecules: list, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -76,6 +186,12 @@ def split_by_structure(molecules: list, fraction: float, seed: int) -> tuple[np.
     held = set(rng.choice(keys, size=max(1, int(round(fraction * len(keys)))), replace=False).tolist())
     mask = np.array([m.inchikey14 in held for m in molecules])
     return np.flatnonzero(~mask), np.flatnonzero(mask)
+
+
+def dsokr_params(args: argparse.Namespace, encoder: str, output_kernel: str, members: int = 1) -> dict[str, Any]:
+    return dict(encoder=encoder, output_kernel=output_kernel, output_sketch=f"subsample:m={args.m_y}",
+                epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, patience=args.patience,
+                n_members=members, device=args.device, seed=args.seed)
 
 
 # -- massbank --------------------------------------------------------------------------------------------
@@ -98,9 +214,24 @@ def labelled_spectra(path: Path, limit: int | None, cache: dict) -> tuple[list, 
     return spectra, labels
 
 
+def massbank_rows(args: argparse.Namespace) -> list[Row]:
+    """DSOKR single and ensembles, SISOKR, and the prior baseline."""
+    output = "gaussian-tanimoto:gamma=auto"
+    members = [int(m) for m in str(args.members).split(",") if m.strip()]
+    dsokr = [Row("dsokr" if t == 1 else f"dsokr-ensemble{t}", "dsokr",
+                 dsokr_params(args, args.encoder or "mlp", output, members=t)) for t in members]
+    rows = [r for r in dsokr if r.params["n_members"] == 1]
+    if not args.skip_sisokr:
+        rows.append(Row("sisokr", "sisokr", dict(
+            input_kernel="ppk", output_kernel=output, input_sketch=f"subsample:m={args.m_x}",
+            output_sketch=f"p-sparsified-rademacher:m={args.m_y}", lam=args.lam, device=args.device,
+            seed=args.seed)))
+    rows.append(Row("prior", "prior", dict(similarity="tanimoto", top_k=5)))
+    return rows + [r for r in dsokr if r.params["n_members"] > 1]  # the costliest last
+
+
 def run_massbank(args: argparse.Namespace, clock: Clock) -> dict[str, Any]:
     from molpredict.candidates import candidate_set_molecules, load_candidate_sets
-    from molpredict.models.dsokr import DSOKR
     cache: dict = {}
     with clock("read"):
         train, y = labelled_spectra(args.data / "massbank" / "train_pos.mgf", args.limit, cache)
@@ -117,31 +248,9 @@ def run_massbank(args: argparse.Namespace, clock: Clock) -> dict[str, Any]:
                               "n_val": len(val), "n_test": len(test),
                               "n_test_structures": len({m.inchikey14 for m in yt}),
                               "candidates": "test_formula256.json", "models": {}}
-    spec = dict(encoder=args.encoder, output_kernel="gaussian-tanimoto:gamma=auto",
-                output_sketch=f"subsample:m={args.m_y}", epochs=args.epochs, lr=args.lr,
-                batch_size=args.batch_size, patience=args.patience, n_members=args.members,
-                device=args.device, seed=args.seed)
-    with clock("dsokr_fit"):
-        model = DSOKR(**spec).fit(train, y, val=(val, yv))
-    with clock("dsokr_eval"):
-        result = metrics_of(model, test, yt, candidates)
-    report["models"]["dsokr"] = {"params": spec, "test": result, "kernel_loss_val": model.kernel_loss(val, yv),
-                                 "history": model.history_, "fit": clock.stages["dsokr_fit"],
-                                 "eval": clock.stages["dsokr_eval"]}
-    print(json.dumps({"dsokr": result}), file=sys.stderr)
-    if not args.skip_sisokr:
-        from molpredict.models.okr import SISOKR
-        sspec = dict(input_kernel="ppk", output_kernel="gaussian-tanimoto:gamma=auto",
-                     input_sketch=f"subsample:m={args.m_x}", output_sketch=f"p-sparsified-rademacher:m={args.m_y}",
-                     lam=args.lam, device=args.device, seed=args.seed)
-        with clock("sisokr_fit"):
-            reference = SISOKR(**sspec).fit(train, y, val=(val, yv))
-        with clock("sisokr_eval"):
-            result = metrics_of(reference, test, yt, candidates)
-        report["models"]["sisokr"] = {"params": sspec, "test": result, "lam": getattr(reference, "lam_", None),
-                                      "kernel_loss_val": reference.kernel_loss(val, yv),
-                                      "fit": clock.stages["sisokr_fit"], "eval": clock.stages["sisokr_eval"]}
-        print(json.dumps({"sisokr": result}), file=sys.stderr)
+    report["models"]["random"] = random_row(yt, candidates)
+    run_rows(massbank_rows(args), (train, y, (val, yv)), lambda model, name: metrics_of(model, test, yt, candidates),
+             clock, report, args)
     return report
 
 
@@ -181,14 +290,43 @@ def warm_embeddings(texts: list[str], path: Path) -> None:
         np.savez(path, texts=np.array(keys), embeddings=np.stack([text_module._EMBEDDINGS[k] for k in keys]))
 
 
+def chebi_rows(args: argparse.Namespace) -> list[Row]:
+    """SISOKR (2 input x 2 output kernels), DSOKR (2 output kernels), IOKR on embeddings, embedding regression.
+
+    The embedding-regression baseline ("embedding-regression (IOKR, linear kernels)") is ridge regression from
+    the frozen sentence embeddings to the molecules' fingerprint feature space, decoded by cosine: IOKR with the
+    ``text-embedding`` input kernel (the cosine of embeddings, i.e. the linear kernel on unit-length
+    embeddings) and the ``fingerprint-cosine`` output kernel (the linear kernel on unit-length Morgan count
+    fingerprints). Kernel ridge regression with two linear kernels *is* linear ridge regression of unit
+    fingerprints on unit embeddings (in its dual form), and the IOKR score <phi(c), h(x)> ranks candidates as
+    the cosine between c's fingerprint and the predicted one. lam is chosen on the held-out structures.
+    """
+    outputs = {"gaussian-tanimoto": CHEBI_GT, "fingerprint-cosine": CHEBI_FC}
+    encoder = args.encoder or "text-embedding:hidden=1024,layers=1,dropout=0.2"
+    rows = []
+    for input_kernel in ("text-embedding", "text-ngram"):
+        for out_name, output in outputs.items():
+            rows.append(Row(f"sisokr/{input_kernel}/{out_name}", "sisokr", dict(
+                input_kernel=input_kernel, output_kernel=output, input_sketch=f"subsample:m={args.m_x}",
+                output_sketch=f"subsample:m={args.m_y}", lam=args.lam_grid, device=args.device, seed=args.seed)))
+    for out_name, output in outputs.items():
+        rows.append(Row(f"dsokr/text-embedding/{out_name}", "dsokr", dsokr_params(args, encoder, output)))
+    rows.append(Row("iokr/text-embedding/gaussian-tanimoto", "iokr", dict(
+        input_kernel="text-embedding", output_kernel=CHEBI_GT, lam=args.lam_grid, device=args.device,
+        seed=args.seed)))
+    rows.append(Row("embedding-regression (IOKR, linear kernels)", "iokr", dict(
+        input_kernel="text-embedding", output_kernel=CHEBI_FC, lam=args.lam_grid, device=args.device,
+        seed=args.seed)))
+    return rows
+
+
 def run_chebi(args: argparse.Namespace, clock: Clock) -> dict[str, Any]:
     from molpredict.models.basis import distinct_objects
-    from molpredict.models.dsokr import DSOKR
     cache: dict = {}
     with clock("read"):
-        train_rows = read_tsv(args.data / "chebi20" / "val.tsv")
+        train_rows = read_tsv(args.data / "chebi20" / "val.tsv")[: args.train_limit]
         test_rows = read_tsv(args.data / "chebi20" / "test.tsv")[: args.test_limit]
-        pool_rows = read_tsv(args.data / "chebi20" / "molecules.tsv")
+        pool_rows = read_tsv(args.data / "chebi20" / "molecules.tsv")[: args.pool_limit]
         train = [(r["description"], m) for r, m in zip(train_rows, molecules_of(train_rows, cache)) if m]
         test = [(r["description"], m) for r, m in zip(test_rows, molecules_of(test_rows, cache)) if m]
         pool = distinct_objects([m for m in molecules_of(pool_rows, cache) if m is not None] +
@@ -202,151 +340,237 @@ def run_chebi(args: argparse.Namespace, clock: Clock) -> dict[str, Any]:
     yv = [train[i][1] for i in val_index]
     xt, yt = [t for t, _ in test], [m for _, m in test]
     report: dict[str, Any] = {"n_train": len(x), "n_val": len(xv), "n_test": len(xt), "n_candidates": len(pool),
-                              "models": {}}
-    spec = dict(encoder=args.encoder or "text-embedding:hidden=1024,layers=1,dropout=0.2",
-                output_kernel="gaussian-tanimoto:gamma=auto,chiral=true", output_sketch=f"subsample:m={args.m_y}",
-                epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, patience=args.patience,
-                n_members=args.members, device=args.device, seed=args.seed)
-    with clock("dsokr_fit"):
-        model = DSOKR(**spec).fit(x, y, val=(xv, yv))
-    with clock("dsokr_eval"):
-        result = metrics_of(model, xt, yt, pool, hit="smiles")
-    report["models"]["dsokr"] = {"params": spec, "test": result, "history": model.history_,
-                                 "fit": clock.stages["dsokr_fit"], "eval": clock.stages["dsokr_eval"]}
-    print(json.dumps({"dsokr": result}), file=sys.stderr)
-    if not args.skip_iokr:
-        from molpredict.models.okr import IOKR
-        ispec = dict(input_kernel="text-embedding", output_kernel="gaussian-tanimoto:gamma=auto,chiral=true",
-                     lam=args.lam_grid, device=args.device, seed=args.seed)
-        with clock("iokr_fit"):
-            reference = IOKR(**ispec).fit(x, y, val=(xv, yv))
-        with clock("iokr_eval"):
-            result = metrics_of(reference, xt, yt, pool, hit="smiles")
-        report["models"]["iokr"] = {"params": ispec, "test": result, "lam": getattr(reference, "lam_", None),
-                                    "fit": clock.stages["iokr_fit"], "eval": clock.stages["iokr_eval"]}
-        print(json.dumps({"iokr": result}), file=sys.stderr)
+                              "hit": "canonical isomeric SMILES", "models": {}}
+    report["models"]["random"] = random_row(yt, pool, hit="smiles")
+    run_rows(chebi_rows(args), (x, y, (xv, yv)), lambda model, name: metrics_of(model, xt, yt, pool, hit="smiles"),
+             clock, report, args)
     return report
 
 
 # -- qm9 -------------------------------------------------------------------------------------------------
-def graph_edit_distance(a: Any, b: Any, timeout: float) -> float:
-    """GED between two molecules' heavy-atom graphs (element labels, unlabelled bonds), best found in time."""
+def to_nx(molecule: Any, bond_labels: bool) -> Any:
+    """The molecule's heavy-atom graph for networkx: nodes labelled by element, edges by bond type if asked."""
     import networkx as nx
+    edges, labels, bonds = molecule.graph(bond_labels=bond_labels)
+    graph = nx.Graph()
+    for node, label in labels.items():
+        graph.add_node(node, label=label)
+    for i, neighbours in edges.items():
+        for j in neighbours:
+            graph.add_edge(i, j, **({"label": bonds[(i, j)]} if bond_labels else {}))
+    return graph
 
-    def to_nx(molecule):
-        edges, labels, _ = molecule.graph(bond_labels=False)
-        graph = nx.Graph()
-        for node, label in labels.items():
-            graph.add_node(node, label=label)
-        for i, neighbours in edges.items():
-            for j in neighbours:
-                graph.add_edge(i, j)
-        return graph
 
-    if a.inchikey14 == b.inchikey14 and a.smiles == b.smiles:
-        return 0.0
-    return float(nx.graph_edit_distance(to_nx(a), to_nx(b), node_match=lambda u, v: u["label"] == v["label"],
-                                        timeout=timeout))
+def graph_edit_distance(a: Any, b: Any, timeout: float, bond_labels: bool = False) -> tuple[float, bool]:
+    """GED between two networkx graphs (unit costs; node labels, edge labels if asked), the best found in
+    ``timeout`` seconds; also whether the limit was hit (the value is then an upper bound)."""
+    import networkx as nx
+    same = lambda u, v: u["label"] == v["label"]  # noqa: E731
+    start = time.perf_counter()
+    value = nx.graph_edit_distance(a, b, node_match=same, edge_match=same if bond_labels else None,
+                                   timeout=timeout)
+    return float(value), time.perf_counter() - start >= timeout
+
+
+def _ged_task(task: tuple) -> tuple[float, bool]:
+    return graph_edit_distance(*task)
+
+
+def graph_edit_distances(pairs: list[tuple[Any, Any]], timeout: float, workers: int, memo: dict
+                         ) -> dict[bool, list[tuple[float, bool]]]:
+    """GED (value, hit the time limit) of each (decoded, true) molecule pair, without and with bond labels.
+
+    Identical structures are 0 without search; ``memo`` (keyed by the two SMILES) keeps values across calls, as
+    rows often decode the same wrong graph; the rest runs on ``workers`` processes (the search is pure Python).
+    Graphs are built here and shipped as networkx graphs: a kekulised molecule re-parsed from its SMILES in
+    another process would be aromatic again.
+    """
+    todo: dict[tuple, tuple] = {}
+    for a, b in pairs:
+        for bonds in (False, True):
+            key = (a.smiles, b.smiles, bonds)
+            if key in memo or key in todo:
+                continue
+            if a.inchikey14 == b.inchikey14 and a.smiles == b.smiles:
+                memo[key] = (0.0, False)
+            else:
+                todo[key] = (to_nx(a, bonds), to_nx(b, bonds), timeout, bonds)
+    if workers > 1 and len(todo) > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+            memo.update(zip(todo, pool.map(_ged_task, todo.values(), chunksize=4)))
+    else:
+        memo.update(zip(todo, map(_ged_task, todo.values())))
+    return {bonds: [memo[(a.smiles, b.smiles, bonds)] for a, b in pairs] for bonds in (False, True)}
+
+
+def qm9_molecule(smiles: str) -> tuple[str, Any] | None:
+    """(canonical SMILES input, kekulised Molecule output), or None for unparsable and one-atom molecules.
+
+    RDKit drops the hydrogens on parsing; kekulising (aromatic flags cleared) makes every bond single, double or
+    triple, which is what the graph kernels and the GED with bond labels see. The input string is RDKit's
+    canonical (aromatic) SMILES, as for any other SMILES query.
+    """
+    from rdkit import Chem
+
+    from molpredict.molecules import Molecule
+    mol = Chem.MolFromSmiles(smiles)
+    if mol is None or mol.GetNumAtoms() < 2:
+        return None
+    text = Chem.MolToSmiles(mol)
+    Chem.Kekulize(mol, clearAromaticFlags=True)
+    return text, Molecule.from_rdkit(mol)
+
+
+def qm9_subset(path: Path, n: int, seed: int) -> tuple[list[str], list]:
+    """The first ``n`` usable molecules of a seeded permutation of the file's SMILES."""
+    smiles = [line.split()[0] for line in open(path, encoding="utf-8") if line.strip()]
+    strings, molecules = [], []
+    for i in np.random.default_rng(seed).permutation(len(smiles)):
+        item = qm9_molecule(smiles[i])
+        if item is not None:
+            strings.append(item[0])
+            molecules.append(item[1])
+            if len(molecules) == n:
+                break
+    return strings, molecules
+
+
+def qm9_rows(args: argparse.Namespace) -> list[Row]:
+    """Per output kernel: DSOKR (character transformer) and SISOKR (SMILES n-gram input kernel)."""
+    rows = []
+    for name in [k.strip() for k in args.output_kernels.split(",") if k.strip()]:
+        if name not in QM9_KERNELS:
+            raise SystemExit(f"unknown qm9 output kernel {name!r} (known: {', '.join(QM9_KERNELS)})")
+        output = QM9_KERNELS[name]
+        rows.append(Row(f"dsokr/transformer/{name}", "dsokr",
+                        dsokr_params(args, args.encoder or "transformer", output)))
+        if not args.skip_sisokr:
+            rows.append(Row(f"sisokr/smiles-ngram/{name}", "sisokr", dict(
+                input_kernel="smiles-ngram", output_kernel=output, input_sketch=f"subsample:m={args.m_x}",
+                output_sketch=f"subsample:m={args.m_y}", lam=args.lam_grid, device=args.device, seed=args.seed)))
+    return rows
 
 
 def run_qm9(args: argparse.Namespace, clock: Clock) -> dict[str, Any]:
-    from molpredict.errors import InputError
-    from molpredict.models.dsokr import DSOKR, candidate_sets
-    from molpredict.molecules import Molecule
+    from molpredict.models.dsokr import candidate_sets
     with clock("read"):
-        smiles = [line.split()[0] for line in open(args.data / "qm9" / "qm9.smi", encoding="utf-8") if line.strip()]
-        rng = np.random.default_rng(args.seed)
-        molecules = []
-        for i in rng.permutation(len(smiles)):  # a few QM9 SMILES do not parse in RDKit: skip them
-            try:
-                molecules.append(Molecule.from_smiles(smiles[i]))
-            except InputError:
-                continue
-            if len(molecules) == args.n_train + args.n_test:
-                break
-        strings = [m.smiles for m in molecules]   # canonical SMILES as inputs
-    x, y = strings[: args.n_train], molecules[: args.n_train]
-    xt, yt = strings[args.n_train:], molecules[args.n_train:]
-    n_val = max(1, args.n_train // 10)
-    xv, yv, x, y = x[:n_val], y[:n_val], x[n_val:], y[n_val:]
-    pool = molecules
+        strings, molecules = qm9_subset(args.data / "qm9" / "qm9.smi", args.n_train + args.n_val + args.n_test,
+                                        args.seed)
+    a, b = args.n_train, args.n_train + args.n_val
+    x, y = strings[:a], molecules[:a]
+    xv, yv = strings[a:b], molecules[a:b]
+    xt, yt = strings[b:], molecules[b:]
+    pool = y + yt
     report: dict[str, Any] = {"n_train": len(x), "n_val": len(xv), "n_test": len(xt), "n_candidates": len(pool),
-                              "ged_timeout_s": args.ged_timeout, "models": {}}
+                              "candidates": "training + test graphs", "ged_timeout_s": args.ged_timeout,
+                              "models": {}}
+    report["models"]["random"] = random_row(yt, pool)
     sets = candidate_sets(yt, pool)
+    memo: dict[tuple, tuple[float, bool]] = {}
 
     def evaluate(model: Any, name: str) -> dict[str, Any]:
-        result = metrics_of(model, xt, yt, pool)
-        scores = model.score_coordinates(model.predict_coordinates(xt), model.candidate_coordinates(sets.pool))
-        decoded = [sets.pool[j] for j in np.argmax(scores, axis=1)]
+        predictions = model.predict_coordinates(xt)
+        coordinates = model.candidate_coordinates(sets.pool)
+        result = scored_metrics(model, predictions, coordinates, sets)
         n_ged = min(len(xt), args.n_ged)
-        with clock(f"{name}_ged"):
-            distances = [graph_edit_distance(decoded[i], yt[i], args.ged_timeout) for i in range(n_ged)]
-        result["ged_mean"] = float(np.mean(distances))
+        decoded = [sets.pool[j] for j in np.argmax(model.score_coordinates(predictions[:n_ged], coordinates), 1)]
+        with clock(f"{name}/ged"):
+            distances = graph_edit_distances(list(zip(decoded, yt[:n_ged])), args.ged_timeout, args.ged_workers,
+                                             memo)
+        for bonds, key in ((False, "ged"), (True, "ged_bonds")):
+            pairs = distances[bonds]
+            result[f"{key}_mean"] = float(np.mean([d for d, _ in pairs])) if pairs else float("nan")
+            result[f"{key}_timeouts"] = int(sum(t for _, t in pairs))
         result["n_ged"] = n_ged
+        result["ged_s"] = clock.stages[f"{name}/ged"]["wall_s"]
         return result
 
-    spec = dict(encoder=args.encoder or "transformer", output_kernel="wl-subtree:n_iter=3",
-                output_sketch=f"subsample:m={args.m_y}", epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
-                patience=args.patience, n_members=args.members, device=args.device, seed=args.seed)
-    with clock("dsokr_fit"):
-        model = DSOKR(**spec).fit(x, y, val=(xv, yv))
-    report["models"]["dsokr"] = {"params": spec, "test": evaluate(model, "dsokr"), "history": model.history_,
-                                 "fit": clock.stages["dsokr_fit"]}
-    print(json.dumps({"dsokr": report["models"]["dsokr"]["test"]}), file=sys.stderr)
-    if not args.skip_sisokr:
-        from molpredict.models.okr import SISOKR
-        sspec = dict(input_kernel="smiles-ngram", output_kernel="wl-subtree:n_iter=3",
-                     input_sketch=f"subsample:m={args.m_x}", output_sketch=f"subsample:m={args.m_y}",
-                     lam=args.lam_grid, device=args.device, seed=args.seed)
-        with clock("sisokr_fit"):
-            reference = SISOKR(**sspec).fit(x, y, val=(xv, yv))
-        report["models"]["sisokr"] = {"params": sspec, "test": evaluate(reference, "sisokr"),
-                                      "lam": getattr(reference, "lam_", None), "fit": clock.stages["sisokr_fit"]}
-        print(json.dumps({"sisokr": report["models"]["sisokr"]["test"]}), file=sys.stderr)
+    run_rows(qm9_rows(args), (x, y, (xv, yv)), evaluate, clock, report, args)
     return report
 
 
-def main() -> None:
+# -- main ------------------------------------------------------------------------------------------------
+def table(report: dict[str, Any]) -> str:
+    """The rows as a plain-text table (hit@k in %, fit and evaluation wall seconds)."""
+    lines = [f"{'row':<46} {'hit@1':>6} {'hit@10':>6} {'MRR':>6} {'rank':>8} {'fit s':>7} {'eval s':>7}"]
+    for name, entry in report["models"].items():
+        t = entry["test"]
+        lines.append(f"{name:<46} {100 * t['hit@1']:>6.2f} {100 * t['hit@10']:>6.2f} {t['mrr']:>6.3f} "
+                     f"{t['mean_rank']:>8.1f} {entry['fit_s']:>7.1f} {entry['eval_s']:>7.1f}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("task", choices=["massbank", "chebi", "qm9"])
     parser.add_argument("--out", type=Path, default=ROOT / "bench-out")
     parser.add_argument("--data", type=Path, default=DATA)
-    parser.add_argument("--encoder", default=None, help="encoder spec (default per task)")
-    parser.add_argument("--m-y", type=int, default=1000)
-    parser.add_argument("--m-x", type=int, default=2000)
+    parser.add_argument("--quick", action="store_true", help="smoke-test sizes for every size option not given")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated model names or row-name prefixes to run (default: all rows), "
+                             "e.g. sisokr/text-ngram,embedding-regression")
+    parser.add_argument("--encoder", default=None, help="DSOKR encoder spec (default per task)")
+    parser.add_argument("--m-y", type=int, default=None,
+                        help="output sketch size (1000, chebi 2000; --quick 100)")
+    parser.add_argument("--m-x", type=int, default=None, help="SISOKR input sketch size (2000; --quick 200)")
     parser.add_argument("--lam", type=float, default=1e-4, help="SISOKR ridge (massbank)")
-    parser.add_argument("--lam-grid", default="1e-6|1e-5|1e-4|1e-3|1e-2", help="IOKR/SISOKR ridge grid (chebi, qm9)")
-    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--lam-grid", default="1e-6|1e-5|1e-4|1e-3|1e-2|1e-1",
+                        help="IOKR/SISOKR ridge grid, chosen on the held-out data (chebi, qm9)")
+    parser.add_argument("--epochs", type=int, default=None, help="DSOKR epochs (30; --quick 2)")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--patience", type=int, default=5)
-    parser.add_argument("--members", type=int, default=1)
+    parser.add_argument("--members", default=None,
+                        help="massbank: DSOKR member counts, one row each (1,3: a single network and a 3-member "
+                             "ensemble; --quick 1,2)")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, default=None, help="massbank: first N training records")
-    parser.add_argument("--test-limit", type=int, default=None, help="first N test records")
-    parser.add_argument("--val", type=int, default=2000, help="massbank: val_pos spectra for early stopping")
+    parser.add_argument("--test-limit", type=int, default=None, help="massbank, chebi: first N test records")
+    parser.add_argument("--val", type=int, default=None, help="massbank: val_pos spectra for early stopping (2000)")
+    parser.add_argument("--train-limit", type=int, default=None, help="chebi: first N training pairs")
+    parser.add_argument("--pool-limit", type=int, default=None,
+                        help="chebi: first N candidates of molecules.tsv (the test molecules are always added)")
     parser.add_argument("--skip-sisokr", action="store_true")
-    parser.add_argument("--skip-iokr", action="store_true")
-    parser.add_argument("--n-train", type=int, default=10000, help="qm9: training structures (10%% for validation)")
-    parser.add_argument("--n-test", type=int, default=500, help="qm9: test structures")
-    parser.add_argument("--n-ged", type=int, default=200, help="qm9: test queries whose GED is computed")
-    parser.add_argument("--ged-timeout", type=float, default=2.0)
-    args = parser.parse_args()
-    if args.encoder is None and args.task == "massbank":
-        args.encoder = "mlp"
-    clock = Clock()
-    wall, cpu = time.perf_counter(), time.process_time()
-    runner = {"massbank": run_massbank, "chebi": run_chebi, "qm9": run_qm9}[args.task]
-    report = runner(args, clock)
+    parser.add_argument("--n-train", type=int, default=None, help="qm9: training structures (20000)")
+    parser.add_argument("--n-val", type=int, default=None, help="qm9: validation structures (500)")
+    parser.add_argument("--n-test", type=int, default=None, help="qm9: test structures (2000)")
+    parser.add_argument("--output-kernels", default="wl-subtree",
+                        help="qm9: comma-separated output kernels among wl-subtree, nspd, core-wl")
+    parser.add_argument("--n-ged", type=int, default=None, help="qm9: test queries whose GED is computed (200)")
+    parser.add_argument("--ged-timeout", type=float, default=0.5,
+                        help="qm9: GED seconds per pair (the best path found by then is an upper bound)")
+    parser.add_argument("--ged-workers", type=int, default=min(2, os.cpu_count() or 1),
+                        help="qm9: processes for the GED search")
+    args = parser.parse_args(argv)
+    for name, (full, quick) in SIZES.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else TASK_SIZES.get(args.task, {}).get(name, full))
+    args.only = {s.strip() for s in args.only.split(",")} if args.only else None
+    return args
+
+
+def write_report(report: dict[str, Any], args: argparse.Namespace, clock: Clock) -> Path:
+    """Write ``dsokr_<task>.json`` (also after every row, so that an interrupted run keeps what it finished)."""
     report.update({"task": args.task, "args": {k: str(v) for k, v in vars(args).items()},
-                   "stages": clock.stages, "wall_s": round(time.perf_counter() - wall, 1),
-                   "cpu_s": round(time.process_time() - cpu, 1), "environment": environment()})
+                   "stages": clock.stages, "wall_s": round(time.perf_counter() - clock.start_wall, 1),
+                   "cpu_s": round(time.process_time() - clock.start_cpu, 1), "environment": environment()})
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"dsokr_{args.task}.json"
     path.write_text(json.dumps(report, indent=2, default=float))
-    print(json.dumps({k: v["test"] for k, v in report["models"].items()}, indent=2))
-    print(f"wrote {path}", file=sys.stderr)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    clock = Clock()
+    runner = {"massbank": run_massbank, "chebi": run_chebi, "qm9": run_qm9}[args.task]
+    report = runner(args, clock)
+    path = write_report(report, args, clock)
+    print(table(report))
+    print(f"wrote {path} ({report['wall_s']} s)", file=sys.stderr)
 
 
 if __name__ == "__main__":

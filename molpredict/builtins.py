@@ -17,6 +17,7 @@ INPUT_KERNELS = {
 OUTPUT_KERNELS = {
     "tanimoto": "molpredict.kernels.fingerprints:TanimotoKernel",
     "gaussian-tanimoto": "molpredict.kernels.fingerprints:GaussianTanimotoKernel",
+    "fingerprint-cosine": "molpredict.kernels.fingerprints:FingerprintCosineKernel",
     "wl-subtree": "molpredict.kernels.graphs:WLSubtreeKernel",
     "nspd": "molpredict.kernels.graphs:NSPDKernel",
     "core-wl": "molpredict.kernels.graphs:CoreWLKernel",

@@ -16,7 +16,8 @@ from molpredict.testing import check_kernel
 SPECTRUM_KERNELS = ["ppk", "ppk-losses", "cosine", "ppk:mz_sigma=auto,ppm=10,int_sigma=0.3",
                     "ppk-losses:loss_weight=0.2,intensity_power=0"]
 MOLECULE_KERNELS = ["tanimoto", "gaussian-tanimoto", "tanimoto:counts=true,size=512",
-                    "gaussian-tanimoto:fp=maccs", "wl-subtree", "nspd", "core-wl"]
+                    "gaussian-tanimoto:fp=maccs", "fingerprint-cosine", "fingerprint-cosine:counts=false,chiral=true",
+                    "wl-subtree", "nspd", "core-wl"]
 CONFORMANCE_SMILES = [
     "CCO", "c1ccccc1O", "CC(=O)O", "CCN", "C", "O", "[Na+]", "CC", "CC(=O)[O-].[Na+]", "c1ccc2ccccc2c1",
     "OCC(O)C(O)C(O)C(O)CO", "CC(C)NCC(O)c1ccc(O)cc1", "C1CC1CC(C)N", "CN1C=NC2=C1C(=O)N(C(=O)N2C)C", "CCO",

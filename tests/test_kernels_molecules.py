@@ -1,4 +1,4 @@
-"""Molecule kernels (tanimoto, gaussian-tanimoto, wl-subtree, core-wl, nspd) against naive references on small
+"""Molecule kernels (tanimoto, gaussian-tanimoto, fingerprint-cosine, wl-subtree, core-wl, nspd) against naive references on small
 hand-picked SMILES sets."""
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from molpredict.errors import SpecError
-from molpredict.kernels.fingerprints import GaussianTanimotoKernel, TanimotoKernel, minmax_counts, tanimoto_bits
+from molpredict.kernels.fingerprints import (FingerprintCosineKernel, GaussianTanimotoKernel, TanimotoKernel,
+                                             cosine_fingerprints, minmax_counts, tanimoto_bits)
 from molpredict.kernels.graphs import CoreWLKernel, NSPDKernel, WLSubtreeKernel
 from molpredict.molecules import Molecule
 
@@ -41,6 +42,14 @@ def naive_tanimoto(a: np.ndarray, b: np.ndarray) -> float:
 def naive_minmax(a: np.ndarray, b: np.ndarray) -> float:
     den = float(np.maximum(a, b).sum())
     return 1.0 if den == 0 else float(np.minimum(a, b).sum()) / den
+
+
+def naive_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    dot = sum(float(x) * float(y) for x, y in zip(a, b))
+    na, nb = math.sqrt(sum(float(x) ** 2 for x in a)), math.sqrt(sum(float(y) ** 2 for y in b))
+    if na == 0 or nb == 0:
+        return 1.0 if na == nb else 0.0
+    return dot / (na * nb)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -177,6 +186,81 @@ def test_spec_round_trip():
     k = get_registry().create("output_kernel", "gaussian-tanimoto:gamma=auto,fp=morgan,radius=2,size=4096")
     assert (k.gamma, k.fp, k.radius, k.size) == ("auto", "morgan", 2, 4096)
     assert str(k.to_spec()).startswith("gaussian-tanimoto:")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Fingerprint cosine
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("params", [dict(), dict(radius=1, size=128), dict(counts=False, size=512),
+                                    dict(chiral=True), dict(fp="rdkit", size=256)])
+def test_fingerprint_cosine_matches_naive(mols, params):
+    k = FingerprintCosineKernel(**params).fit(mols[:7])
+    fp_args = dict(kind=params.get("fp", "morgan"), radius=params.get("radius", 2), size=params.get("size", 2048),
+                   counts=params.get("counts", True), chiral=params.get("chiral", False))
+    fps = [m.fingerprint(**fp_args) for m in mols]
+    if fp_args["counts"]:
+        assert max(fp.max() for fp in fps) > 2  # counts, not bits
+    want = np.array([[naive_cosine(a, b) for b in fps[:7]] for a in fps])
+    np.testing.assert_allclose(k.transform(mols), want, rtol=1e-13, atol=1e-15)
+    gram = k.gram()
+    np.testing.assert_array_equal(np.diag(gram), 1.0)
+    np.testing.assert_allclose(gram, want[:7], rtol=1e-13, atol=1e-15)
+    np.testing.assert_array_equal(k.diagonal(mols), 1.0)
+
+
+@pytest.mark.parametrize("ratio", [0.0, 1e9])  # 0: always the sparse product, 1e9: always the GEMM
+def test_fingerprint_cosine_sparse_and_gemm_paths_agree(mols, monkeypatch, ratio):
+    import molpredict.kernels.fingerprints as mod
+
+    monkeypatch.setattr(mod, "SPARSE_SPEED_RATIO", ratio)
+    fps = [m.fingerprint(size=256, counts=True) for m in mols]
+    want = np.array([[naive_cosine(a, b) for b in fps[:6]] for a in fps])
+    k = FingerprintCosineKernel(size=256).fit(mols[:6])
+    np.testing.assert_allclose(k.transform(mols), want, rtol=1e-13, atol=1e-15)
+    a, b = np.stack(fps[:5]), np.stack(fps[5:])
+    np.testing.assert_allclose(cosine_fingerprints(a, b, "sparse"), cosine_fingerprints(a, b, "gemm"),
+                               rtol=1e-15, atol=0)
+
+
+def test_fingerprint_cosine_all_zero():
+    a = np.array([[0, 0, 0, 0], [3, 1, 0, 0]], dtype=np.float32)
+    b = np.array([[0, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0], [6, 2, 0, 0]], dtype=np.float32)
+    for method in ("auto", "sparse", "gemm"):
+        got = cosine_fingerprints(a, b, method)
+        np.testing.assert_allclose(got, [[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 3 / math.sqrt(10), 1.0]], rtol=1e-15)
+        assert got[0, 0] == 1.0 and got[1, 0] == 0.0  # exact, not merely close
+    with pytest.raises(ValueError):
+        cosine_fingerprints(-a, b)
+
+
+def test_fingerprint_cosine_all_zero_molecules():
+    # RDKit's path fingerprint of a single atom has no bit set (paths have at least one bond)
+    mols = [Molecule.from_smiles(s) for s in ["C", "O", "CCO", "CCN"]]
+    assert not mols[0].fingerprint(kind="rdkit", size=512, counts=True).any()
+    k = FingerprintCosineKernel(fp="rdkit", size=512)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # exact by construction: no degenerate-object warning
+        gram = k.fit(mols).gram()
+        cross = k.transform(mols[:2])
+    assert gram[0, 1] == 1.0 and cross[0, 1] == 1.0  # two empty fingerprints are identical
+    assert np.all(gram[:2, 2:] == 0.0) and np.all(cross[:, 2:] == 0.0)
+    np.testing.assert_array_equal(np.diag(gram), 1.0)
+    assert 0.0 < gram[2, 3] < 1.0
+
+
+@pytest.mark.parametrize("bad", [dict(fp="ecfp"), dict(fp="maccs"), dict(fp="rdkit", chiral=True)])
+def test_fingerprint_cosine_rejects_bad_parameters(bad):
+    with pytest.raises(SpecError):
+        FingerprintCosineKernel(**bad)
+
+
+def test_fingerprint_cosine_spec():
+    from molpredict.registry import get_registry
+
+    k = get_registry().create("output_kernel", "fingerprint-cosine:radius=3,size=1024,chiral=true")
+    assert isinstance(k, FingerprintCosineKernel)
+    assert (k.fp, k.radius, k.size, k.counts, k.chiral) == ("morgan", 3, 1024, True, True)
+    assert str(k.to_spec()).startswith("fingerprint-cosine:")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ PLUGIN_DIR = Path(__file__).resolve().parents[1] / "plugins" / "molpredict-precu
 
 ISSUE_NAMES = {
     "input_kernel": {"ppk", "ppk-losses", "cosine"},
-    "output_kernel": {"tanimoto", "gaussian-tanimoto"},
+    "output_kernel": {"tanimoto", "gaussian-tanimoto", "fingerprint-cosine"},
     "sketch": {"subsample", "gaussian", "p-sparsified-rademacher", "p-sparsified-gaussian", "accumulation",
                "adaptive"},
     "model": {"iokr", "siokr", "isokr", "sisokr"},

@@ -125,7 +125,8 @@ def candidate_sets(truths: Sequence[Any], candidates: Any = None, hit: str = "in
 def coordinate_metrics(predictions: np.ndarray, pool_coordinates: np.ndarray, sets: CandidateSets,
                        ks: Sequence[int] = (1, 5, 10), policy: str = "worst", scorer: Any = None
                        ) -> dict[str, float]:
-    """Mean hit@k and MRR of decoding by dot product (or ``scorer(P, C) -> scores``).
+    """Mean hit@k, MRR and ``rank`` (the mean rank of the truth, its set size + 1 when absent) of decoding by dot
+    product (or ``scorer(P, C) -> scores``).
 
     Parameters
     ----------
