@@ -12,9 +12,10 @@ row can be read beside chance.
 - ``massbank``: MS/MS -> structure. Train on train_pos (early stopping / lam on a seeded subset of val_pos),
   test on test_pos against ``candidates/test_formula256.json`` (each spectrum one query; hit = InChIKey first
   block). Rows: ``dsokr`` (``mlp`` on binned spectra, Gaussian-Tanimoto output kernel, subsample m_y) as a single
-  network and as ensembles (``--members 1,3``: one row per member count); ``sisokr`` (ppk, subsample m_x,
-  p-sparsified m_y; ``--skip-sisokr``); the ``prior`` baseline (a candidate's Tanimoto similarity to its 5
-  most similar training structures: it never looks at the spectrum).
+  network and as ensembles (``--members 1,3``: one row per member count); ``sisokr`` with ``molpredict train``'s
+  defaults (kernels, sketch sizes, lam grid; ``--skip-sisokr``); the ``prior`` baseline (a candidate's
+  Tanimoto similarity to its 5 most similar training structures: it never looks at the spectrum). Spectra are
+  cleaned by the default pipeline, as ``molpredict train`` and ``identify`` clean them.
 - ``chebi``: text -> molecule (ChEBI-20). Train on ``chebi20/val.tsv`` (the official training split is not
   available offline; 10% of its structures held out for early stopping and lam), test on ``test.tsv`` against
   all of ``molecules.tsv`` (hit = same canonical SMILES, stereo included, so the output kernels are chiral).
@@ -196,10 +197,17 @@ def dsokr_params(args: argparse.Namespace, encoder: str, output_kernel: str, mem
 
 # -- massbank --------------------------------------------------------------------------------------------
 def labelled_spectra(path: Path, limit: int | None, cache: dict) -> tuple[list, list]:
+    """Spectra with a parsable SMILES, cleaned by the default pipeline as ``molpredict train`` / ``identify``
+    clean them; those left without peaks are dropped."""
     from molpredict.io import read_spectra
     from molpredict.molecules import Molecule
+    from molpredict.spectra import CleaningPipeline
+    clean = CleaningPipeline()
     spectra, labels = [], []
     for spectrum in itertools.islice(read_spectra(path), limit):
+        spectrum = clean(spectrum)
+        if spectrum is None:
+            continue
         smiles = spectrum.smiles
         if not smiles or spectrum.n_peaks == 0:
             continue
@@ -215,17 +223,19 @@ def labelled_spectra(path: Path, limit: int | None, cache: dict) -> tuple[list, 
 
 
 def massbank_rows(args: argparse.Namespace) -> list[Row]:
-    """DSOKR single and ensembles, SISOKR, and the prior baseline."""
-    output = "gaussian-tanimoto:gamma=auto"
+    """DSOKR single and ensembles, SISOKR with ``molpredict train``'s defaults, and the prior baseline."""
+    from molpredict.training import DEFAULTS
+    output = DEFAULTS["output_kernel"]
     members = [int(m) for m in str(args.members).split(",") if m.strip()]
     dsokr = [Row("dsokr" if t == 1 else f"dsokr-ensemble{t}", "dsokr",
                  dsokr_params(args, args.encoder or "mlp", output, members=t)) for t in members]
     rows = [r for r in dsokr if r.params["n_members"] == 1]
     if not args.skip_sisokr:
-        rows.append(Row("sisokr", "sisokr", dict(
-            input_kernel="ppk", output_kernel=output, input_sketch=f"subsample:m={args.m_x}",
-            output_sketch=f"p-sparsified-rademacher:m={args.m_y}", lam=args.lam, device=args.device,
-            seed=args.seed)))
+        # the model a user gets from `molpredict train` (kernels, sketch sizes, lam grid selected on val)
+        defaults = {k: DEFAULTS[k] for k in ("input_kernel", "output_kernel", "input_sketch", "output_sketch", "lam")}
+        if args.quick:
+            defaults.update(input_sketch=f"subsample:m={args.m_x}", output_sketch=f"subsample:m={args.m_y}")
+        rows.append(Row("sisokr", DEFAULTS["model"], dict(defaults, device=args.device, seed=args.seed)))
     rows.append(Row("prior", "prior", dict(similarity="tanimoto", top_k=5)))
     return rows + [r for r in dsokr if r.params["n_members"] > 1]  # the costliest last
 
@@ -515,7 +525,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--m-y", type=int, default=None,
                         help="output sketch size (1000, chebi 2000; --quick 100)")
     parser.add_argument("--m-x", type=int, default=None, help="SISOKR input sketch size (2000; --quick 200)")
-    parser.add_argument("--lam", type=float, default=1e-4, help="SISOKR ridge (massbank)")
     parser.add_argument("--lam-grid", default="1e-6|1e-5|1e-4|1e-3|1e-2|1e-1",
                         help="IOKR/SISOKR ridge grid, chosen on the held-out data (chebi, qm9)")
     parser.add_argument("--epochs", type=int, default=None, help="DSOKR epochs (30; --quick 2)")
