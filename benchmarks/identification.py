@@ -505,6 +505,10 @@ def format_markdown(results: dict[str, Any]) -> str:
                  f"{machine.get('torch')} ({machine.get('torch_threads')} threads); load average at start "
                  f"{', '.join(f'{x:.1f}' for x in machine.get('load_average_start', []))}; total "
                  f"{results.get('wall_s', float('nan')) / 60:.1f} min.")
+    resumed = results.get("resumed")
+    if resumed:
+        lines[-1] += (f" Resumed run: the methods a first run ({(resumed.get('previous_wall_s') or float('nan')) / 60:.1f}"
+                      " min) completed were kept, the total above is this run's.")
     lines.append("")
     lines.append("hit@k and MRR in % / fraction per spectrum (worst tie policy; `random` shows the exact random "
                  "expectation, i.e. the average tie policy); [95% bootstrap interval]; `/struct` = averaged "
@@ -663,16 +667,36 @@ def write_outputs(results: dict[str, Any], out: Path) -> None:
 # Main
 # ----------------------------------------------------------------------------------------------------------
 
+def finished_methods(path: Path) -> dict[str, dict[str, Any]]:
+    """``{mode: {label: record}}`` of the methods a previous run under ``path`` (results.json) completed."""
+    if not path.is_file():
+        return {}
+    previous = json.loads(path.read_text())
+    return {mode: {label: record for label, record in previous.get(mode, {}).get("methods", {}).items()
+                   if "results" in record}
+            for mode in MODES if mode in previous}
+
+
 def run(out: Path, quick: bool = False, data: Path = DATA, only: set[str] | None = None, negative: bool = True,
-        budget_minutes: float = 43.0, n_boot: int = 1000, seed: int = 0, log: Callable[[str], None] | None = None
-        ) -> dict[str, Any]:
-    """Run the benchmark and write its outputs; returns the results dictionary."""
+        budget_minutes: float = 43.0, n_boot: int = 1000, seed: int = 0, log: Callable[[str], None] | None = None,
+        resume: bool = False) -> dict[str, Any]:
+    """Run the benchmark and write its outputs; returns the results dictionary.
+
+    With ``resume``, the methods that a previous run into ``out`` completed are kept as they are (their records
+    keep their own timings) and only the others run: for a run that its time budget cut short."""
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     results: dict[str, Any] = {"benchmark": "identification", "quick": quick, "seed": seed, "n_boot": n_boot,
                                "machine": _machine(), "data": str(data), "budget_minutes": budget_minutes}
     shared = SharedSetSource()
+    kept = finished_methods(out / "results.json") if resume else {}
+    if kept:
+        previous = json.loads((out / "results.json").read_text())
+        (out / "results.previous.json").write_text(json.dumps(previous, indent=1))  # results.json is rewritten
+        results["resumed"] = {"previous_wall_s": previous.get("wall_s"),
+                              "previous_machine": previous.get("machine"),
+                              "kept": {mode: sorted(labels) for mode, labels in kept.items()}}
     modes = ["positive"] + (["negative"] if negative else [])
     loaded = {}
     for mode in modes:
@@ -696,6 +720,9 @@ def run(out: Path, quick: bool = False, data: Path = DATA, only: set[str] | None
         if only and method.label not in only:
             continue
         methods = results[mode]["methods"]
+        if method.label in kept.get(mode, {}):
+            methods[method.label] = kept[mode][method.label]
+            continue
         elapsed = (time.perf_counter() - started) / 60
         if elapsed > budget_minutes:
             methods[method.label] = {"model": method.model, "group": method.group, "files": list(method.files),
@@ -734,10 +761,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="start no new method after this many minutes")
     parser.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the methods a previous run into --out completed; run only the others")
     args = parser.parse_args(argv)
     only = {s.strip() for s in args.only.split(",")} if args.only else None
     run(args.out, quick=args.quick, data=args.data, only=only, negative=not args.no_negative,
-        budget_minutes=args.budget_minutes, n_boot=args.n_boot, seed=args.seed)
+        budget_minutes=args.budget_minutes, n_boot=args.n_boot, seed=args.seed, resume=args.resume)
     return 0
 
 

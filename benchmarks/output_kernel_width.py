@@ -1,6 +1,7 @@
 """Choose the output side (kernel width, output sketch size) by decoding on validation data (never on test).
 
-Usage: python benchmarks/output_kernel_width.py [--out DIR] [--gammas auto,1,2,4] [--sizes 4000/2000,4000/none] [--mode positive]
+Usage: python benchmarks/output_kernel_width.py [--out DIR] [--gammas auto,1,2,4] [--sizes 4000/2000,4000/none]
+                                                   [--size-kernel SPEC] [--mode positive]
 
 The ridge ``lam`` is chosen by validation kernel loss, as in ``molpredict train``; but kernel losses under
 different output kernels live in different feature spaces, so they cannot choose the output kernel itself. This
@@ -33,8 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tanimoto", action=argparse.BooleanOptionalAction, default=True,
                         help="also plain tanimoto (the gamma -> 0 shape)")
     parser.add_argument("--sizes", default="4000/2000,4000/none",
-                        help="m_x/m_y pairs (m_y 'none': output not sketched) trained with --size-gamma")
-    parser.add_argument("--size-gamma", default="auto")
+                        help="m_x/m_y pairs (m_y 'none': output not sketched) trained with --size-kernel")
+    parser.add_argument("--size-kernel", default="gaussian-tanimoto:gamma=auto", help="output kernel of --sizes")
     parser.add_argument("--mode", choices=list(bench.MODES), default="positive")
     parser.add_argument("--n-boot", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [(f"B {spec}", "sisokr", bench._sisokr(2000, 1000, output_kernel=spec)) for spec in kernels]
     for pair in filter(None, args.sizes.split(",")):
         m_x, m_y = pair.split("/")
-        spec = f"gaussian-tanimoto:gamma={args.size_gamma}"
+        spec = args.size_kernel
         params = {"input_sketch": f"subsample:m={m_x}", "output_kernel": spec}
         if m_y == "none":
             rows.append((f"m_x {m_x}, no output sketch, {spec}", "siokr", params))

@@ -73,3 +73,29 @@ def test_numbers_are_sane(quick_run):
     sisokr = results["positive"]["methods"]["sisokr"]["results"]["formula256"]
     assert sisokr["hit@1"] > 1.5 * sisokr["random"]["hit@1"]
     assert {a["aim"] for a in results["aims"]} >= {"sisokr hit@1 >= 2x prior"}
+
+
+def test_resume_reruns_only_the_missing_methods(quick_run, tmp_path):
+    out, results = quick_run
+    resumed_out = tmp_path / "resumed"
+    resumed_out.mkdir()
+    cut = json.loads((out / "results.json").read_text())
+    del cut["positive"]["methods"]["random"]                      # as if the budget had stopped before it
+    cut["negative"]["methods"]["prior"] = {"model": "prior", "skipped": "time budget (1 min) spent"}
+    (resumed_out / "results.json").write_text(json.dumps(cut))
+    bench = load_benchmark()
+    assert bench.main(["--out", str(resumed_out), "--quick", "--data", str(require_shared()), "--n-boot", "200",
+                       "--resume"]) == 0
+    again = json.loads((resumed_out / "results.json").read_text())
+    assert (resumed_out / "results.previous.json").is_file()
+    for mode in ("positive", "negative"):
+        assert set(again[mode]["methods"]) == set(results[mode]["methods"])
+    # kept records are the first run's own (same timings); the missing and the skipped ones ran again
+    for label in ("sisokr", "prior"):
+        kept, first = again["positive"]["methods"][label], cut["positive"]["methods"][label]
+        assert (kept["fit_s"], kept["started_min"]) == (first["fit_s"], first["started_min"])
+        assert kept["results"]["formula256"]["hit@1"] == first["results"]["formula256"]["hit@1"]
+    assert "results" in again["positive"]["methods"]["random"]
+    assert "results" in again["negative"]["methods"]["prior"]
+    assert again["resumed"]["kept"]["positive"] == sorted(set(cut["positive"]["methods"]))
+    assert "Resumed run" in (resumed_out / "results.md").read_text()
