@@ -72,6 +72,11 @@ SIZES: dict[str, tuple[Any, Any]] = {
 }
 #: full-run sizes that differ per task: ChEBI-20 trains on ~3,000 pairs, so larger output sketches are cheap there
 TASK_SIZES: dict[str, dict[str, Any]] = {"chebi": {"m_y": 2000}}
+#: DSOKR optimiser settings per task (also under ``--quick``), for the options not given on the command line. QM9's
+#: character transformer: on a 2,000 / 300 structure split (validation, 20 epochs) lr 3e-3 with 100 warm-up
+#: steps gave val hit@1 19.7% against 3.7% for lr 1e-3; lr 3e-3 without warm-up stayed near the mean predictor
+OPTIMISER: dict[str, Any] = {"lr": 1e-3, "warmup": 0}
+TASK_OPTIMISER: dict[str, dict[str, Any]] = {"qm9": {"lr": 3e-3, "warmup": 100}}
 
 
 class Clock:
@@ -191,7 +196,8 @@ def split_by_structure(molecules: list, fraction: float, seed: int) -> tuple[np.
 
 def dsokr_params(args: argparse.Namespace, encoder: str, output_kernel: str, members: int = 1) -> dict[str, Any]:
     return dict(encoder=encoder, output_kernel=output_kernel, output_sketch=f"subsample:m={args.m_y}",
-                epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, patience=args.patience,
+                epochs=args.epochs, lr=args.lr, warmup=args.warmup, batch_size=args.batch_size,
+                patience=args.patience,
                 n_members=members, device=args.device, seed=args.seed)
 
 
@@ -528,7 +534,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lam-grid", default="1e-6|1e-5|1e-4|1e-3|1e-2|1e-1",
                         help="IOKR/SISOKR ridge grid, chosen on the held-out data (chebi, qm9)")
     parser.add_argument("--epochs", type=int, default=None, help="DSOKR epochs (30; --quick 2)")
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--lr", type=float, default=None, help="DSOKR learning rate (1e-3, qm9 3e-3)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="DSOKR linear learning-rate warm-up steps (0, qm9 100)")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--patience", type=int, default=5)
     parser.add_argument("--members", default=None,
@@ -557,6 +565,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, (full, quick) in SIZES.items():
         if getattr(args, name) is None:
             setattr(args, name, quick if args.quick else TASK_SIZES.get(args.task, {}).get(name, full))
+    for name, value in OPTIMISER.items():
+        if getattr(args, name) is None:
+            setattr(args, name, TASK_OPTIMISER.get(args.task, {}).get(name, value))
     args.only = {s.strip() for s in args.only.split(",")} if args.only else None
     return args
 

@@ -188,6 +188,13 @@ class _CharTransformer(nn.Module):
         self.body = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, out_dim)
+        # Start from g(x) = 0. The targets psi~(y) have norm <= 1 spread over p_y (~1000) coordinates, while the
+        # default Linear init on a layer-normed input gives each output variance ~1/3, so ||g||^2 ~ p_y / 3 at
+        # the start: the first hundreds of steps then went into shrinking the output, which washed out the
+        # token features (QM9: 2,000 SMILES, hit@1 at chance, validation loss at the mean predictor's; it could
+        # not even fit 200 training molecules). A zero head starts at loss ~k_y(y, y) and learns from step 1.
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         pad = ids == PAD
