@@ -72,15 +72,18 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "output_kernel_width.json").write_text(json.dumps(bench_ready(results), indent=1))
     lines = [f"Decoding val_{bench.MODES[args.mode]} (hit@k %, MRR; lam by validation kernel loss; B = m_x 2000, "
              "m_y 1000)", "",
-             "| model | resolved output kernel | fit s | " + " | ".join(f"{f} hit@1 | {f} hit@10 | {f} MRR" for f in files) + " |",
+             "| model | gamma | fit s | " + " | ".join(f"{f} hit@1 | {f} hit@10 | {f} MRR" for f in files) + " |",
              "|---|---|---:|" + "---:|" * (3 * len(files))]
     for label, record in results["rows"].items():
-        resolved = (record.get("selection") or [{}])[0].get("output_kernel_resolved", "")
+        resolved = (record.get("selection") or [{}])[0].get("output_kernel_resolved") or ""
+        gamma = next((p.split("=", 1)[1] for p in resolved.split(":", 1)[-1].split(",") if p.startswith("gamma=")),
+                     "")
         cells = []
         for f in files:
             m = record["results"][f]
             cells += [f"{100 * m['hit@1']:.1f}", f"{100 * m['hit@10']:.1f}", f"{m['mrr']:.3f}"]
-        lines.append(f"| {label} | {resolved} | {record['fit_s']:.0f} | " + " | ".join(cells) + " |")
+        gamma = f"{float(gamma):.3g}" if gamma else "-"
+        lines.append(f"| {label} | {gamma} | {record['fit_s']:.0f} | " + " | ".join(cells) + " |")
     (args.out / "output_kernel_width.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
