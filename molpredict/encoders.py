@@ -34,14 +34,20 @@ __all__ = ["Encoder", "MLPEncoder", "TransformerEncoder", "TextEmbeddingEncoder"
 def mlp_layers(d_in: int, hidden: int, layers: int, dropout: float, out_dim: int) -> nn.Sequential:
     """``layers`` hidden blocks (Linear, ReLU, Dropout) of width ``hidden`` and a final Linear to ``out_dim``.
 
-    ``layers=0`` gives a single linear map.
+    ``layers=0`` gives a single linear map. The final Linear starts at zero (the hidden layers keep PyTorch's
+    default initialisation), so the network's output is 0 before training.
     """
     blocks: list[nn.Module] = []
     width = d_in
     for _ in range(int(layers)):
         blocks += [nn.Linear(width, int(hidden)), nn.ReLU(), nn.Dropout(float(dropout))]
         width = int(hidden)
-    blocks.append(nn.Linear(width, int(out_dim)))
+    final = nn.Linear(width, int(out_dim))
+    # Start from g(x) = 0, as the transformer's head: targets psi~(y) have norm <= 1, and on MassBank (DSOKR, 10k
+    # spectra, 3 seeds) this gave a lower validation loss and higher MRR than the default init (see git log).
+    nn.init.zeros_(final.weight)
+    nn.init.zeros_(final.bias)
+    blocks.append(final)
     return nn.Sequential(*blocks)
 
 

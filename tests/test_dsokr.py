@@ -37,7 +37,10 @@ def test_training_reduces_the_loss_and_decodes(registry, data):
     (x, y), (xv, yv) = data
     model = _model().fit(x, y)
     losses = model.history_[0]["train_loss"]
-    assert len(losses) == 25 and losses[-1] < 0.2 * losses[0]
+    # against the mean predictor, not the first epoch: the network starts at g = 0, so epoch 1 is already low
+    psi, kyy = model.bases_[0].coordinates(y), model.bases_[0].diagonal(y)
+    mean_predictor = float(((psi - psi.mean(0)) ** 2).sum(1).mean() + (kyy - (psi ** 2).sum(1)).mean())
+    assert len(losses) == 25 and losses[-1] < 0.2 * mean_predictor  # ~0.08 vs 0.72
     metrics = model.validation_metrics(xv, yv)        # 80 candidates: random hit@1 = 1.25%
     assert metrics["hit@1"] > 0.3 and metrics["mrr"] > 0.45
     assert model.predict_coordinates(xv).shape == (80, model.bases_[0].rank_)

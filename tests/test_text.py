@@ -129,6 +129,34 @@ def test_mlp_encoder_with_input_kernel_features_round_trips():
     assert net(encoder.to_tensor(features, torch.device("cpu"))).shape == (5, 4)
 
 
+def test_mlp_encoder_starts_at_zero_and_dsokr_fits_spectra():
+    """The final Linear of ``mlp_layers`` starts at zero (g(x) = 0, hidden layers random), and DSOKR with the mlp
+    encoder still fits a small problem: targets are the intensity shares of three m/z ranges."""
+    from dsokr_helpers import install_synthetic_registry
+    from molpredict.encoders import MLPEncoder, TextEmbeddingEncoder, mlp_layers
+    from molpredict.models.dsokr import DSOKR
+    install_synthetic_registry()
+    spectra = _spectra(120, 2)
+    encoder = MLPEncoder(max_mz=500.0, hidden=32, layers=2).fit(spectra)
+    torch.manual_seed(0)
+    net = encoder.build(50)
+    x = encoder.to_tensor(encoder.featurize(spectra), torch.device("cpu"))
+    head = TextEmbeddingEncoder(hidden=16).fit([]).build(5)  # frozen (CPU): the head alone
+    with torch.no_grad():
+        assert float(net(x).abs().max()) == 0.0
+        assert float(net[0].weight.abs().max()) > 0 and float(net[3].weight.abs().max()) > 0  # hidden: random
+        assert float(mlp_layers(7, 16, 0, 0.0, 5)(torch.ones(2, 7)).abs().max()) == 0.0  # layers=0: linear
+        assert float(head(torch.ones(2, 384)).abs().max()) == 0.0
+    targets = [np.array([s.intensities[(s.mz >= lo) & (s.mz < lo + 100)].sum() for lo in (50, 150, 250)])
+               / s.intensities.sum() for s in spectra]
+    model = DSOKR(encoder="mlp:max_mz=500.0;hidden=64;layers=1;dropout=0.0", output_kernel="test-rbf:gamma=1.0",
+                  output_sketch="subsample:m=40", epochs=30, lr=3e-3, batch_size=16, device="cpu").fit(spectra, targets)
+    basis = model.bases_[0]
+    psi, kyy = basis.coordinates(targets), basis.diagonal(targets)
+    mean_predictor = float(((psi - psi.mean(0)) ** 2).sum(1).mean() + (kyy - (psi ** 2).sum(1)).mean())
+    assert model.kernel_loss(spectra, targets) < 0.1 * mean_predictor  # ~0.0005 vs 0.12
+
+
 def test_text_embedding_encoder_frozen_and_finetuned():
     require_embeddings()
     from dsokr_helpers import install_synthetic_registry
