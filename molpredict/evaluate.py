@@ -407,10 +407,12 @@ def evaluate_text(pairs_paths: Sequence[str | Path], bundles: Sequence[tuple[str
 def format_report(results: dict[str, Any]) -> str:
     """A compact human-readable table of :func:`evaluate`'s results."""
     lines = []
-    header = f"{'model':<24} {'n':>6} {'hit@1':>7} {'hit@5':>7} {'hit@10':>7} {'hit@20':>7} {'MRR':>7} {'rank':>7}"
+    width = max([len("model")] + [len(label) for label in results])  # whole model paths: a cut one misleads
+    header = (f"{'model':<{width}} {'n':>6} {'hit@1':>7} {'hit@5':>7} {'hit@10':>7} {'hit@20':>7} {'MRR':>7} "
+              f"{'rank':>7}")
     lines.append(header)
     for label, m in results.items():
-        lines.append(f"{label[-24:]:<24} {m['n_queries']:>6} " + " ".join(
+        lines.append(f"{label:<{width}} {m['n_queries']:>6} " + " ".join(
             f"{100 * m[f'hit@{k}']:>6.2f}%" for k in KS) + f" {m['mrr']:>7.4f} {m['mean_rank']:>7.2f}")
     for label, m in results.items():
         lines.append("")

@@ -133,6 +133,10 @@ def test_cli_json_plot_and_two_models(setup):
     text = CliRunner().invoke(cli, ["evaluate", str(tmp_path / "queries.mgf"), "--model", str(tmp_path / "model"),
                                     "--candidates", str(tmp_path / "sets.json"), "--n-boot", "20"])
     assert text.exit_code == 0 and "hit@1" in text.stdout and "random ranking" in text.stdout
+    # the table names each model by its whole path (tmp paths are long), columns aligned under the header
+    header, row = text.stdout.splitlines()[:2]
+    assert row.startswith(str(tmp_path / "model") + " ")
+    assert header.index("hit@1") + len("hit@1") == row.index("%") + 1
 
 
 def test_cli_evaluate_bad_inputs(setup):
