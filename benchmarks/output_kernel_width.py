@@ -34,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tanimoto", action=argparse.BooleanOptionalAction, default=True,
                         help="also plain tanimoto (the gamma -> 0 shape)")
     parser.add_argument("--sizes", default="4000/2000,4000/none",
-                        help="m_x/m_y pairs (m_y 'none': output not sketched) trained with --size-kernel")
+                        help="m_x/m_y pairs (m_y: a sub-sampling size, 'none' for no output sketch, or a sketch "
+                             "spec such as p-sparsified-rademacher:m=2000) trained with --size-kernel")
     parser.add_argument("--size-kernel", default="gaussian-tanimoto:gamma=auto", help="output kernel of --sizes")
     parser.add_argument("--mode", choices=list(bench.MODES), default="positive")
     parser.add_argument("--n-boot", type=int, default=200)
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         params = {"input_sketch": f"subsample:m={m_x}", "output_kernel": spec}
         if m_y == "none":
             rows.append((f"m_x {m_x}, no output sketch, {spec}", "siokr", params))
+        elif ":" in m_y:  # a whole output sketch spec
+            rows.append((f"m_x {m_x}, output {m_y}, {spec}", "sisokr", {**params, "output_sketch": m_y}))
         else:
             rows.append((f"m_x {m_x}, m_y {m_y}, {spec}", "sisokr", {**params, "output_sketch": f"subsample:m={m_y}"}))
     results = {"split": "val", "mode": args.mode, "data": data.info, "rows": {}}
