@@ -16,6 +16,18 @@ SHARED_DATA = Path(os.environ.get("MOLPREDICT_SHARED_DATA", PROJECT_ROOT.parent 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
+def load_benchmark(name: str):
+    """Import ``benchmarks/<name>.py`` (not a package) as a module named ``benchmark_<name>``."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(f"benchmark_{name}", PROJECT_ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
 def require_shared(*relative: str) -> Path:
     """Path under ../shared/data; skips when absent locally, fails when CI=true (CI always has it)."""
     path = SHARED_DATA.joinpath(*relative)

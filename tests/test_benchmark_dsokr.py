@@ -1,25 +1,18 @@
 """``benchmarks/dsokr.py``: its pure helpers (QM9 molecules, GED, the random row, sizes) and a ``qm9 --quick`` run."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 import numpy as np
 import pytest
 
-from conftest import PROJECT_ROOT, require_shared
+from conftest import load_benchmark, require_shared
 from molpredict.molecules import Molecule
 
 
 @pytest.fixture(scope="module")
 def bench():
-    path = PROJECT_ROOT / "benchmarks" / "dsokr.py"
-    spec = importlib.util.spec_from_file_location("benchmark_dsokr", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("dsokr")
 
 
 def test_qm9_molecules_are_kekulised_and_one_atom_ones_dropped(bench):

@@ -2,25 +2,14 @@
 JSON, markdown and plots."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 
 import pytest
 
-from conftest import PROJECT_ROOT, require_shared
+from conftest import load_benchmark, require_shared
 
 pytestmark = pytest.mark.shared
-
-
-def load_benchmark():
-    path = PROJECT_ROOT / "benchmarks" / "identification.py"
-    spec = importlib.util.spec_from_file_location("benchmark_identification", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +18,7 @@ def quick_run(tmp_path_factory):
     for name in ("massbank/train_pos.mgf", "massbank/train_neg.mgf", "candidates/test_formula256.json"):
         require_shared(*name.split("/"))
     out = tmp_path_factory.mktemp("bench")
-    bench = load_benchmark()
+    bench = load_benchmark("identification")
     assert bench.main(["--out", str(out), "--quick", "--data", str(data), "--n-boot", "200"]) == 0
     return out, json.loads((out / "results.json").read_text())
 
@@ -83,7 +72,7 @@ def test_resume_reruns_only_the_missing_methods(quick_run, tmp_path):
     del cut["positive"]["methods"]["random"]                      # as if the budget had stopped before it
     cut["negative"]["methods"]["prior"] = {"model": "prior", "skipped": "time budget (1 min) spent"}
     (resumed_out / "results.json").write_text(json.dumps(cut))
-    bench = load_benchmark()
+    bench = load_benchmark("identification")
     assert bench.main(["--out", str(resumed_out), "--quick", "--data", str(require_shared()), "--n-boot", "200",
                        "--resume"]) == 0
     again = json.loads((resumed_out / "results.json").read_text())

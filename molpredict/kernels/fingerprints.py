@@ -250,7 +250,29 @@ class _Fingerprints:
         return self.cached("f32", lambda: np.asarray(self.matrix, dtype=np.float32))
 
 
-class TanimotoKernel(OutputKernel):
+class _FingerprintKernel(OutputKernel):
+    """An output kernel on one fingerprint setting of the molecules (the parameters and featurisation that
+    ``tanimoto``, ``gaussian-tanimoto`` and ``fingerprint-cosine`` share)."""
+
+    normalized: ClassVar[bool] = False
+    unit_diagonal: ClassVar[bool] = True
+
+    def __init__(self, fp: str = "morgan", radius: int = 2, size: int = 2048, counts: bool = False,
+                 n_jobs: int = 1, chiral: bool = False) -> None:
+        self.fp = fp
+        self.radius = radius
+        self.size = size
+        self.counts = counts
+        self.n_jobs = n_jobs
+        self.chiral = chiral
+        _check_fingerprint_params(fp, counts, chiral)
+
+    def featurize(self, objects: Sequence[Molecule]) -> _Fingerprints:
+        return _Fingerprints(fingerprint_matrix(list(objects), kind=self.fp, radius=self.radius, size=self.size,
+                                                counts=self.counts, n_jobs=self.n_jobs, chiral=self.chiral))
+
+
+class TanimotoKernel(_FingerprintKernel):
     """Tanimoto (bits) or MinMax (counts) similarity of fingerprints (registry name ``tanimoto``).
 
     Parameters
@@ -269,23 +291,6 @@ class TanimotoKernel(OutputKernel):
         Morgan only: chirality-aware atom environments, so that stereoisomers are told apart (needed where a
         hit is the same stereoisomer, e.g. text -> molecule on ChEBI-20).
     """
-
-    normalized: ClassVar[bool] = False
-    unit_diagonal: ClassVar[bool] = True
-
-    def __init__(self, fp: str = "morgan", radius: int = 2, size: int = 2048, counts: bool = False,
-                 n_jobs: int = 1, chiral: bool = False) -> None:
-        self.fp = fp
-        self.radius = radius
-        self.size = size
-        self.counts = counts
-        self.n_jobs = n_jobs
-        self.chiral = chiral
-        _check_fingerprint_params(fp, counts, chiral)
-
-    def featurize(self, objects: Sequence[Molecule]) -> _Fingerprints:
-        return _Fingerprints(fingerprint_matrix(list(objects), kind=self.fp, radius=self.radius, size=self.size,
-                                                counts=self.counts, n_jobs=self.n_jobs, chiral=self.chiral))
 
     def similarity(self, fa: _Fingerprints, fb: _Fingerprints) -> np.ndarray:
         """Tanimoto / MinMax similarity, shape (len(fa), len(fb))."""
@@ -366,7 +371,7 @@ class GaussianTanimotoKernel(TanimotoKernel):
         return np.exp(t, out=t)
 
 
-class FingerprintCosineKernel(OutputKernel):
+class FingerprintCosineKernel(_FingerprintKernel):
     """Cosine similarity of fingerprints, by default Morgan counts (registry name ``fingerprint-cosine``).
 
     ``k(a, b) = <a, b> / (|a| |b|)``: the linear kernel on unit-length fingerprints, so a ridge regression with
@@ -390,22 +395,9 @@ class FingerprintCosineKernel(OutputKernel):
         Morgan only: chirality-aware atom environments, so that stereoisomers are told apart.
     """
 
-    normalized: ClassVar[bool] = False
-    unit_diagonal: ClassVar[bool] = True
-
     def __init__(self, fp: str = "morgan", radius: int = 2, size: int = 2048, counts: bool = True,
                  n_jobs: int = 1, chiral: bool = False) -> None:
-        self.fp = fp
-        self.radius = radius
-        self.size = size
-        self.counts = counts
-        self.n_jobs = n_jobs
-        self.chiral = chiral
-        _check_fingerprint_params(fp, counts, chiral)
-
-    def featurize(self, objects: Sequence[Molecule]) -> _Fingerprints:
-        return _Fingerprints(fingerprint_matrix(list(objects), kind=self.fp, radius=self.radius, size=self.size,
-                                                counts=self.counts, n_jobs=self.n_jobs, chiral=self.chiral))
+        super().__init__(fp, radius, size, counts, n_jobs, chiral)  # counts by default, unlike Tanimoto
 
     def pairwise(self, fa: _Fingerprints, fb: _Fingerprints) -> np.ndarray:
         """Cosine similarity, shape (len(fa), len(fb))."""
