@@ -40,15 +40,17 @@ DEFAULTS: dict[str, Any] = {
 }
 
 #: Text -> molecule defaults (pairs tables such as ChEBI-20): TF-IDF word 1-2-grams (no extra package; the
-#: ``text-embedding`` kernel needs ``pip install molpredict[text]``), the spectra's output kernel on chirality-aware
-#: Morgan bits (a text hit is the same stereoisomer: plain bits tie every stereoisomer with the truth), and
+#: ``text-embedding`` kernel needs ``pip install molpredict[text]``), the cosine of chirality-aware Morgan counts
+#: (a text hit is the same stereoisomer: plain bits tie every stereoisomer with the truth; on the held-out 10% of
+#: ChEBI-20's val.tsv against all 33,010 molecules it ranks the truth first for 8.8% of the descriptions, MRR 0.149,
+#: where the chiral Gaussian-Tanimoto on bits got 0.0% / 0.055 and on counts 0.0% / 0.059), and
 #: no sketch below the spectra defaults' sizes (a few thousand pairs fit exactly in seconds): the input side is
 #: sub-sampled to 4000 landmarks only beyond 4000 pairs, the output side to 2000 beyond 2000 structures (which
 #: also bounds the candidate coordinates at 2000 numbers per library molecule). DSOKR's default encoder for
 #: text is ``text-embedding``.
 TEXT_DEFAULTS: dict[str, Any] = {
     "input_kernel": "text-ngram",
-    "output_kernel": "gaussian-tanimoto:chiral=true",
+    "output_kernel": "fingerprint-cosine:chiral=true",
     "lam": DEFAULTS["lam"],
     "input_landmarks": 4000,
     "output_landmarks": 2000,

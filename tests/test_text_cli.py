@@ -207,7 +207,7 @@ def test_evaluate_text_against_library(text_model, tmp_path):
     assert spectra_keys <= set(m)
     assert m["n_queries"] == 30 and m["n_skipped"] == 2 and m["candidates"]["max"] == 50
     # training descriptions: every molecule is ranked first, the stereoisomer pairs (E/Z but-2-ene, L/D-alanine)
-    # included, since the default text output kernel uses chirality-aware Morgan bits
+    # included, since the default text output kernel uses chirality-aware Morgan counts
     assert m["hit@1"] == 1.0 and m["mean_rank"] == 1.0 and m["average_ties"]["hit@1"] == 1.0
     assert m["random"]["hit@1"] == pytest.approx(1 / 50)
 
