@@ -381,18 +381,10 @@ class FingerprintCosineKernel(_FingerprintKernel):
 
     Parameters
     ----------
-    fp : {"morgan", "maccs", "rdkit"}
-        Fingerprint kind (see :meth:`molpredict.molecules.Molecule.fingerprint`).
-    radius : int
-        Morgan radius.
-    size : int
-        Fingerprint length (ignored for maccs).
     counts : bool
         Count fingerprint (default) or bits (then the cosine is ``|a & b| / sqrt(|a| |b|)``).
-    n_jobs : int
-        Worker processes for the fingerprints of large batches (``molecules.fingerprint_matrix``).
-    chiral : bool
-        Morgan only: chirality-aware atom environments, so that stereoisomers are told apart.
+    fp, radius, size, n_jobs, chiral
+        As in :class:`TanimotoKernel`.
     """
 
     def __init__(self, fp: str = "morgan", radius: int = 2, size: int = 2048, counts: bool = True,
