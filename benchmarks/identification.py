@@ -667,11 +667,8 @@ def write_outputs(results: dict[str, Any], out: Path) -> None:
 # Main
 # ----------------------------------------------------------------------------------------------------------
 
-def finished_methods(path: Path) -> dict[str, dict[str, Any]]:
-    """``{mode: {label: record}}`` of the methods a previous run under ``path`` (results.json) completed."""
-    if not path.is_file():
-        return {}
-    previous = json.loads(path.read_text())
+def finished_methods(previous: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{mode: {label: record}}`` of the methods a previous run's results (results.json) completed."""
     return {mode: {label: record for label, record in previous.get(mode, {}).get("methods", {}).items()
                    if "results" in record}
             for mode in MODES if mode in previous}
@@ -690,9 +687,10 @@ def run(out: Path, quick: bool = False, data: Path = DATA, only: set[str] | None
     results: dict[str, Any] = {"benchmark": "identification", "quick": quick, "seed": seed, "n_boot": n_boot,
                                "machine": _machine(), "data": str(data), "budget_minutes": budget_minutes}
     shared = SharedSetSource()
-    kept = finished_methods(out / "results.json") if resume else {}
+    previous_path = out / "results.json"
+    previous = json.loads(previous_path.read_text()) if resume and previous_path.is_file() else {}
+    kept = finished_methods(previous)
     if kept:
-        previous = json.loads((out / "results.json").read_text())
         (out / "results.previous.json").write_text(json.dumps(previous, indent=1))  # results.json is rewritten
         results["resumed"] = {"previous_wall_s": previous.get("wall_s"),
                               "previous_machine": previous.get("machine"),

@@ -24,6 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import identification as bench  # noqa: E402  (the benchmark's data loading and per-method runner)
+from molpredict.modelfile import json_ready  # noqa: E402
+from molpredict.specs import parse_spec  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,18 +69,18 @@ def main(argv: list[str] | None = None) -> int:
         params = {"input_sketch": f"subsample:m={m_x}", "output_kernel": spec}
         if m_y == "none":
             rows.append((f"m_x {m_x}, no output sketch, {spec}", "siokr", params))
-        elif ":" in m_y:  # a whole output sketch spec
-            rows.append((f"m_x {m_x}, output {m_y}, {spec}", "sisokr", {**params, "output_sketch": m_y}))
-        else:
-            rows.append((f"m_x {m_x}, m_y {m_y}, {spec}", "sisokr", {**params, "output_sketch": f"subsample:m={m_y}"}))
+            continue
+        sketch = m_y if ":" in m_y else f"subsample:m={m_y}"  # a whole output sketch spec, or a sub-sampling size
+        label = f"m_x {m_x}, output {m_y}" if ":" in m_y else f"m_x {m_x}, m_y {m_y}"
+        rows.append((f"{label}, {spec}", "sisokr", {**params, "output_sketch": sketch}))
     results = {"split": "val", "mode": args.mode, "data": data.info, "rows": {}}
     for label, model, params in rows:
         method = bench.Method(label, model, params, "variants", files=files)
         record = bench.run_method(method, data, args.n_boot, args.seed, log)
         results["rows"][label] = record
-        (args.out / "output_kernel_width.json").write_text(json.dumps(bench_ready(results), indent=1))
+        (args.out / "output_kernel_width.json").write_text(json.dumps(json_ready(results), indent=1))
     results["wall_s"] = time.perf_counter() - started
-    (args.out / "output_kernel_width.json").write_text(json.dumps(bench_ready(results), indent=1))
+    (args.out / "output_kernel_width.json").write_text(json.dumps(json_ready(results), indent=1))
     table = format_table(results, files)
     (args.out / "output_kernel_width.md").write_text(table)
     print(table)
@@ -92,21 +94,15 @@ def format_table(results: dict, files: tuple[str, ...]) -> str:
              "| model | gamma | fit s | " + " | ".join(f"{f} hit@1 | {f} hit@10 | {f} MRR" for f in files) + " |",
              "|---|---|---:|" + "---:|" * (3 * len(files))]
     for label, record in results["rows"].items():
-        resolved = (record.get("selection") or [{}])[0].get("output_kernel_resolved") or ""
-        gamma = next((p.split("=", 1)[1] for p in resolved.split(":", 1)[-1].split(",") if p.startswith("gamma=")),
-                     "")
+        resolved = (record.get("selection") or [{}])[0].get("output_kernel_resolved")
+        gamma = parse_spec(resolved).params.get("gamma") if resolved else None
         cells = []
         for f in files:
             m = record["results"][f]
             cells += [f"{100 * m['hit@1']:.1f}", f"{100 * m['hit@10']:.1f}", f"{m['mrr']:.3f}"]
-        gamma = f"{float(gamma):.3g}" if gamma else "-"
+        gamma = f"{float(gamma):.3g}" if gamma is not None else "-"
         lines.append(f"| {label} | {gamma} | {record['fit_s']:.0f} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def bench_ready(results: dict) -> dict:
-    from molpredict.modelfile import json_ready
-    return json_ready(results)
 
 
 if __name__ == "__main__":
