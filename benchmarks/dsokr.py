@@ -197,8 +197,7 @@ def split_by_structure(molecules: list, fraction: float, seed: int) -> tuple[np.
 def dsokr_params(args: argparse.Namespace, encoder: str, output_kernel: str, members: int = 1) -> dict[str, Any]:
     return dict(encoder=encoder, output_kernel=output_kernel, output_sketch=f"subsample:m={args.m_y}",
                 epochs=args.epochs, lr=args.lr, warmup=args.warmup, batch_size=args.batch_size,
-                patience=args.patience,
-                n_members=members, device=args.device, seed=args.seed)
+                patience=args.patience, n_members=members, device=args.device, seed=args.seed)
 
 
 # -- massbank --------------------------------------------------------------------------------------------
