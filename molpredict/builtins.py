@@ -44,6 +44,7 @@ MODELS = {
 }
 ENCODERS = {
     "mlp": "molpredict.encoders:MLPEncoder",
+    "kernel-mlp": "molpredict.encoders:KernelMLPEncoder",
     "transformer": "molpredict.encoders:TransformerEncoder",
     "text-embedding": "molpredict.encoders:TextEmbeddingEncoder",
 }

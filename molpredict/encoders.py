@@ -26,9 +26,10 @@ from torch import nn
 
 from .component import Component
 from .errors import ModelFileError, SpecError
-from .features import bin_spectra
+from .features import LandmarkFeatures, bin_spectra
+from .specs import nested_spec
 
-__all__ = ["Encoder", "MLPEncoder", "TransformerEncoder", "TextEmbeddingEncoder", "mlp_layers"]
+__all__ = ["Encoder", "KernelMLPEncoder", "LandmarkFeatures", "MLPEncoder", "encoder_input_type", "TransformerEncoder", "TextEmbeddingEncoder", "mlp_layers"]
 
 
 def mlp_layers(d_in: int, hidden: int, layers: int, dropout: float, out_dim: int) -> nn.Sequential:
@@ -49,6 +50,13 @@ def mlp_layers(d_in: int, hidden: int, layers: int, dropout: float, out_dim: int
     nn.init.zeros_(final.bias)
     blocks.append(final)
     return nn.Sequential(*blocks)
+
+
+def encoder_input_type(spec: Any) -> str:
+    """What the encoder ``spec`` takes (``spectrum`` or ``text``): its class's ``input_type``, or for an encoder
+    whose input depends on its parameters (``kernel-mlp``: the kernel's), the instance's."""
+    from .registry import create
+    return str(create("encoder", nested_spec(spec)).input_type)
 
 
 class Encoder(Component, ABC):
@@ -84,6 +92,69 @@ class Encoder(Component, ABC):
 
     def set_state(self, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> "Encoder":
         """Restore :meth:`get_state`'s output."""
+        self.fitted_ = True
+        return self
+
+
+class KernelMLPEncoder(Encoder):
+    """A multi-layer perceptron on input-kernel features against landmark training inputs.
+
+    Works for whatever the kernel takes (spectra with ``ppk-losses``, text with ``text-ngram`` or
+    ``text-embedding``): the encoder's ``input_type`` is the kernel's. With ``whiten=true`` and ``layers=0`` the
+    network is a linear model on the kernel's Nystrom features, the input side of SIOKR trained by gradient
+    descent; hidden layers make it non-linear in those features.
+
+    Parameters
+    ----------
+    input_kernel : str
+        Input kernel: a registry name (default parameters) from a model spec, or a full spec from Python.
+    n_landmarks : int
+    whiten : bool
+        Nystrom features K_LL^{-1/2} k(x, L) instead of the raw kernel values k(x, L).
+    hidden, layers, dropout
+        The MLP (see :func:`mlp_layers`).
+    seed : int
+        Landmark draw.
+    """
+
+    def __init__(self, input_kernel: str = "ppk-losses", n_landmarks: int = 4000, whiten: bool = False,
+                 hidden: int = 1024, layers: int = 2, dropout: float = 0.2, seed: int = 0) -> None:
+        self.input_kernel = input_kernel
+        self.n_landmarks = n_landmarks
+        self.whiten = whiten
+        self.hidden = hidden
+        self.layers = layers
+        self.dropout = dropout
+        self.seed = seed
+
+    @property
+    def input_type(self) -> str:  # type: ignore[override]
+        return LandmarkFeatures(str(self.input_kernel)).input_type
+
+    def fit(self, inputs: Sequence[Any], device: torch.device | None = None) -> "KernelMLPEncoder":
+        self.features_ = LandmarkFeatures(str(self.input_kernel), int(self.n_landmarks), bool(self.whiten),
+                                          seed=int(self.seed)).fit(inputs)
+        self.fitted_ = True
+        return self
+
+    def featurize(self, inputs: Sequence[Any]) -> np.ndarray:
+        """Dense features, shape (n, features_.dim_), float32."""
+        return self.features_.transform(inputs)
+
+    def to_tensor(self, features: np.ndarray, device: torch.device) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)).to(device)
+
+    def build(self, out_dim: int) -> nn.Module:
+        return mlp_layers(self.features_.dim_, int(self.hidden), int(self.layers), float(self.dropout), out_dim)
+
+    def get_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arrays, meta = self.features_.get_state("encoder.landmarks")
+        return arrays, {"kernel_features": meta}
+
+    def set_state(self, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> "KernelMLPEncoder":
+        if "kernel_features" not in metadata:
+            raise ModelFileError("kernel-mlp encoder state lacks its landmark features")
+        self.features_ = LandmarkFeatures.from_state(arrays, metadata["kernel_features"], "encoder.landmarks")
         self.fitted_ = True
         return self
 
@@ -128,15 +199,11 @@ class MLPEncoder(Encoder):
 
     def fit(self, inputs: Sequence[Any], device: torch.device | None = None) -> "MLPEncoder":
         inputs = list(inputs)
-        self.kernel_ = None
+        self.kernel_features_ = None
         if self.input_kernel:
-            from .registry import create
-            rng = np.random.default_rng(self.seed)
-            k = min(int(self.n_landmarks), len(inputs))
-            index = np.sort(rng.choice(len(inputs), size=k, replace=False))
-            self.landmarks_ = [inputs[i] for i in index]
-            self.kernel_ = create("input_kernel", str(self.input_kernel)).fit(self.landmarks_)
-        self.n_features_ = self._binned([]).shape[1] + (len(self.landmarks_) if self.kernel_ is not None else 0)
+            self.kernel_features_ = LandmarkFeatures(str(self.input_kernel), int(self.n_landmarks),
+                                                     whiten=False, seed=int(self.seed)).fit(inputs)
+        self.n_features_ = self._binned([]).shape[1] + (self.kernel_features_.dim_ if self.kernel_features_ else 0)
         self.fitted_ = True
         return self
 
@@ -148,10 +215,9 @@ class MLPEncoder(Encoder):
         """Sparse features, shape (n, n_features_), float32."""
         inputs = list(inputs)
         binned = self._binned(inputs)
-        if self.kernel_ is None:
+        if self.kernel_features_ is None:
             return binned
-        kernel_values = sp.csr_matrix(self.kernel_.transform(inputs).astype(np.float32))
-        return sp.hstack([binned, kernel_values], format="csr")
+        return sp.hstack([binned, sp.csr_matrix(self.kernel_features_.transform(inputs))], format="csr")
 
     def to_tensor(self, features: sp.csr_matrix, device: torch.device) -> torch.Tensor:
         return torch.from_numpy(np.asarray(features.toarray(), dtype=np.float32)).to(device)
@@ -162,19 +228,16 @@ class MLPEncoder(Encoder):
     def get_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         meta: dict[str, Any] = {"n_features": int(self.n_features_)}
         arrays: dict[str, np.ndarray] = {}
-        if self.kernel_ is not None:
-            from .models.basis import frozen_spec, objects_to_state
-            arrays, meta["landmarks"] = objects_to_state(self.landmarks_, "encoder.landmarks")
-            meta["kernel"] = str(frozen_spec(self.kernel_))
+        if self.kernel_features_ is not None:
+            arrays, meta["kernel_features"] = self.kernel_features_.get_state("encoder.landmarks")
         return arrays, meta
 
     def set_state(self, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> "MLPEncoder":
-        self.kernel_ = None
-        if "kernel" in metadata:
-            from .models.basis import objects_from_state
-            from .registry import create
-            self.landmarks_ = objects_from_state(arrays, metadata["landmarks"], "encoder.landmarks")
-            self.kernel_ = create("input_kernel", metadata["kernel"]).fit(self.landmarks_)
+        self.kernel_features_ = None
+        # model files written before LandmarkFeatures kept "landmarks" and "kernel" at the top level
+        meta = metadata.get("kernel_features", metadata if "kernel" in metadata else None)
+        if meta is not None:
+            self.kernel_features_ = LandmarkFeatures.from_state(arrays, meta, "encoder.landmarks")
         self.n_features_ = int(metadata["n_features"])
         self.fitted_ = True
         return self

@@ -173,7 +173,14 @@ def model_input_type(model: Any) -> str:
                 cls = registry.get(kind, name.strip())
             except Exception:  # an unregistered name: loading reports it, not this helper
                 continue
-            if getattr(cls, "input_type", None) == "text":
+            kind_input = getattr(cls, "input_type", None)
+            if isinstance(kind_input, property):  # depends on the parameters (kernel-mlp: its kernel's)
+                from .encoders import encoder_input_type
+                try:
+                    kind_input = encoder_input_type(value)
+                except Exception:  # invalid parameters: loading reports them, not this helper
+                    continue
+            if kind_input == "text":
                 return "text"
     return own if isinstance(own, str) else "spectrum"
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from .errors import SpecError
 
-__all__ = ["Grid", "ComponentSpec", "parse_spec", "parse_value", "parse_values", "format_value"]
+__all__ = ["Grid", "ComponentSpec", "nested_spec", "parse_spec", "parse_value", "parse_values", "format_value"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,12 @@ class ComponentSpec:
         if not self.params:
             return self.name
         return self.name + ":" + ",".join(f"{k}={format_value(v)}" for k, v in self.params.items())
+
+
+def nested_spec(text: Any) -> str:
+    """A component spec given as a parameter of another spec writes its own parameters with ``;``
+    (``dsokr:encoder=mlp:hidden=256;layers=3``); this restores the ``,`` that :func:`parse_spec` reads."""
+    return str(text).replace(";", ",")
 
 
 def parse_spec(text: "str | ComponentSpec") -> ComponentSpec:

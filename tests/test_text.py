@@ -129,6 +129,61 @@ def test_mlp_encoder_with_input_kernel_features_round_trips():
     assert net(encoder.to_tensor(features, torch.device("cpu"))).shape == (5, 4)
 
 
+def test_mlp_encoder_reads_the_earlier_landmark_state_layout():
+    """Model files written before LandmarkFeatures kept the landmarks and kernel at the top of the metadata."""
+    from molpredict.encoders import MLPEncoder
+    spectra = _spectra(20, 3)
+    encoder = MLPEncoder(max_mz=500.0, input_kernel="cosine", n_landmarks=5).fit(spectra)
+    arrays, meta = encoder.get_state()
+    old_layout = {"n_features": meta["n_features"], **{k: v for k, v in meta["kernel_features"].items()
+                                                       if k in ("landmarks", "kernel")}}
+    again = MLPEncoder(max_mz=500.0).set_state(arrays, old_layout)
+    np.testing.assert_array_equal(again.featurize(spectra[:4]).toarray(), encoder.featurize(spectra[:4]).toarray())
+
+
+def test_landmark_features_whitened_against_a_naive_nystrom_map():
+    """Whitened features f(x) = K_LL^{-1/2} k(x, L): f(x).f(z) = k(x, L) K_LL^+ k(L, z) (computed with pinv), and on
+    the landmarks themselves the inner products give back K_LL."""
+    from molpredict.encoders import LandmarkFeatures
+    from molpredict.kernels.spectra import CosineKernel
+    spectra = _spectra(40, 4)
+    features = LandmarkFeatures("cosine", n_landmarks=12, whiten=True, seed=2).fit(spectra)
+    assert len(features.landmarks_) == 12 and features.input_type == "spectrum"
+    kernel = CosineKernel().fit(features.landmarks_)
+    k_xl, k_ll = kernel.transform(spectra), kernel.transform(features.landmarks_)
+    f = features.transform(spectra)
+    assert f.shape == (40, features.dim_) and f.dtype == np.float32
+    np.testing.assert_allclose(f @ f.T, k_xl @ np.linalg.pinv(k_ll, rcond=1e-10, hermitian=True) @ k_xl.T,
+                               atol=1e-5)
+    g = features.transform(features.landmarks_)
+    np.testing.assert_allclose(g @ g.T, k_ll, atol=1e-5)
+    raw = LandmarkFeatures("cosine", n_landmarks=12, seed=2).fit(spectra)
+    np.testing.assert_allclose(raw.transform(spectra), k_xl, atol=1e-6)  # unwhitened: the kernel values
+    assert LandmarkFeatures("cosine", n_landmarks=100).fit(spectra[:9]).dim_ == 9  # all inputs when fewer
+
+
+def test_kernel_mlp_encoder_takes_its_kernels_input_and_dsokr_round_trips():
+    """``kernel-mlp`` takes text with a text kernel (the model file says so), trains DSOKR on text and reloads
+    to identical scores; with a spectrum kernel it takes spectra."""
+    from dsokr_helpers import install_synthetic_registry
+    from molpredict.encoders import KernelMLPEncoder, encoder_input_type
+    from molpredict.modelfile import model_input_type
+    from molpredict.models.dsokr import DSOKR
+    install_synthetic_registry()
+    assert encoder_input_type("kernel-mlp") == "spectrum" and KernelMLPEncoder("cosine").input_type == "spectrum"
+    texts = [f"{t} Variant {i}." for i, t in enumerate(TEXT * 6)]
+    targets = [np.array([t.count("alcohol"), t.count("acid"), len(t) / 50.0]) for t in texts]
+    model = DSOKR(encoder="kernel-mlp:input_kernel=text-ngram;whiten=true;layers=1;hidden=32;dropout=0.0",
+                  output_kernel="test-rbf:gamma=1.0", output_sketch="subsample:m=20", epochs=40, lr=3e-3,
+                  batch_size=8, device="cpu").fit(texts, targets)
+    assert model.input_type == "text" and model_input_type(model) == "text"
+    psi, kyy = model.bases_[0].coordinates(targets), model.bases_[0].diagonal(targets)
+    mean_predictor = float(((psi - psi.mean(0)) ** 2).sum(1).mean() + (kyy - (psi ** 2).sum(1)).mean())
+    assert model.kernel_loss(texts, targets) < 0.2 * mean_predictor
+    again = DSOKR.from_state(*model.get_state())
+    np.testing.assert_array_equal(again.score(texts[:5], targets), model.score(texts[:5], targets))
+
+
 def test_mlp_encoder_starts_at_zero_and_dsokr_fits_spectra():
     """The final Linear of ``mlp_layers`` starts at zero (g(x) = 0, hidden layers random), and DSOKR with the mlp
     encoder still fits a small problem: targets are the intensity shares of three m/z ranges."""

@@ -37,7 +37,7 @@ import torch
 
 from ..decoding import query_metrics, true_rank_counts
 from ..errors import ModelFileError, SpecError
-from ..specs import parse_spec
+from ..specs import nested_spec
 from .base import Model
 from .basis import SketchedOutputBasis, distinct_objects, output_key
 from .losses import make_loss, squared_distance
@@ -168,11 +168,6 @@ def _load_state_dict(module: torch.nn.Module, arrays: dict[str, np.ndarray], pre
                              f"{' '.join(str(exc).split())[:300]}") from None
 
 
-def _nested_spec(text: Any) -> str:
-    """A component spec given inside another spec writes its own parameters with ``;`` (``mlp:hidden=256;layers=3``)."""
-    return str(text).replace(";", ",")
-
-
 class DSOKR(Model):
     """Deep sketched output kernel regression.
 
@@ -245,8 +240,8 @@ class DSOKR(Model):
     @property
     def input_type(self) -> str:  # type: ignore[override]
         """``spectrum`` or ``text``: what the encoder takes."""
-        from ..registry import get_registry
-        return get_registry().get("encoder", parse_spec(_nested_spec(self.encoder)).name).input_type
+        from ..encoders import encoder_input_type
+        return encoder_input_type(self.encoder)
 
     # -- helpers -----------------------------------------------------------------------------------------
     def _check_params(self) -> None:
@@ -258,7 +253,7 @@ class DSOKR(Model):
             raise SpecError(f"dsokr: val_metric must be auto, loss or mrr, got {self.val_metric!r}")
         if int(self.n_members) < 1 or int(self.epochs) < 0 or int(self.batch_size) < 1 or int(self.warmup) < 0:
             raise SpecError("dsokr: n_members and batch_size must be >= 1, epochs and warmup >= 0")
-        make_loss(_nested_spec(self.loss))
+        make_loss(nested_spec(self.loss))
 
     def _device(self) -> torch.device:
         from ..device import resolve_device
@@ -301,16 +296,16 @@ class DSOKR(Model):
         if self.member_weights == "fit" and val is None:
             raise SpecError("dsokr: member_weights=fit needs validation data")
         device = self._device()
-        loss_fn = make_loss(_nested_spec(self.loss))
+        loss_fn = make_loss(nested_spec(self.loss))
         from ..registry import create
-        self.encoder_ = create("encoder", _nested_spec(self.encoder)).fit(inputs, device=device)
+        self.encoder_ = create("encoder", nested_spec(self.encoder)).fit(inputs, device=device)
         features = self.encoder_.featurize(inputs)
         val_data = self._prepare_val(val) if val is not None else None
 
         self.bases_, self.networks_, self.history_ = [], [], []
         for t in range(int(self.n_members)):
             member_seed = int(self.seed) * 1000 + t
-            basis = SketchedOutputBasis(_nested_spec(self.output_kernel), _nested_spec(self.output_sketch),
+            basis = SketchedOutputBasis(nested_spec(self.output_kernel), nested_spec(self.output_sketch),
                                         float(self.rel_cutoff), seed=member_seed).fit(molecules)
             with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
                 torch.manual_seed(member_seed)
@@ -504,7 +499,7 @@ class DSOKR(Model):
         params = {k: v for k, v in self.get_params().items()}
         metadata = {
             "params": params,
-            "encoder": {"spec": _nested_spec(self.encoder), "state": encoder_meta},
+            "encoder": {"spec": nested_spec(self.encoder), "state": encoder_meta},
             "output": {"members": members, "weights": [float(w) for w in self.weights_], "combine": self.combine},
             "history": self.history_,
         }

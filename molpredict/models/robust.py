@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelFileError, SpecError
-from ..specs import parse_spec
+from ..specs import nested_spec, parse_spec
 from .base import Model
 from .basis import SketchedOutputBasis
 from .losses import make_loss
@@ -50,10 +50,6 @@ def ridge_solution(features: np.ndarray, targets: np.ndarray, lam: float) -> np.
     gram = features.T @ features
     gram[np.diag_indices(r)] += n * lam
     return np.linalg.solve(gram, features.T @ targets)
-
-
-def _nested(text: Any) -> str:
-    return str(text).replace(";", ",")
 
 
 class RobustOKR(Model):
@@ -115,11 +111,11 @@ class RobustOKR(Model):
     @property
     def input_type(self) -> str:  # type: ignore[override]
         from ..registry import get_registry
-        cls = get_registry().get("input_kernel", parse_spec(_nested(self.input_kernel)).name)
+        cls = get_registry().get("input_kernel", parse_spec(nested_spec(self.input_kernel)).name)
         return "text" if getattr(cls, "input_type", "spectrum") == "text" else "spectrum"
 
     def _sketch_spec(self, spec: str, seed: int) -> str:
-        parsed = parse_spec(_nested(spec))
+        parsed = parse_spec(nested_spec(spec))
         params = dict(parsed.params)
         params.setdefault("seed", seed)
         return str(type(parsed)(parsed.name, params))
@@ -133,18 +129,18 @@ class RobustOKR(Model):
             raise SpecError(f"okr-robust: init must be closed-form or zero, got {self.init!r}")
         if float(self.lam) <= 0:
             raise SpecError(f"okr-robust: lam must be > 0, got {self.lam}")
-        loss_fn = make_loss(_nested(self.loss))
+        loss_fn = make_loss(nested_spec(self.loss))
         inputs, molecules = list(inputs), list(molecules)
         if len(inputs) != len(molecules) or not inputs:
             raise SpecError(f"okr-robust: {len(inputs)} inputs for {len(molecules)} outputs")
         from ..device import resolve_device
         device = resolve_device(self.device)
 
-        self.input_basis_ = SketchedOutputBasis(_nested(self.input_kernel),
+        self.input_basis_ = SketchedOutputBasis(nested_spec(self.input_kernel),
                                                 self._sketch_spec(self.input_sketch, int(self.seed)),
                                                 float(self.rel_cutoff), deduplicate=False,
                                                 kernel_kind="input_kernel").fit(inputs)
-        self.output_basis_ = SketchedOutputBasis(_nested(self.output_kernel),
+        self.output_basis_ = SketchedOutputBasis(nested_spec(self.output_kernel),
                                                  self._sketch_spec(self.output_sketch, int(self.seed) + 1),
                                                  float(self.rel_cutoff)).fit(molecules)
         features = self.input_basis_.train_coordinates_                       # (n, r_x)
@@ -212,7 +208,7 @@ class RobustOKR(Model):
         g = torch.as_tensor(self.predict_coordinates(inputs))
         psi = torch.as_tensor(self.output_basis_.coordinates(molecules))
         kyy = torch.as_tensor(self.output_basis_.diagonal(molecules))
-        loss = make_loss(_nested(self.loss))(g, psi, kyy).mean()
+        loss = make_loss(nested_spec(self.loss))(g, psi, kyy).mean()
         return float(loss) + 0.5 * float(self.lam) * float((self.V_ ** 2).sum())
 
     def kernel_loss(self, inputs: Sequence[Any], molecules: Sequence[Any]) -> float:
