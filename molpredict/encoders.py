@@ -29,7 +29,8 @@ from .errors import ModelFileError, SpecError
 from .features import LandmarkFeatures, bin_spectra
 from .specs import nested_spec
 
-__all__ = ["Encoder", "KernelMLPEncoder", "LandmarkFeatures", "MLPEncoder", "encoder_input_type", "TransformerEncoder", "TextEmbeddingEncoder", "mlp_layers"]
+__all__ = ["Encoder", "KernelMLPEncoder", "MLPEncoder", "TransformerEncoder", "TextEmbeddingEncoder",
+           "encoder_input_type", "mlp_layers"]
 
 
 def mlp_layers(d_in: int, hidden: int, layers: int, dropout: float, out_dim: int) -> nn.Sequential:

@@ -59,9 +59,16 @@ def test_sizes_quick_task_defaults_and_rows(bench):
     names = [r.name for r in bench.chebi_rows(full)]
     assert len(names) == len(set(names)) == 8
     assert "embedding-regression (IOKR, linear kernels)" in names
-    rows = bench.massbank_rows(bench.parse_args(["massbank", "--members", "1,3"]))
-    assert [r.name for r in rows] == ["dsokr", "sisokr", "prior", "dsokr-ensemble3"]
+    massbank = bench.parse_args(["massbank", "--members", "1,3"])
+    assert (massbank.m_y, massbank.m_x) == (2000, 4000)
+    rows = bench.massbank_rows(massbank)
+    assert [r.name for r in rows] == ["dsokr", "dsokr-binned-mlp", "sisokr", "prior", "dsokr-ensemble3"]
     assert rows[-1].params["n_members"] == 3
+    encoder = "kernel-mlp:layers=0;whiten=true;n_landmarks=4000"
+    assert rows[0].params["encoder"] == rows[-1].params["encoder"] == encoder
+    assert rows[1].params["encoder"] == "mlp"
+    given = bench.massbank_rows(bench.parse_args(["massbank", "--members", "1", "--encoder", "mlp:layers=1"]))
+    assert [r.name for r in given] == ["dsokr", "sisokr", "prior"]  # no second DSOKR row beside a given encoder
     kernels = bench.parse_args(["qm9", "--output-kernels", "nspd,core-wl"])
     assert [r.name for r in bench.qm9_rows(kernels)] == ["dsokr/transformer/nspd", "sisokr/smiles-ngram/nspd",
                                                         "dsokr/transformer/core-wl", "sisokr/smiles-ngram/core-wl"]

@@ -144,7 +144,7 @@ def test_mlp_encoder_reads_the_earlier_landmark_state_layout():
 def test_landmark_features_whitened_against_a_naive_nystrom_map():
     """Whitened features f(x) = K_LL^{-1/2} k(x, L): f(x).f(z) = k(x, L) K_LL^+ k(L, z) (computed with pinv), and on
     the landmarks themselves the inner products give back K_LL."""
-    from molpredict.encoders import LandmarkFeatures
+    from molpredict.features import LandmarkFeatures
     from molpredict.kernels.spectra import CosineKernel
     spectra = _spectra(40, 4)
     features = LandmarkFeatures("cosine", n_landmarks=12, whiten=True, seed=2).fit(spectra)

@@ -157,6 +157,26 @@ def test_identify_text_ranks_own_molecule_first(text_model, tmp_path):
     assert invoke(args).stdout == result.stdout
 
 
+def test_train_dsokr_on_text_uses_the_text_encoder_and_identifies(tmp_path):
+    """``--model dsokr`` on a pairs table gets the text default encoder (a linear layer on whitened TF-IDF n-gram
+    kernel features), is saved as a text model, and ranks the training molecules' own descriptions."""
+    out = tmp_path / "dsokr"
+    result = invoke(["train", str(PAIRS), "-o", str(out), "--device", "cpu", "--model", "dsokr:epochs=60"])
+    assert result.exit_code == 0, result.output
+    meta = json.loads((out / "text" / "metadata.json").read_text())
+    assert meta["input_type"] == "text"
+    assert meta["model"]["params"]["encoder"] == "kernel-mlp:input_kernel=text-ngram;layers=0;whiten=true"
+    pairs = list(read_text_pairs(PAIRS))
+    args = ["identify", "--model", str(out), "--library", str(LIBRARY), "--top-k", "1", "-q",
+            "--cache-dir", str(tmp_path / "cache")]
+    for pair in pairs[:8]:
+        args += ["--text", pair.description]
+    result = invoke(args)
+    assert result.exit_code == 0, result.output
+    top = [r["smiles"] for r in read_rows(result.stdout)]
+    assert sum(t == p.molecule.smiles for t, p in zip(top, pairs)) >= 6  # fitted descriptions: mostly their own
+
+
 def test_identify_text_source_filter_and_errors(text_model, tmp_path):
     library = tmp_path / "lib.tsv"
     lines = LIBRARY.read_text().splitlines()
