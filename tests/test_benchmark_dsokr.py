@@ -57,7 +57,8 @@ def test_sizes_quick_task_defaults_and_rows(bench):
     qm9 = bench.parse_args(["qm9"])
     assert (qm9.n_train, qm9.n_val, qm9.n_test, qm9.n_ged) == (20000, 500, 2000, 200)
     names = [r.name for r in bench.chebi_rows(full)]
-    assert len(names) == len(set(names)) == 8
+    assert len(names) == len(set(names)) == 10 and full.batch_size == 64
+    assert "dsokr-ensemble3/kernel-mlp(text-ngram)/fingerprint-cosine" in names
     assert "embedding-regression (IOKR, linear kernels)" in names
     massbank = bench.parse_args(["massbank", "--members", "1,3"])
     assert (massbank.m_y, massbank.m_x) == (2000, 4000)
