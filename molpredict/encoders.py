@@ -10,7 +10,9 @@ acts as a factory:
 - :meth:`Encoder.get_state` / :meth:`Encoder.set_state` save the preprocessing (arrays + JSON, no pickle).
   Network weights are saved by the model (``state_dict`` as arrays).
 
-Built-ins: ``mlp`` (binned spectra, optionally with input-kernel features against landmark spectra),
+Built-ins: ``kernel-mlp`` (an input kernel's values against landmark training inputs, raw or Nystrom-whitened:
+spectra or text, whatever the kernel takes; DSOKR's default, as a single linear layer), ``mlp`` (binned spectra,
+optionally with input-kernel features against landmark spectra),
 ``transformer`` (characters of a string, e.g. SMILES), ``text-embedding`` (a frozen all-MiniLM-L6-v2 sentence
 encoder with a trainable head; fine-tuned end to end only when asked or, with ``finetune=auto``, on a GPU).
 """

@@ -2,7 +2,8 @@
 
 El Ahmad, Yang, Laforgue, d'Alche-Buc (ECML 2024). The output side is a :class:`SketchedOutputBasis` (an
 orthonormal basis of span(R_y K_y rows) in H_y); the network is built by an :mod:`encoder <molpredict.encoders>`
-(``mlp`` on binned spectra, ``transformer`` on strings, ``text-embedding`` on text) and trained with a kernel
+(``kernel-mlp`` on input-kernel features against landmark inputs, the default; ``mlp`` on binned spectra,
+``transformer`` on strings, ``text-embedding`` on text) and trained with a kernel
 loss of the squared RKHS distance (:mod:`molpredict.models.losses`: square, Huber, epsilon-insensitive).
 Decoding is argmax_c g_W(x)^T psi~(y_c): a dot product, so candidate coordinates are computed once per library.
 
