@@ -184,3 +184,25 @@ def test_demo_on_an_imported_style_directory(workspace, tmp_path, monkeypatch, c
     assert "using the existing default model" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="lacks"):
         demo.main(["--data", str(tmp_path / "nothing")])
+
+
+def test_dsokr_default_through_the_cli(workspace, home, tmp_path):
+    """``--model dsokr`` on spectra gets DSOKR's default network (a linear layer on whitened ppk-losses features
+    against the training spectra), stops early on the validation MRR, reloads from its bundle and ranks the
+    formula256 candidate sets far better than chance."""
+    root, files, sets_path = workspace
+    runner = CliRunner()
+    model_dir = tmp_path / "dsokr"
+    result = runner.invoke(cli, ["train", str(files["train"]), "--val", str(files["val"]), "-o", str(model_dir),
+                                 "--device", "cpu", "--model", "dsokr:epochs=8"])
+    assert result.exit_code == 0, result.output
+    meta = json.loads((model_dir / "positive" / "metadata.json").read_text())
+    params = meta["model"]["params"]
+    assert params["encoder"] == "kernel-mlp:layers=0;whiten=true" and params["val_metric"] == "auto"
+    history = meta["state"]["history"][0]
+    assert history["val_metric"] == "mrr" and history["val"][history["best_epoch"]] == max(history["val"])
+    result = runner.invoke(cli, ["evaluate", str(files["test"]), "--model", str(model_dir), "--candidates",
+                                 str(sets_path), "--json", "--n-boot", "50"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(result.stdout)[str(model_dir)]
+    assert metrics["mrr"] > 5 * metrics["random"]["mrr"]
