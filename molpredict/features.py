@@ -136,7 +136,7 @@ class LandmarkFeatures:
         self.projection_ = None
         if self.whiten:
             from .sketches import pinv_factor
-            s, V = pinv_factor(self.kernel_.transform(landmarks), float(self.rel_cutoff))
+            s, V = pinv_factor(self.kernel_.gram(), float(self.rel_cutoff))  # K_LL from the fit features
             self.projection_ = V / np.sqrt(s)
         self.dim_ = len(landmarks) if self.projection_ is None else self.projection_.shape[1]
         return self

@@ -40,7 +40,7 @@ import numpy as np
 
 from . import __version__
 from .errors import ModelFileError, PluginError, SpecError
-from .specs import ComponentSpec, Grid, parse_spec
+from .specs import ComponentSpec, Grid, nested_spec, parse_spec
 
 __all__ = [
     "FORMAT_NAME",
@@ -165,7 +165,7 @@ def model_input_type(model: Any) -> str:
         if value is None or not isinstance(value, (str, ComponentSpec)):
             continue
         try:
-            names = parse_spec(str(value).replace(";", ",")).name.split("|")
+            names = parse_spec(nested_spec(value)).name.split("|")
         except SpecError:
             continue
         for name in names:
@@ -175,9 +175,9 @@ def model_input_type(model: Any) -> str:
                 continue
             kind_input = getattr(cls, "input_type", None)
             if isinstance(kind_input, property):  # depends on the parameters (kernel-mlp: its kernel's)
-                from .encoders import encoder_input_type
+                from .registry import create
                 try:
-                    kind_input = encoder_input_type(value)
+                    kind_input = create(kind, nested_spec(value)).input_type
                 except Exception:  # invalid parameters: loading reports them, not this helper
                     continue
             if kind_input == "text":

@@ -29,7 +29,7 @@ import numpy as np
 from .errors import SpecError
 from .models.basis import SketchedOutputBasis, _create, distinct_objects, eigh_truncated
 from .models.dsokr import CandidateSets, candidate_sets, coordinate_metrics
-from .specs import ComponentSpec, parse_spec
+from .specs import ComponentSpec, nested_spec, parse_spec
 
 __all__ = ["perfect_h_curve", "recommend", "effective_dimension", "plot_curve", "DEFAULT_GRID"]
 
@@ -37,7 +37,7 @@ DEFAULT_GRID = (100, 200, 400, 800, 1600)
 
 
 def _sketch_spec(sketch: str, m: int, seed: int) -> str:
-    spec = parse_spec(str(sketch).replace(";", ","))
+    spec = parse_spec(nested_spec(sketch))
     params = dict(spec.params)
     params["m"] = int(m)
     params.setdefault("seed", int(seed))
@@ -85,7 +85,7 @@ def perfect_h_curve(train: Sequence[Any], truths: Sequence[Any], grid: Sequence[
         if not sizes or sizes[-1][1] != used:
             sizes.append((m, used))
     sets: CandidateSets = candidate_sets(list(truths), candidates)
-    kernel = _create("output_kernel", str(output_kernel).replace(";", ","))
+    kernel = _create("output_kernel", nested_spec(output_kernel))
     rows = []
     features: dict[str, Any] = {}
     for m, used in sizes:
@@ -134,7 +134,7 @@ def effective_dimension(train: Sequence[Any], output_kernel: str = "gaussian-tan
     """
     distinct = distinct_objects(list(train))[0]
     n = len(distinct)
-    kernel = _create("output_kernel", str(output_kernel).replace(";", ",")).fit(distinct)
+    kernel = _create("output_kernel", nested_spec(output_kernel)).fit(distinct)
     k = min(n, int(n_landmarks))
     landmarks = np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
     rows_k = kernel.gram(landmarks)                                         # (k, n)

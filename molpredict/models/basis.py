@@ -25,7 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..errors import ModelFileError, SpecError
-from ..specs import ComponentSpec, parse_spec
+from ..specs import ComponentSpec, nested_spec, parse_spec
 from ..component import frozen_spec
 from .distinct import distinct_objects, output_key
 
@@ -155,7 +155,7 @@ def _create(kind: str, spec: Any, **overrides: Any) -> Any:
     if not isinstance(spec, (str, ComponentSpec)):
         return spec  # an instance, used as given
     from ..registry import create
-    spec = parse_spec(str(spec).replace(";", ","))
+    spec = parse_spec(nested_spec(spec))
     return create(kind, spec, **overrides)
 
 
@@ -212,7 +212,7 @@ class SketchedOutputBasis:
     def _make_sketch(self, n_distinct: int) -> Any:
         if not isinstance(self.output_sketch, (str, ComponentSpec)):
             return copy.deepcopy(self.output_sketch)
-        spec = parse_spec(str(self.output_sketch).replace(";", ","))
+        spec = parse_spec(nested_spec(self.output_sketch))
         params = dict(spec.params)
         if isinstance(params.get("m"), int) and params["m"] > n_distinct:
             params["m"] = n_distinct

@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 
 from ..errors import SpecError
-from ..specs import parse_spec
+from ..specs import nested_spec, parse_spec
 
 __all__ = [
     "squared_distance",
@@ -142,7 +142,7 @@ def make_loss(spec: "str | KernelLoss") -> KernelLoss:
     """
     if isinstance(spec, KernelLoss):
         return spec
-    parsed = parse_spec(str(spec).replace(";", ","))
+    parsed = parse_spec(nested_spec(spec))
     if parsed.name not in LOSSES:
         raise SpecError(f"unknown loss {parsed.name!r}; valid: {', '.join(LOSSES)}")
     _, defaults = LOSSES[parsed.name]
