@@ -257,14 +257,14 @@ def _machine() -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------------
 
 class SharedSetSource:
-    """Factory of :class:`~molpredict.identify.SetSource` objects that hand out one shared ``Molecule`` record per
+    """Factory of :class:`~molpredict.candidate_sources.SetSource` objects that hand out one shared ``Molecule`` record per
     (inchikey14, SMILES) pair, so a fingerprint computed once serves every model and candidate file."""
 
     def __init__(self) -> None:
         self.pool: dict[tuple[str, str], Any] = {}
 
     def make(self, sets: dict[str, list[tuple[str, str]]]):
-        from molpredict.identify import SetSource
+        from molpredict.candidate_sources import SetSource
         from molpredict.molecules import Molecule
 
         pool = self.pool
@@ -325,8 +325,8 @@ def load_mode(mode: str, data: Path, shared: SharedSetSource, quick: bool, seed:
     ``report_split``: ``test``, or ``val`` for decisions that must not look at test data)."""
     from molpredict.candidates import load_candidate_sets
     from molpredict.evaluate import collect_queries
-    from molpredict.spectra import CleaningPipeline, read_spectra
-    from molpredict.training import TrainOptions, load_labelled, spectrum_ion_mode
+    from molpredict.spectra import CleaningPipeline, read_spectra, spectrum_ion_mode
+    from molpredict.training import TrainOptions, load_labelled
 
     tag = MODES[mode]
     options = TrainOptions(ion_modes=[mode])

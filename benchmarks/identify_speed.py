@@ -42,7 +42,8 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from molpredict.candidates import load_candidate_sets
-    from molpredict.identify import Identifier, IdentifyOptions, SetSource
+    from molpredict.candidate_sources import SetSource
+    from molpredict.identify import Identifier, IdentifyOptions
     from molpredict.kernels.base import DegenerateObjectWarning
     from molpredict.modelfile import ModelBundle, default_bundle_path
     from molpredict.spectra import read_spectra

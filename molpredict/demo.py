@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from .errors import MolpredictError
-    from .identify import Identifier, IdentifyOptions, LibrarySource
+    from .candidate_sources import LibrarySource
+    from .identify import Identifier, IdentifyOptions
     from .kernels.base import DegenerateObjectWarning
     from .modelfile import ModelBundle, default_bundle_path
 

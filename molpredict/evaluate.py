@@ -36,9 +36,11 @@ import numpy as np
 from .decoding import (bootstrap_ci, group_means, query_metrics, random_expectation, topk_curve,
                        true_rank_counts)
 from .errors import InputError, ResourceError
-from .identify import Identifier, IdentifyOptions, Query, SetSource
+from .candidate_sources import SetSource
+from .identify import Identifier, IdentifyOptions
 from .kernels.base import DegenerateObjectWarning
 from .modelfile import ModelBundle
+from .scoring import Query, shared_candidate_scores
 
 __all__ = ["KS", "LabelledQuery", "collect_queries", "rank_queries", "summarize_ranks", "evaluate",
            "evaluate_text", "format_report", "plot_curves"]
@@ -299,7 +301,7 @@ def evaluate_text(pairs_paths: Sequence[str | Path], bundles: Sequence[tuple[str
     InputError
         Neither or both of ``library`` and ``sets``; a bundle without a text model.
     """
-    from .identify import LibrarySource, shared_candidate_scores
+    from .candidate_sources import LibrarySource
     from .modelfile import TEXT_MODE
     from .text_pairs import PairsReport, read_text_pairs
 
@@ -360,7 +362,9 @@ def evaluate_text(pairs_paths: Sequence[str | Path], bundles: Sequence[tuple[str
         if library is not None:
             position = np.searchsorted(all_ids, np.concatenate(true_ids)) if true_ids else np.zeros(0, int)
             bounds = np.cumsum([0] + [len(x) for x in true_ids])
-            iterator: Iterable = shared_candidate_scores(identifier, sub, texts, all_ids, block_queries)
+            iterator: Iterable = shared_candidate_scores(identifier.candidate_coordinates, sub, texts, all_ids,
+                                                         identifier.timings, block_queries,
+                                                         chunk=identifier.options.max_block_candidates)
             if progress:
                 from tqdm import tqdm
                 iterator = tqdm(iterator, total=-(-len(texts) // block_queries), desc="evaluating",

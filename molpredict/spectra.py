@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come lazily f
 
 __all__ = [
     "Spectrum",
+    "spectrum_ion_mode",
     # cleaning
     "CleaningPipeline",
     "filter_ms_level",
@@ -282,6 +283,14 @@ def normalize_intensities(spectrum: Spectrum, norm: str = "max") -> Spectrum:
         raise SpecError(f"unknown intensity normalisation {norm!r} (expected one of {', '.join(_NORMS)})")
     intensities = _normalize_array(spectrum.intensities, norm)
     return spectrum if intensities is spectrum.intensities else spectrum.with_peaks(spectrum.mz, intensities)
+
+
+def spectrum_ion_mode(spectrum: Spectrum) -> str | None:
+    """The spectrum's ion mode (``"positive"`` / ``"negative"``), else inferred from its charge or adduct."""
+    if spectrum.ion_mode in ("positive", "negative"):
+        return spectrum.ion_mode
+    from .io.common import ion_mode_from
+    return ion_mode_from(spectrum.charge, spectrum.adduct)
 
 
 def count_empty(spectra: Iterable[Spectrum | None]) -> int:

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Sequence
 from .errors import InputError, SpecError
 from .modelfile import ION_MODES, ModelBundle, SubModel, file_sha256, json_ready
 from .specs import Grid, parse_spec
+from .spectra import spectrum_ion_mode
 
 __all__ = ["TrainOptions", "DEFAULTS", "TEXT_DEFAULTS", "LabelledSet", "load_labelled", "train_bundle",
            "train_text_bundle", "text_component_params", "license_excluded", "build_model", "format_summary"]
@@ -152,14 +153,6 @@ class LabelledSet:
 
     def n_structures(self, mode: str) -> int:
         return len({m.inchikey14 for m in self.molecules.get(mode, [])})
-
-
-def spectrum_ion_mode(spectrum: Any) -> str | None:
-    """The spectrum's ion mode, else inferred from its charge or adduct."""
-    if spectrum.ion_mode in ION_MODES:
-        return spectrum.ion_mode
-    from .io.common import ion_mode_from
-    return ion_mode_from(spectrum.charge, spectrum.adduct)
 
 
 def load_labelled(paths: Iterable[str | Path], options: TrainOptions, progress: bool = False,

@@ -15,8 +15,10 @@ from click.testing import CliRunner
 from identification_helpers import FAKE_MODEL, SMILES, FingerprintRidge, install_fake_model, synthetic_spectra
 from molpredict.candidates import CandidateLibrary
 from molpredict.cli import cli
-from molpredict.identify import (OUTPUT_COLUMNS, Identifier, IdentifyOptions, LibrarySource, output_format,
-                                 read_formula_hints, score_library)
+from molpredict.candidate_sources import LibrarySource
+from molpredict.identify import Identifier, IdentifyOptions, read_formula_hints
+from molpredict.io.results import OUTPUT_COLUMNS, output_format
+from molpredict.scoring import score_library
 from molpredict.modelfile import ModelBundle, SubModel
 from molpredict.spectra import CleaningPipeline, read_spectra, write_mgf
 from molpredict.training import build_model

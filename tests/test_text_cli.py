@@ -14,7 +14,7 @@ import torch
 from click.testing import CliRunner
 
 from molpredict.cli import cli
-from molpredict.identify import OUTPUT_COLUMNS
+from molpredict.io.results import OUTPUT_COLUMNS
 from molpredict.text_pairs import PairsReport, is_pairs_path, read_text_pairs
 
 from conftest import FIXTURES, require_shared

@@ -195,8 +195,9 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     Example:
       molpredict identify --text "The molecule is a ..." --model textmodel --library molecules.tsv
     """
-    from ..identify import (IdentifyOptions, Identifier, LibrarySource, ResultWriter, Skipped, output_format,
-                            read_formula_hints, write_skipped)
+    from ..candidate_sources import LibrarySource
+    from ..identify import IdentifyOptions, Identifier, Skipped, read_formula_hints
+    from ..io.results import ResultWriter, output_format, write_skipped
     from ..spectra import SkipReport, read_spectra
 
     say = _say(quiet)
@@ -258,7 +259,9 @@ def _identify_text(texts: list[str], text_file: str | None, model_path: str | No
                    sources, top_k: int, output: str | None, out_format: str, cache_dir: str | None,
                    no_cache: bool, show: bool, quiet: bool) -> None:
     """``identify --text``: every description against the whole library (or its --source rows)."""
-    from ..identify import IdentifyOptions, Identifier, LibrarySource, ResultWriter
+    from ..candidate_sources import LibrarySource
+    from ..identify import IdentifyOptions, Identifier
+    from ..io.results import ResultWriter
     from ..text_pairs import read_text_lines
 
     say = _say(quiet)
@@ -391,7 +394,7 @@ def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot
 @_quiet_option
 def score_library(library, model_path, ion_mode, block_size, cache_dir, progress, quiet) -> None:
     """Precompute candidate coordinates of a whole LIBRARY for a model (resumable: rerun after an interrupt)."""
-    from ..identify import score_library as run
+    from ..scoring import score_library as run
 
     say = _say(quiet)
     show = _progress_default(progress)

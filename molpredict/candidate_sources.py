@@ -1,0 +1,195 @@
+"""Candidate sources: where a query's candidate structures come from (a library by formula or mass, or
+MassSpecGym-style candidate sets), as ids into a table of molecules with cache keys, tie keys and output fields."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from .errors import InputError
+
+if TYPE_CHECKING:
+    from .identify import IdentifyOptions
+
+__all__ = ["CandidateSource", "LibrarySource", "SetSource"]
+
+
+class CandidateSource:
+    """Where candidates come from: ids into a table of molecules, with keys and output fields per id."""
+
+    def select(self, spectrum: Any, mode: str, adducts: Sequence[Any], formula: str | None
+               ) -> tuple[np.ndarray, np.ndarray | None, str] | str:
+        """``(ids ascending, adduct name per id or None, adduct to report)`` for one query, or a skip reason."""
+        raise NotImplementedError
+
+    def keys(self, ids: np.ndarray) -> list[str]:
+        """Cache keys of candidates ``ids`` (full InChIKey, else ``smiles:<SMILES>``)."""
+        raise NotImplementedError
+
+    def tie_keys(self, ids: np.ndarray) -> np.ndarray:
+        """Tie-breaking keys (InChIKey), object array of shape (len(ids),)."""
+        raise NotImplementedError
+
+    def molecules(self, ids: np.ndarray) -> list[Any]:
+        """``Molecule`` records for ``ids`` (only called for candidates not yet in the cache)."""
+        raise NotImplementedError
+
+    def fields(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """Output columns (smiles, inchikey, formula, name, id) for ``ids``."""
+        raise NotImplementedError
+
+    def inchikey14(self, ids: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+
+class LibrarySource(CandidateSource):
+    """Candidates from a :class:`~molpredict.candidates.CandidateLibrary`, selected by formula or mass."""
+
+    def __init__(self, library: Any, options: "IdentifyOptions") -> None:
+        self.library = library
+        self.options = options
+        self._allowed = None
+        if options.sources:
+            allowed = library.select_by_source(list(options.sources))
+            self._allowed = np.zeros(len(library), dtype=bool)
+            self._allowed[allowed] = True
+        self._inchikey = library.column("inchikey")
+        self._formula_cache: dict[str, np.ndarray] = {}
+        self.has_name = library.has_column("name")
+        self.has_id = library.has_column("id")
+
+    def select(self, spectrum: Any, mode: str, adducts: Sequence[Any], formula: str | None
+               ) -> tuple[np.ndarray, np.ndarray | None, str] | str:
+        """``(ids, adduct per id or None, reported adduct)`` or the skip reason."""
+        from .molecules import neutral_mass, normalize_formula
+
+        if formula and self.options.by is None:
+            try:
+                normalize_formula(formula)
+            except InputError:
+                formula = None  # an unusable FORMULA field: fall back to the precursor mass
+        by = self.options.by or ("formula" if formula else "mass")
+        if by == "formula":
+            if not formula:
+                return "no formula (give --formulas or use --by mass)"
+            ids = self._formula_cache.get(formula)
+            if ids is None:
+                try:
+                    ids = self.library.select_by_formula(formula)
+                except InputError:
+                    return f"unparsable formula {formula!r}"
+                self._formula_cache[formula] = ids
+            adduct_names = None
+            reported = adducts[0].name if len(adducts) == 1 else ""
+        else:
+            if not spectrum.precursor_mz:
+                return "no precursor m/z (needed to select candidates by mass)"
+            parts, names = [], []
+            masses = [neutral_mass(spectrum.precursor_mz, a) for a in adducts]
+            for adduct, ids_a in zip(adducts, self.library.select_by_masses(masses, self.options.ppm)):
+                parts.append(ids_a)
+                names.append(np.full(len(ids_a), adduct.name, dtype=object))
+            if not parts:
+                return "no adduct to compute a neutral mass"
+            all_ids = np.concatenate(parts)
+            all_names = np.concatenate(names)
+            # keep, per candidate, the first adduct in the given (most-common-first) order
+            ids, first = np.unique(all_ids, return_index=True)
+            adduct_names = all_names[first]
+            reported = ""
+        if self._allowed is not None and ids.size:
+            keep = self._allowed[ids]
+            ids = ids[keep]
+            if adduct_names is not None:
+                adduct_names = adduct_names[keep]
+        if ids.size == 0:
+            where = f"formula {formula}" if by == "formula" else f"mass within {self.options.ppm:g} ppm"
+            return f"no candidates in the library ({where})"
+        return ids, adduct_names, reported
+
+    def all_ids(self) -> np.ndarray:
+        """Every usable row id (ascending): the whole library, or the rows of the ``sources`` filter."""
+        if self._allowed is None:
+            return np.arange(len(self.library), dtype=np.int64)
+        return np.flatnonzero(self._allowed).astype(np.int64)
+
+    def keys(self, ids: np.ndarray) -> list[str]:
+        return list(self._inchikey[ids])
+
+    def tie_keys(self, ids: np.ndarray) -> np.ndarray:
+        return self._inchikey[ids]
+
+    def molecules(self, ids: np.ndarray) -> list[Any]:
+        return self.library.molecules(ids)
+
+    def inchikey14(self, ids: np.ndarray) -> np.ndarray:
+        return self.library.column("inchikey14")[ids]
+
+    def fields(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        out = {"smiles": self.library.column("smiles")[ids], "inchikey": self._inchikey[ids],
+               "formula": self.library.column("formula")[ids]}
+        for name in ("name", "id"):
+            column = self.library.column(name)
+            out[name] = column[ids] if column is not None else np.full(len(ids), None, dtype=object)
+        return out
+
+
+class SetSource(CandidateSource):
+    """Candidates from MassSpecGym-style sets ``{query inchikey14: [(inchikey14, smiles), ...]}``.
+
+    Each query's candidates are the set of its true structure's first block. The distinct ``(inchikey14,
+    smiles)`` pairs of all sets form the id table.
+    """
+
+    def __init__(self, sets: dict[str, list[tuple[str, str]]]) -> None:
+        index: dict[tuple[str, str], int] = {}
+        self._set_ids: dict[str, np.ndarray] = {}
+        for query, entries in sets.items():
+            ids = []
+            for pair in entries:
+                j = index.get(pair)
+                if j is None:
+                    j = index[pair] = len(index)
+                ids.append(j)
+            self._set_ids[query] = np.unique(np.asarray(ids, dtype=np.int64))
+        pairs = list(index)
+        self._ik14 = np.array([p[0] for p in pairs], dtype=object)
+        self._smiles = np.array([p[1] for p in pairs], dtype=object)
+        self._tie = np.array([f"{k}|{s}" for k, s in pairs], dtype=object)
+        self.has_name = False
+        self.has_id = False
+
+    def __len__(self) -> int:
+        return len(self._ik14)
+
+    def set_ids(self, query_inchikey14: str) -> np.ndarray | None:
+        return self._set_ids.get(query_inchikey14)
+
+    def select(self, spectrum: Any, mode: str, adducts: Sequence[Any], formula: str | None
+               ) -> tuple[np.ndarray, np.ndarray | None, str] | str:
+        """The set of the spectrum's own structure (its INCHIKEY first block): for evaluation and benchmarks."""
+        inchikey = spectrum.inchikey
+        if not inchikey:
+            return "no INCHIKEY (needed to pick its candidate set)"
+        ids = self._set_ids.get(inchikey.split("-", 1)[0])
+        if ids is None:
+            return "no candidate set for the structure"
+        return ids, None, adducts[0].name if len(adducts) == 1 else ""
+
+    def keys(self, ids: np.ndarray) -> list[str]:
+        return ["smiles:" + s for s in self._smiles[ids]]
+
+    def tie_keys(self, ids: np.ndarray) -> np.ndarray:
+        return self._tie[ids]
+
+    def molecules(self, ids: np.ndarray) -> list[Any]:
+        from .molecules import Molecule
+        return [Molecule(s, inchikey14=k) for k, s in zip(self._ik14[ids], self._smiles[ids])]
+
+    def inchikey14(self, ids: np.ndarray) -> np.ndarray:
+        return self._ik14[ids]
+
+    def fields(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        none = np.full(len(ids), None, dtype=object)
+        return {"smiles": self._smiles[ids], "inchikey": self._ik14[ids], "formula": none, "name": none,
+                "id": none}

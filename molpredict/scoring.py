@@ -1,0 +1,373 @@
+"""Scoring: candidate coordinates for library rows, and the scores of query blocks against their candidates, run
+block by block on an executor.
+
+Identification, evaluation and library precompute share one shape: a stream of blocks, each handled by a task
+that needs the same loaded state (a model bundle, a candidate source, the coordinates cache). So they share one
+seam:
+
+* :func:`score_queries` scores a block of queries of one sub-model: the coordinates of the union of the block's
+  candidates are fetched once (:class:`CandidateCoordinates`, through the on-disk cache), the queries'
+  coordinates are predicted together, and each group of queries sharing one candidate list is scored with one
+  matrix product, so memory stays bounded by the block, never ``n_queries x n_library``. :func:`scored` cuts a
+  stream of queries into such blocks and yields, per query in input order, the **raw model score vector**
+  aligned with the query's candidate ids. What is made of those scores (ranking, output rows, metrics) belongs
+  to the caller (:mod:`molpredict.identify`, :mod:`molpredict.evaluate`).
+* :func:`shared_candidate_scores` scores blocks of inputs against one shared candidate list (text queries
+  against a whole library), in chunks of candidates.
+* :func:`score_library` computes and stores the candidate coordinates of a whole library, block of rows by
+  block, resumably.
+
+Executors run ``task(state, block)`` for every block and yield the results in block order, whoever ran each
+block: :class:`InProcessExecutor` (the default) runs them here, one after another.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from .coordinates_cache import CoordinatesCache
+from .errors import InputError
+from .modelfile import ModelBundle, SubModel
+
+__all__ = ["Query", "CandidateCoordinates", "score_queries", "query_blocks", "scored", "shared_candidate_scores",
+           "score_library", "Executor", "InProcessExecutor", "chunked"]
+
+#: ``coordinates(sub, ids) -> ndarray (len(ids), d)``: candidate coordinates of ascending unique ids
+CoordinatesFn = Callable[[SubModel, np.ndarray], np.ndarray]
+
+
+@dataclass
+class Query:
+    """A spectrum (or, for a text model, a description) on its way through the pipeline."""
+
+    position: int
+    spectrum: Any
+    mode: str
+    sub: SubModel
+    ids: np.ndarray                   # candidate ids in the source (ascending)
+    adducts: np.ndarray | None = None  # adduct name per candidate (object array) or None
+    adduct: str = ""                   # the adduct reported when ``adducts`` is None
+    true_key: str | None = None        # for evaluation: the true structure's InChIKey first block
+
+
+@contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """Run a block with ``n`` torch threads, then restore the previous setting."""
+    previous = torch.get_num_threads()
+    if previous == n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def chunked(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """Consecutive lists of ``size`` items (the last one shorter), lazily."""
+    block: list[Any] = []
+    for item in items:
+        block.append(item)
+        if len(block) >= size:
+            yield block
+            block = []
+    if block:
+        yield block
+
+
+class CandidateCoordinates:
+    """Candidate coordinates of one candidate source, per sub-model, through the on-disk cache.
+
+    Parameters
+    ----------
+    source : CandidateSource
+        Supplies cache keys and molecules of candidate ids.
+    cache_root : path, False or None
+        Root of the coordinates cache (None: the default location; False: no disk cache, coordinates are
+        computed on every call).
+    """
+
+    def __init__(self, source: Any, cache_root: Any = None) -> None:
+        self.source = source
+        self.cache_root = cache_root
+        self._caches: dict[str, CoordinatesCache | None] = {}
+
+    def cache(self, sub: SubModel) -> CoordinatesCache | None:
+        """The cache of ``sub``'s model (None when caching is off), opened once."""
+        key = sub.ion_mode
+        if key not in self._caches:
+            if self.cache_root is False:
+                self._caches[key] = None
+            else:
+                self._caches[key] = CoordinatesCache(self.cache_root, sub.model.coordinates_key())
+        return self._caches[key]
+
+    def __call__(self, sub: SubModel, ids: np.ndarray, timings: Counter) -> np.ndarray:
+        """Coordinates of candidates ``ids`` (ascending, unique), ndarray of shape (len(ids), d), float64.
+
+        Time spent is added to ``timings`` (``featurize_s``, ``cache_read_s``).
+        """
+        cache = self.cache(sub)
+        t0 = time.perf_counter()
+        if cache is None:
+            coords = np.asarray(sub.model.candidate_coordinates(self.source.molecules(ids)), dtype=np.float64)
+            timings["featurize_s"] += time.perf_counter() - t0
+            return coords
+        keys = self.source.keys(ids)
+        rows = cache.rows(keys)
+        missing = np.flatnonzero(rows < 0)
+        if missing.size:
+            molecules = self.source.molecules(ids[missing])
+            cache.ensure(molecules, sub.model.candidate_coordinates, keys=[keys[i] for i in missing])
+            rows = cache.rows(keys)
+            timings["featurize_s"] += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        coords = cache.read(rows)
+        timings["cache_read_s"] += time.perf_counter() - t1
+        return coords
+
+
+def score_queries(queries: Sequence[Query], coordinates: CoordinatesFn, timings: Counter) -> list[np.ndarray]:
+    """Raw model scores of each query's candidates, for queries of one sub-model.
+
+    Parameters
+    ----------
+    queries : sequence of Query, length n
+        All of the same sub-model.
+    coordinates : callable
+        ``coordinates(sub, ids) -> ndarray (len(ids), d)`` for ascending unique candidate ids.
+    timings : Counter
+        ``predict_s`` and ``score_s`` are added to it.
+
+    Returns
+    -------
+    list of ndarray
+        ``scores[i]``: shape (len(queries[i].ids),), float64, aligned with ``queries[i].ids``.
+    """
+    sub = queries[0].sub
+    union = np.unique(np.concatenate([q.ids for q in queries]))
+    coords = coordinates(sub, union)
+    t0 = time.perf_counter()
+    predicted = np.asarray(sub.model.predict_coordinates([q.spectrum for q in queries]), dtype=np.float64)
+    timings["predict_s"] += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out: list[np.ndarray | None] = [None] * len(queries)
+    groups: dict[bytes, list[int]] = {}
+    for i, q in enumerate(queries):
+        groups.setdefault(q.ids.tobytes(), []).append(i)
+    # The products are small (a few queries x ~256 candidates): they run in torch on one thread. numpy's
+    # BLAS threads would compete with torch's still-spinning OpenMP threads (from the prediction just
+    # before), and any multi-threaded small product is 10-20x slower than one thread on a busy machine.
+    P = torch.from_numpy(np.ascontiguousarray(predicted))
+    C = torch.from_numpy(np.ascontiguousarray(coords))
+    with _torch_threads(1):
+        for members in groups.values():
+            ids = queries[members[0]].ids
+            block = C.index_select(0, torch.from_numpy(np.searchsorted(union, ids)))
+            if not sub.model.dot_product_scores:
+                scores = sub.model.score_coordinates(P[members].numpy(), block.numpy())
+                for row, i in enumerate(members):
+                    out[i] = scores[row]
+            elif len(members) == 1:
+                out[members[0]] = torch.mv(block, P[members[0]]).numpy()
+            else:
+                scores = (P[members] @ block.T).numpy()
+                for row, i in enumerate(members):
+                    out[i] = scores[row]
+    timings["score_s"] += time.perf_counter() - t0
+    return out  # type: ignore[return-value]
+
+
+def query_blocks(queries: Iterable[Query], block_queries: int, max_block_candidates: int
+                 ) -> Iterator[list[Query]]:
+    """Consecutive blocks of at most ``block_queries`` queries, cut early once the block's candidate count
+    reaches ``max_block_candidates`` (bounds the coordinate rows a block holds)."""
+    block: list[Query] = []
+    size = 0
+    for q in queries:
+        block.append(q)
+        size += len(q.ids)
+        if len(block) >= block_queries or size >= max_block_candidates:
+            yield block
+            block, size = [], 0
+    if block:
+        yield block
+
+
+def scored(queries: Iterable[Query], coordinates: CoordinatesFn, timings: Counter, block_queries: int = 512,
+           max_block_candidates: int = 16384) -> Iterator[tuple[Query, np.ndarray]]:
+    """``(query, raw model scores aligned with query.ids)`` in input order, block by block (grouped by
+    sub-model inside a block; see :func:`score_queries`)."""
+    for block in query_blocks(queries, block_queries, max_block_candidates):
+        by_mode: dict[str, list[int]] = {}
+        for i, q in enumerate(block):
+            by_mode.setdefault(q.mode, []).append(i)
+        results: list[np.ndarray | None] = [None] * len(block)
+        for members in by_mode.values():
+            for i, scores in zip(members, score_queries([block[i] for i in members], coordinates, timings)):
+                results[i] = scores
+        yield from zip(block, results)  # type: ignore[misc]
+
+
+def shared_candidate_scores(coordinates: CoordinatesFn, sub: SubModel, inputs: Sequence[Any], ids: np.ndarray,
+                            timings: Counter, block_queries: int = 64, chunk: int = 16384
+                            ) -> Iterator[tuple[int, np.ndarray]]:
+    """Scores of the same candidates ``ids`` for every input, block of inputs by block.
+
+    The candidates are taken in chunks of ``chunk`` rows, so memory is bounded by ``block_queries x len(ids)``
+    scores plus one chunk of coordinates, never ``n_inputs x len(ids)``.
+
+    Parameters
+    ----------
+    coordinates : callable
+        ``coordinates(sub, ids) -> ndarray (len(ids), d)`` (cached candidate coordinates).
+    sub : SubModel
+    inputs : sequence
+        What ``sub.model.predict_coordinates`` takes (descriptions for a text model).
+    ids : ndarray of shape (n_candidates,), int64
+        Candidate ids, ascending and unique.
+    timings : Counter
+        ``predict_s`` and ``score_s`` are added to it.
+    block_queries : int
+        Inputs per block.
+    chunk : int
+        Candidate rows per coordinates fetch.
+
+    Yields
+    ------
+    (start, scores)
+        ``scores``: ndarray of shape (block size, n_candidates), float64, for ``inputs[start:start + b]``.
+    """
+    inputs = list(inputs)
+    ids = np.asarray(ids, dtype=np.int64)
+    chunk = max(1, int(chunk))
+    model = sub.model
+    for start in range(0, len(inputs), block_queries):
+        block = inputs[start:start + block_queries]
+        t0 = time.perf_counter()
+        predicted = np.asarray(model.predict_coordinates(block), dtype=np.float64)
+        timings["predict_s"] += time.perf_counter() - t0
+        scores = np.empty((len(block), len(ids)), dtype=np.float64)
+        for lo in range(0, len(ids), chunk):
+            coords = coordinates(sub, ids[lo:lo + chunk])
+            t0 = time.perf_counter()
+            if model.dot_product_scores:
+                scores[:, lo:lo + chunk] = predicted @ coords.T
+            else:
+                scores[:, lo:lo + chunk] = model.score_coordinates(predicted, coords)
+            timings["score_s"] += time.perf_counter() - t0
+        yield start, scores
+
+
+# -- executors ---------------------------------------------------------------------------------------------
+
+class Executor:
+    """Runs ``task(state, block)`` for every block; yields the results in block order."""
+
+    def map(self, task: Callable[[Any, Any], Any], state: Any, blocks: Iterable[Any],
+            on_done: Callable[[Any], None] | None = None) -> Iterator[Any]:
+        """Results of ``task(state, block)`` in block order; ``on_done(result)`` is called as each finishes."""
+        raise NotImplementedError
+
+
+class InProcessExecutor(Executor):
+    """Every block here, one after another (the default)."""
+
+    def map(self, task: Callable[[Any, Any], Any], state: Any, blocks: Iterable[Any],
+            on_done: Callable[[Any], None] | None = None) -> Iterator[Any]:
+        for block in blocks:
+            result = task(state, block)
+            if on_done is not None:
+                on_done(result)
+            yield result
+
+
+# -- library precompute ------------------------------------------------------------------------------------
+
+@dataclass
+class _LibraryState:
+    """What a library block task needs: the bundle, the library and the caches (one per ion mode)."""
+
+    bundle: ModelBundle
+    library: Any
+    cache_root: Any
+
+    def __post_init__(self) -> None:
+        self._caches: dict[str, CoordinatesCache] = {}
+
+    def cache(self, mode: str) -> CoordinatesCache:
+        if mode not in self._caches:
+            sub = self.bundle.for_mode(mode)
+            self._caches[mode] = CoordinatesCache(self.cache_root, sub.model.coordinates_key())
+        return self._caches[mode]
+
+
+def _library_block(state: _LibraryState, block: tuple[str, int, int]) -> tuple[int, int, int]:
+    """Compute and commit the coordinates of library rows ``start..stop`` not stored yet; returns
+    ``(rows in the block, rows computed, 1 if anything was computed else 0)``."""
+    mode, start, stop = block
+    cache = state.cache(mode)
+    ids = np.arange(start, stop)
+    keys = list(state.library.column("inchikey")[ids])
+    missing = np.flatnonzero(cache.rows(keys) < 0)
+    if not missing.size:
+        return len(ids), 0, 0
+    molecules = state.library.molecules(ids[missing])
+    computed = cache.ensure(molecules, state.bundle.for_mode(mode).model.candidate_coordinates,
+                            keys=[keys[i] for i in missing], block_size=max(1, stop - start))
+    return len(ids), computed, 1
+
+
+def score_library(bundle: ModelBundle, library: Any, cache_root: Any = None, block_size: int = 8192,
+                  ion_modes: Sequence[str] | None = None, progress: bool = False,
+                  log: Callable[[str], None] | None = None, executor: Executor | None = None) -> dict[str, Any]:
+    """Precompute the candidate coordinates of a whole library for each model of a bundle.
+
+    Works through the library in blocks of ``block_size`` rows; a block whose molecules are all cached is
+    skipped, and each computed block is committed before the next starts, so an interrupted run resumes where it
+    stopped without losing finished blocks.
+
+    Returns
+    -------
+    dict
+        Per ion mode: ``{"coordinates_key", "n_rows", "n_computed", "n_blocks_computed", "time_s", "cache"}``.
+    """
+    say = log or (lambda message: None)
+    executor = executor or InProcessExecutor()
+    out: dict[str, Any] = {}
+    n = len(library)
+    state = _LibraryState(bundle, library, cache_root)
+    for mode in ion_modes or bundle.ion_modes:
+        sub = bundle.for_mode(mode)
+        if sub is None:
+            raise InputError(f"the bundle has no {mode} model", path=str(bundle.path))
+        cache = state.cache(mode)
+        say(f"{mode}: {n} library rows, {len(cache)} coordinates already cached in {cache.directory}")
+        t0 = time.perf_counter()
+        n_computed = n_blocks = 0
+        bar = None
+        if progress:
+            from tqdm import tqdm
+            bar = tqdm(total=n, desc=f"scoring library ({mode})", unit=" molecules", file=sys.stderr)
+        blocks = ((mode, start, min(start + block_size, n)) for start in range(0, n, block_size))
+        try:
+            for _rows, computed, block_computed in executor.map(
+                    _library_block, state, blocks,
+                    on_done=(lambda result: bar.update(result[0])) if bar is not None else None):
+                n_computed += computed
+                n_blocks += block_computed
+        finally:
+            if bar is not None:
+                bar.close()
+        out[mode] = {"coordinates_key": sub.model.coordinates_key(), "n_rows": n, "n_computed": n_computed,
+                     "n_blocks_computed": n_blocks, "time_s": round(time.perf_counter() - t0, 3),
+                     "cache": str(cache.directory)}
+    return out
