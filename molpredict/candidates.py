@@ -638,9 +638,10 @@ def _is_gzip(path: Path) -> bool:
 
 
 def _open_text(path: Path) -> io.TextIOBase:
+    # utf-8-sig: a leading byte-order mark (Windows tools write one) is not part of the first column's name.
     if _is_gzip(path):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")
+        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
+    return open(path, encoding="utf-8-sig", newline="")
 
 
 def _read_header(path: Path) -> list[str]:

@@ -4,7 +4,7 @@ Cleaning steps are pure functions ``Spectrum -> Spectrum | None`` (they never mo
 may share unchanged arrays with it, so treat spectra as immutable) and :class:`CleaningPipeline` chains them
 with serialisable settings. File formats live in
 :mod:`molpredict.io` and are importable from here: ``read_spectra``, ``read_mgf``, ``read_msp``,
-``read_mzml``, ``write_mgf``, ``SkipReport``, ``spectra_to_arrays``, ``spectra_from_arrays``.
+``read_mzml``, ``read_mzxml``, ``write_mgf``, ``SkipReport``, ``spectra_to_arrays``, ``spectra_from_arrays``.
 """
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import numpy as np
 from .errors import SpecError
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come lazily from __getattr__ below
-    from .io import (SkipEntry, SkipReport, read_mgf, read_msp, read_mzml, read_spectra, spectra_from_arrays,
-                     spectra_to_arrays, write_mgf)
+    from .io import (SkipEntry, SkipReport, read_mgf, read_msp, read_mzml, read_mzxml, read_spectra,
+                     spectra_from_arrays, spectra_to_arrays, write_mgf)
 
 __all__ = [
     "Spectrum",
@@ -40,6 +40,7 @@ __all__ = [
     "read_mgf",
     "read_msp",
     "read_mzml",
+    "read_mzxml",
     "write_mgf",
     "SkipReport",
     "SkipEntry",
@@ -47,7 +48,7 @@ __all__ = [
     "spectra_from_arrays",
 ]
 
-_IO_NAMES = frozenset(["read_spectra", "read_mgf", "read_msp", "read_mzml", "write_mgf", "SkipReport",
+_IO_NAMES = frozenset(["read_spectra", "read_mgf", "read_msp", "read_mzml", "read_mzxml", "write_mgf", "SkipReport",
                        "SkipEntry", "spectra_to_arrays", "spectra_from_arrays"])
 
 

@@ -252,7 +252,6 @@ def test_knn_hand_computed(knn_registry):
 
 
 def test_knn_roundtrip(knn_registry):
-    pytest.importorskip("molpredict.io.arrays")
     train = [spectrum(i, {50.0 + 13 * i: 1.0, 400.0: 0.5}) for i in range(len(SMILES))]
     model = LibraryKNN(input_kernel="unit-bin", k=3, fp_size=512).fit(train, molecules(SMILES))
     queries = [spectrum(50 + i, {50.0 + 13 * i: 1.0, 63.0 + 13 * i: 0.7}) for i in range(4)]

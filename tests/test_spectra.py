@@ -273,7 +273,6 @@ def test_read_msp():
 
 
 def test_read_mzml(tmp_path):
-    pytest.importorskip("psims")
     path = SPECTRA / "small.mzML"
     report = SkipReport()
     spectra = list(read_spectra(path, report=report))

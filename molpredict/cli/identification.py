@@ -179,7 +179,7 @@ def _load_library(library: str | None, say, progress: bool, cache: bool | None =
 @_quiet_option
 def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sources, formulas, top_k, output, fmt,
              skipped_path, cache_dir, no_cache, progress, quiet) -> None:
-    """Rank candidate structures for each spectrum of SPECTRA (.mgf, .msp, .mzML; stdin MGF when absent or -),
+    """Rank candidate structures for each spectrum of SPECTRA (.mgf, .msp, .mzML, .mzXML; stdin MGF when absent or -),
     or for each description given with --text / --text-file (a text model).
 
     \b

@@ -17,7 +17,7 @@ _EXAMPLES = 20  # record numbers listed per skip reason
 
 @cli.group()
 def spectra() -> None:
-    """Inspect MS/MS spectra files (.mgf, .msp, .mzML, optionally .gz)."""
+    """Inspect MS/MS spectra files (.mgf, .msp, .mzML, .mzXML, optionally .gz)."""
 
 
 def summarize_spectra(path: str) -> dict:

@@ -1,4 +1,4 @@
-"""Spectra file formats: streaming readers (MGF, MSP, mzML), the MGF writer, the skip report, array form.
+"""Spectra file formats: streaming readers (MGF, MSP, mzML, mzXML), the MGF writer, the skip report, array form.
 
 The public names are re-exported by :mod:`molpredict.spectra`, which is where users import them from.
 """
@@ -15,8 +15,9 @@ from .common import SkipEntry, SkipReport
 from .mgf import read_mgf, write_mgf
 from .msp import read_msp
 from .mzml import read_mzml
+from .mzxml import read_mzxml
 
-__all__ = ["read_spectra", "read_mgf", "read_msp", "read_mzml", "write_mgf", "SkipReport", "SkipEntry",
+__all__ = ["read_spectra", "read_mgf", "read_msp", "read_mzml", "read_mzxml", "write_mgf", "SkipReport", "SkipEntry",
            "spectra_to_arrays", "spectra_from_arrays", "SPECTRA_READERS", "spectra_format"]
 
 #: file extension (lower case, without ``.gz``) -> reader
@@ -24,11 +25,13 @@ SPECTRA_READERS: dict[str, Callable[..., Iterator[Spectrum]]] = {
     ".mgf": read_mgf,
     ".msp": read_msp,
     ".mzml": read_mzml,
+    ".mzxml": read_mzxml,
 }
 
 
 def spectra_format(path: str | os.PathLike) -> str:
-    """The format extension of ``path`` (``".mgf"``, ``".msp"``, ``".mzml"``), ignoring a ``.gz`` suffix.
+    """The format extension of ``path`` (``".mgf"``, ``".msp"``, ``".mzml"``, ``".mzxml"``), ignoring a ``.gz``
+    suffix.
 
     Raises
     ------
@@ -47,7 +50,8 @@ def spectra_format(path: str | os.PathLike) -> str:
 
 
 def read_spectra(path: str | os.PathLike, report: SkipReport | None = None) -> Iterator[Spectrum]:
-    """Stream the spectra of a file, choosing the reader by extension (``.mgf``, ``.msp``, ``.mzML``, ``.gz``).
+    """Stream the spectra of a file, choosing the reader by extension (``.mgf``, ``.msp``, ``.mzML``,
+    ``.mzXML``, each optionally ``.gz``).
 
     Parameters
     ----------

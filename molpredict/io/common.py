@@ -5,6 +5,7 @@ import gzip
 import io
 import logging
 import os
+import re
 from collections import Counter
 from pathlib import Path
 from typing import IO, Iterator, NamedTuple
@@ -12,7 +13,7 @@ from typing import IO, Iterator, NamedTuple
 from ..errors import InputError
 
 __all__ = ["SkipEntry", "SkipReport", "open_text", "file_stem", "parse_charge", "normalize_ion_mode",
-           "ion_mode_from"]
+           "ion_mode_from", "parse_ms_level", "adduct_from_name"]
 
 logger = logging.getLogger("molpredict.io")
 
@@ -118,7 +119,8 @@ def open_text(path: str | os.PathLike, kind: str) -> IO[str]:
 
     Returns
     -------
-    A text stream with universal newlines (CRLF read as LF), UTF-8 with undecodable bytes replaced.
+    A text stream with universal newlines (CRLF read as LF), UTF-8 with undecodable bytes replaced; a
+    leading UTF-8 byte-order mark (written by Windows tools) is dropped.
 
     Raises
     ------
@@ -141,7 +143,7 @@ def open_text(path: str | os.PathLike, kind: str) -> IO[str]:
             raise InputError(f"cannot read ({exc})", path=str(path)) from None
         if any(b in _BINARY_BYTES for b in head):
             raise InputError(f"not an {kind} file (binary data)", path=str(path))
-        return io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline=None)
+        return io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline=None)
     except BaseException:
         raw.close()
         raise
@@ -207,3 +209,74 @@ def ion_mode_from(charge: int | None, adduct: str | None) -> str | None:
         if tail.endswith("-"):
             return "negative"
     return None
+
+
+# "MS2", "ms2", "MS/MS", "MSMS", "MS-MS", "MS" (a full scan, level 1), or a bare number
+_MS_LEVEL = re.compile(r"^(?:MS\s*[/-]?\s*(MS)|MS\s*(\d+)|MS|(\d+))$", re.IGNORECASE)
+
+
+def parse_ms_level(text: str) -> int | None:
+    """The MS level written as ``"2"``, ``"MS2"``, ``"ms2"``, ``"MS/MS"``, ``"MSMS"`` or ``"MS"`` (1);
+    None for anything else (a textual spectrum type such as ``"in-source"`` or ``"GC-MS"``)."""
+    match = _MS_LEVEL.match(text.strip())
+    if match is None:
+        return None
+    tandem, ms_digits, digits = match.groups()
+    if tandem:
+        return 2
+    if ms_digits or digits:
+        return int(ms_digits or digits)
+    return 1
+
+
+# The last word of a compound name when it is an adduct: "M+H", "[M+H]+", "[M-H]-", "2M+Na", "M+FA-H", "[M]+"
+_NAME_ADDUCT = re.compile(r"^\[?(\d*M(?:[+-]\d*[A-Za-z][A-Za-z0-9]*)*)\]?(\d*[+-]{1,2})?\*?$")
+
+
+def adduct_from_name(name: str | None, ion_mode: str | None = None) -> str | None:
+    """The adduct a compound name ends with (GNPS writes ``NAME=Caffeine M+H``), as a canonical name.
+
+    matchms's convention: the name's last word is taken when it parses as an adduct. A word without a charge
+    (``M+H``) gets the sign under which it is a common adduct (``[M+H]+`` yes, ``[M+H]-`` no), or the sign of
+    ``ion_mode`` when both are; when that does not decide, no adduct is guessed.
+
+    Examples
+    --------
+    >>> adduct_from_name("Caffeine M+H"), adduct_from_name("X [M-H]-"), adduct_from_name("Vitamin E")
+    ('[M+H]+', '[M-H]-', None)
+    """
+    from ..errors import MolpredictError
+    from ..molecules import ADDUCTS, parse_adduct
+
+    if not name or not name.split():
+        return None
+    word = name.split()[-1]
+    match = _NAME_ADDUCT.match(word)
+    if match is None or match.group(1) == "M" and not match.group(2):
+        return None
+    core, charge = match.groups()
+    if charge:
+        chosen = f"[{core}]{charge}"
+    else:
+        signed = {"positive": f"[{core}]+", "negative": f"[{core}]-"}
+        known = [mode for mode, text in signed.items() if _known_adduct(text, ADDUCTS)]
+        if ion_mode in known:
+            chosen = signed[ion_mode]
+        elif len(known) == 1:
+            chosen = signed[known[0]]
+        else:
+            return None
+    try:
+        return parse_adduct(chosen).name
+    except MolpredictError:
+        return None
+
+
+def _known_adduct(text: str, table: dict) -> bool:
+    from ..errors import MolpredictError
+    from ..molecules import parse_adduct
+
+    try:
+        return parse_adduct(text).name in table
+    except MolpredictError:
+        return False

@@ -21,8 +21,8 @@ import pyarrow.compute as pc
 
 from ..errors import InputError
 from ..spectra import Spectrum
-from .common import (SkipReport, _Skipper, file_stem, ion_mode_from, normalize_ion_mode, open_text,
-                     parse_charge)
+from .common import (SkipReport, _Skipper, adduct_from_name, file_stem, ion_mode_from, normalize_ion_mode,
+                     open_text, parse_charge, parse_ms_level)
 
 __all__ = ["read_mgf", "write_mgf", "MGF_KEY_MAP"]
 
@@ -39,10 +39,15 @@ MGF_KEY_MAP = {
     "COLLISION_ENERGY": "collision_energy",
     "FEATURE_ID": "feature_id",
     "SCANS": "scans",
+    "SPECTRUMID": "spectrum_id",
 }
 # Keys that become Spectrum fields rather than metadata.
-_FIELD_KEYS = frozenset({"TITLE", "PEPMASS", "CHARGE", "IONMODE", "ADDUCT", "PRECURSOR_TYPE", "PRECURSORTYPE",
-                         "MSLEVEL", "MS_LEVEL"})
+_FIELD_KEYS = frozenset({"TITLE", "PEPMASS", "PRECURSOR_MZ", "PRECURSORMZ", "CHARGE", "IONMODE", "ADDUCT",
+                         "PRECURSOR_TYPE", "PRECURSORTYPE", "MSLEVEL", "MS_LEVEL"})
+#: where the precursor m/z comes from: PEPMASS, else matchms's names (a zero means unknown)
+_PRECURSOR_KEYS = ("PEPMASS", "PRECURSOR_MZ", "PRECURSORMZ")
+#: where the record id comes from, first present wins
+_ID_KEYS = ("TITLE", "SPECTRUMID", "SPECTRUM_ID", "FEATURE_ID", "SCANS")
 _METADATA_TO_MGF = {"compound_name": "NAME"}
 _RESERVED_METADATA = frozenset(k.lower() for k in _FIELD_KEYS) | {"precursor_intensity"}
 
@@ -67,11 +72,15 @@ def read_mgf(path: str | os.PathLike, report: SkipReport | None = None) -> Itera
     Yields
     ------
     Spectrum
-        With ``id`` from TITLE, else FEATURE_ID, else SCANS, else ``"<file stem>:<record number>"``;
-        ``precursor_mz`` from PEPMASS (its optional intensity goes to ``metadata["precursor_intensity"]``);
+        With ``id`` from TITLE, else SPECTRUMID (GNPS), else FEATURE_ID, else SCANS, else
+        ``"<file stem>:<record number>"`` (ids need not be unique: identification makes them so);
+        ``precursor_mz`` from PEPMASS, else PRECURSOR_MZ / PRECURSORMZ (matchms exports) (PEPMASS's optional
+        intensity goes to ``metadata["precursor_intensity"]``);
         signed ``charge`` from CHARGE (``1+``, ``+1``, ``1``, ``2-``, ``-1``; an unsigned charge takes the
         sign of a negative IONMODE); ``ion_mode`` from IONMODE, else the charge's sign, else the adduct's;
-        ``adduct`` from ADDUCT or PRECURSOR_TYPE; ``ms_level`` from MSLEVEL (default 2); ``mz_precision`` as
+        ``adduct`` from ADDUCT or PRECURSOR_TYPE, else the compound name's last word when it is an adduct
+        (GNPS: ``NAME=Caffeine M+H``, see :func:`~molpredict.io.common.adduct_from_name`); ``ms_level`` from
+        MSLEVEL or MS_LEVEL (``2``, ``MS2``, ``MS/MS``; default 2); ``mz_precision`` as
         ``10**-d`` with ``d`` the most decimals among the peaks' m/z; peaks sorted by m/z. Other keys go to
         ``metadata``: NAME -> ``compound_name``, SMILES -> ``smiles`` (see :data:`MGF_KEY_MAP`), any other
         key lower-cased; empty values are dropped. Keys before the first ``BEGIN IONS`` are defaults for
@@ -87,7 +96,8 @@ def read_mgf(path: str | os.PathLike, report: SkipReport | None = None) -> Itera
 
     Notes
     -----
-    Lines are read with universal newlines (CRLF is fine); ``#`` and ``;`` lines are comments; peak lines
+    Lines are read with universal newlines (CRLF is fine), a leading UTF-8 byte-order mark is dropped;
+    ``IONMODE=n/a`` and ``CHARGE=0`` mean unknown; ``#`` and ``;`` lines are comments; peak lines
     are ``m/z intensity`` separated by spaces or tabs, further columns (annotations) ignored.
     """
     # Missing or binary files fail here, at the call; the generator opens the file again when iterated, so
@@ -294,19 +304,22 @@ def _build_spectrum(keys: dict[str, str], peaks: tuple[np.ndarray, np.ndarray, f
     mz, intensities, precision = peaks
     metadata: dict = {}
     precursor_mz = None
-    pepmass = keys.get("PEPMASS")
-    if pepmass:
-        parts = pepmass.split()
+    for key in _PRECURSOR_KEYS:  # the first given and non-zero one
+        text = keys.get(key)
+        if not text:
+            continue
+        parts = text.split()
         try:
             precursor_mz = float(parts[0])
-            if len(parts) > 1:
+            if len(parts) > 1 and key == "PEPMASS":
                 metadata["precursor_intensity"] = float(parts[1])
         except ValueError:
-            return "non-numeric PEPMASS"
+            return f"non-numeric {key}"
         if not math.isfinite(precursor_mz):
-            return "non-numeric PEPMASS"
-        if precursor_mz <= 0:
-            precursor_mz = None  # some exporters write PEPMASS=0 for "unknown"
+            return f"non-numeric {key}"
+        if precursor_mz > 0:
+            break
+        precursor_mz = None  # some exporters write PEPMASS=0 for "unknown"
     try:
         charge = parse_charge(keys.get("CHARGE", ""))
     except ValueError:
@@ -314,12 +327,14 @@ def _build_spectrum(keys: dict[str, str], peaks: tuple[np.ndarray, np.ndarray, f
     ms_level = 2
     level = keys.get("MSLEVEL") or keys.get("MS_LEVEL")
     if level:
-        try:
-            ms_level = int(level)
-        except ValueError:
+        ms_level = parse_ms_level(level)  # type: ignore[assignment]
+        if ms_level is None:
             return "non-numeric MSLEVEL"
-    adduct = keys.get("ADDUCT") or keys.get("PRECURSOR_TYPE") or keys.get("PRECURSORTYPE") or None
     ion_mode = normalize_ion_mode(keys.get("IONMODE"))
+    adduct = keys.get("ADDUCT") or keys.get("PRECURSOR_TYPE") or keys.get("PRECURSORTYPE") or None
+    if adduct is None:
+        # GNPS libraries give the adduct only as the name's last word ("NAME=Caffeine M+H").
+        adduct = adduct_from_name(keys.get("NAME") or keys.get("COMPOUND_NAME"), ion_mode)
     if charge is not None and charge > 0 and ion_mode == "negative" and not _explicit_sign(keys["CHARGE"]):
         charge = -charge
     if ion_mode is None:
@@ -328,8 +343,7 @@ def _build_spectrum(keys: dict[str, str], peaks: tuple[np.ndarray, np.ndarray, f
     for key, value in keys.items():
         if value and key not in _FIELD_KEYS:
             metadata[key_map.get(key) or key.lower()] = value
-    spectrum_id = (keys.get("TITLE") or keys.get("FEATURE_ID") or keys.get("SCANS")
-                   or f"{stem}:{record}")
+    spectrum_id = next((keys[k] for k in _ID_KEYS if keys.get(k)), None) or f"{stem}:{record}"
     return Spectrum(id=spectrum_id, mz=mz, intensities=intensities, precursor_mz=precursor_mz,
                     charge=charge, ion_mode=ion_mode, adduct=adduct, ms_level=ms_level,
                     mz_precision=precision, metadata=metadata)

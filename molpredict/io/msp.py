@@ -10,7 +10,8 @@ import numpy as np
 
 from ..errors import InputError
 from ..spectra import Spectrum
-from .common import SkipReport, _Skipper, file_stem, ion_mode_from, normalize_ion_mode, open_text, parse_charge
+from .common import (SkipReport, _Skipper, adduct_from_name, file_stem, ion_mode_from, normalize_ion_mode,
+                     open_text, parse_charge, parse_ms_level)
 
 __all__ = ["read_msp", "MSP_KEY_MAP"]
 
@@ -47,8 +48,10 @@ def read_msp(path: str | os.PathLike, report: SkipReport | None = None) -> Itera
         ``id`` from DB# (or TITLE, ACCESSION, ID, FEATURE_ID, SCANS), else ``"<file stem>:<record>"``;
         ``precursor_mz`` from PrecursorMZ; ``adduct`` from Precursor_type; ``ion_mode`` from Ion_mode
         (``P``/``N``/``Positive``...), else the charge's or adduct's sign; ``charge`` from Charge;
-        ``ms_level`` from Spectrum_type (``MS2``) or MSLevel (default 2). Other keys go to ``metadata``
-        lower-cased with spaces as underscores (Name -> ``compound_name``).
+        ``ms_level`` from MSLevel, else Spectrum_type (``MS2``, ``MS/MS``; default 2); a textual spectrum type
+        (``in-source``, ``GC-MS``) gives level 1 and is kept as ``metadata["spectrum_type"]``; ``adduct`` from
+        Precursor_type, else the name's last word when it is an adduct (``Name: Caffeine M+H``). Other keys go
+        to ``metadata`` lower-cased with spaces as underscores (Name -> ``compound_name``).
 
     Raises
     ------
@@ -58,9 +61,11 @@ def read_msp(path: str | os.PathLike, report: SkipReport | None = None) -> Itera
     Notes
     -----
     A record is header lines ``Key: value``, a ``Num Peaks: n`` line, then peaks: ``m/z intensity`` pairs
-    separated by spaces or tabs, possibly several per line separated by ``;``, possibly followed by a quoted
-    annotation. Records end at a blank line or at the next header line. A record whose peak count differs
-    from ``Num Peaks`` is skipped.
+    separated by spaces or tabs, possibly several per line as ``m/z intensity;`` groups (NIST) or
+    ``m/z:intensity`` pairs (Golm, MoNA) or plain ``m/z intensity m/z intensity`` runs (recognised by the
+    ``Num Peaks`` count), possibly followed by a quoted annotation; ``#`` lines inside the peak list are
+    comments. Records end at a blank line or at the next header line. A record whose peak count differs
+    from ``Num Peaks`` is skipped. A leading UTF-8 byte-order mark is dropped.
     """
     # Missing or binary files fail here, at the call; the generator opens the file again when iterated, so
     # that a generator never iterated holds no open file.
@@ -92,6 +97,8 @@ def _iter_msp(path: str, report: SkipReport | None) -> Iterator[Spectrum]:
                 if s and (s[0] in _PEAK_START or s[0] == '"'):
                     peaks.append(s)
                     continue
+                if s[:1] == "#":  # a comment inside the peak list
+                    continue
                 spectrum = finish()
                 if spectrum is not None:
                     yield spectrum
@@ -104,6 +111,8 @@ def _iter_msp(path: str, report: SkipReport | None) -> Iterator[Spectrum]:
             if s[0] == "#":
                 continue
             key, sep, value = s.partition(":")
+            if sep and s[0] in _PEAK_START and _is_number(key):
+                sep = ""  # an "m/z:intensity" peak line, not a header
             if not sep:
                 if n_records == 0:
                     raise InputError(f"not an MSP file (line {line_no} is not 'Key: value')", path=path)
@@ -137,18 +146,47 @@ def _iter_msp(path: str, report: SkipReport | None) -> Iterator[Spectrum]:
     skip.close()
 
 
-def _parse_peaks(peaks: list[str]) -> tuple[np.ndarray, np.ndarray, float] | str:
+def _peak_tokens(peaks: list[str]) -> list[str] | str:
+    """The m/z, intensity tokens of peak lines, alternating, or the reason they are unusable.
+
+    A line holds one ``m/z intensity`` pair (further columns are annotations), or several: ``;``-separated
+    groups ``m/z intensity;`` (NIST), or ``m/z:intensity`` pairs (Golm, MoNA); quoted annotations are dropped.
+    """
     tokens: list[str] = []
     for line in peaks:
-        for chunk in _QUOTED.sub(" ", line).split(";"):
+        line = _QUOTED.sub(" ", line)
+        if ":" in line:
+            for pair in line.replace(";", " ").replace(",", " ").split():
+                mz, sep, intensity = pair.partition(":")
+                if not sep or not mz or not intensity:
+                    return "incomplete peak"
+                tokens += (mz, intensity)
+            continue
+        for chunk in line.split(";"):
             parts = chunk.split()
             if not parts:
                 continue
             if len(parts) < 2:
                 return "incomplete peak"
             tokens += parts[:2]
-    if not tokens:
-        return "no peaks"
+    return tokens or "no peaks"
+
+
+def _all_pairs(peaks: list[str]) -> list[str]:
+    """Every whitespace-separated number of the peak lines, read as consecutive ``m/z intensity`` pairs."""
+    return " ".join(_QUOTED.sub(" ", line).replace(";", " ") for line in peaks).split()
+
+
+def _parse_peaks(peaks: list[str], n_declared: int | None = None) -> tuple[np.ndarray, np.ndarray, float] | str:
+    """(mz, intensities, mz_precision) from peak lines, or the reason they are unusable. When one pair per line
+    does not give the declared count, lines of several space-separated pairs (``85 100 86 50``) are tried."""
+    tokens = _peak_tokens(peaks)
+    if n_declared is not None and (isinstance(tokens, str) or len(tokens) != 2 * n_declared):
+        flat = _all_pairs(peaks)
+        if len(flat) == 2 * n_declared:
+            tokens = flat
+    if isinstance(tokens, str):
+        return tokens
     try:
         values = np.array(tokens, dtype=np.float64).reshape(-1, 2)
     except ValueError:
@@ -171,6 +209,14 @@ def _decimals(token: str) -> int:
     return max(0, len(fraction) - (int(exponent) if exponent else 0))
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _first(keys: dict[str, str], names: tuple[str, ...]) -> str | None:
     for name in names:
         if keys.get(name):
@@ -181,18 +227,19 @@ def _first(keys: dict[str, str], names: tuple[str, ...]) -> str | None:
 def _build_spectrum(keys: dict[str, str], peaks: list[str], record: int, stem: str) -> Spectrum | str:
     if not peaks:
         return "no peaks"
-    parsed = _parse_peaks(peaks)
-    if isinstance(parsed, str):
-        return parsed
-    mz, intensities, precision = parsed
     declared = keys.get("num_peaks", "")
+    n_declared = None
     if declared:
         try:
             n_declared = int(declared)
         except ValueError:
             return "non-numeric Num Peaks"
-        if n_declared != mz.shape[0]:
-            return "Num Peaks differs from the peaks found"
+    parsed = _parse_peaks(peaks, n_declared)
+    if isinstance(parsed, str):
+        return parsed
+    mz, intensities, precision = parsed
+    if n_declared is not None and n_declared != mz.shape[0]:
+        return "Num Peaks differs from the peaks found"
     precursor_mz = None
     text = _first(keys, _PRECURSOR_KEYS)
     if text:
@@ -208,24 +255,31 @@ def _build_spectrum(keys: dict[str, str], peaks: list[str], record: int, stem: s
         charge = parse_charge(keys.get("charge", ""))
     except ValueError:
         return "non-numeric Charge"
+    metadata: dict = {}
     ms_level = 2
-    level = keys.get("spectrum_type") or keys.get("mslevel") or keys.get("ms_level")
+    level = keys.get("mslevel") or keys.get("ms_level")
     if level:
-        digits = level.strip().upper().removeprefix("MS")
-        if not digits:
-            ms_level = 1  # "MS" alone means a full scan
+        ms_level = parse_ms_level(level)  # type: ignore[assignment]
+        if ms_level is None:
+            return "non-numeric MS level"
+    spectrum_type = keys.get("spectrum_type")
+    if spectrum_type:
+        typed = parse_ms_level(spectrum_type)
+        if typed is not None:
+            if not level:
+                ms_level = typed
         else:
-            try:
-                ms_level = int(digits)
-            except ValueError:
-                return "non-numeric MS level"
-    adduct = _first(keys, _ADDUCT_KEYS)
+            # GC-MS (EI) and in-source spectra: no isolated precursor, so MS1; the type is kept so that
+            # identification can name it when it skips the spectrum.
+            metadata["spectrum_type"] = spectrum_type
+            if not level:
+                ms_level = 1
     ion_mode = normalize_ion_mode(_first(keys, _ION_MODE_KEYS))
+    adduct = _first(keys, _ADDUCT_KEYS) or adduct_from_name(keys.get("name"), ion_mode)
     if charge is not None and charge > 0 and ion_mode == "negative" and "+" not in keys.get("charge", ""):
         charge = -charge
     if ion_mode is None:
         ion_mode = ion_mode_from(charge, adduct)
-    metadata: dict = {}
     for key, value in keys.items():
         if value and key not in _FIELD_KEYS:
             metadata[MSP_KEY_MAP.get(key, key)] = value
