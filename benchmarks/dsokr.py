@@ -243,7 +243,8 @@ def labelled_spectra(path: Path, limit: int | None, cache: dict) -> tuple[list, 
 def massbank_rows(args: argparse.Namespace) -> list[Row]:
     """DSOKR single and ensembles (and a single binned-spectrum MLP), SISOKR with ``molpredict train``'s
     defaults, and the prior baseline."""
-    from molpredict.training import DEFAULTS
+    from molpredict.training import DEFAULT_MODEL, model_defaults
+    DEFAULTS = model_defaults(DEFAULT_MODEL)
     output = DEFAULTS["output_kernel"]
     members = [int(m) for m in str(args.members).split(",") if m.strip()]
     encoder = args.encoder or MASSBANK_ENCODER.format(m_x=args.m_x)
@@ -257,7 +258,7 @@ def massbank_rows(args: argparse.Namespace) -> list[Row]:
         defaults = {k: DEFAULTS[k] for k in ("input_kernel", "output_kernel", "input_sketch", "output_sketch", "lam")}
         if args.quick:
             defaults.update(input_sketch=f"subsample:m={args.m_x}", output_sketch=f"subsample:m={args.m_y}")
-        rows.append(Row("sisokr", DEFAULTS["model"], dict(defaults, device=args.device, seed=args.seed)))
+        rows.append(Row("sisokr", DEFAULT_MODEL, dict(defaults, device=args.device, seed=args.seed)))
     rows.append(Row("prior", "prior", dict(similarity="tanimoto", top_k=5)))
     return rows + [r for r in dsokr if r.params["n_members"] > 1]  # the costliest last
 

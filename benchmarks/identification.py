@@ -119,11 +119,10 @@ def _sisokr(m_x: int, m_y: int, input_sketch: str = "subsample", output_sketch: 
 def okr_defaults(model: str, params: dict[str, Any]) -> dict[str, Any]:
     """``molpredict train``'s defaults (input/output kernel, lam grid) under an IOKR-family method's own params,
     so that every kernel model is compared as a user would train it."""
-    from molpredict.training import DEFAULTS, OKR_MODELS
+    from molpredict.training import model_defaults
 
-    if model not in OKR_MODELS:
-        return dict(params)
-    return {**{k: DEFAULTS[k] for k in ("input_kernel", "output_kernel", "lam")}, **params}
+    defaults = model_defaults(model)
+    return {**{k: defaults[k] for k in ("input_kernel", "output_kernel", "lam") if k in defaults}, **params}
 
 
 def method_list(mode: str, quick: bool) -> list[Method]:

@@ -29,10 +29,9 @@ from torch import nn
 from .component import Component
 from .errors import ModelFileError, SpecError
 from .features import LandmarkFeatures, bin_spectra
-from .specs import nested_spec
 
 __all__ = ["Encoder", "KernelMLPEncoder", "MLPEncoder", "TransformerEncoder", "TextEmbeddingEncoder",
-           "encoder_input_type", "mlp_layers"]
+           "mlp_layers"]
 
 
 def mlp_layers(d_in: int, hidden: int, layers: int, dropout: float, out_dim: int) -> nn.Sequential:
@@ -53,13 +52,6 @@ def mlp_layers(d_in: int, hidden: int, layers: int, dropout: float, out_dim: int
     nn.init.zeros_(final.bias)
     blocks.append(final)
     return nn.Sequential(*blocks)
-
-
-def encoder_input_type(spec: Any) -> str:
-    """What the encoder ``spec`` takes (``spectrum`` or ``text``): its class's ``input_type``, or for an encoder
-    whose input depends on its parameters (``kernel-mlp``: the kernel's), the instance's."""
-    from .registry import create
-    return str(create("encoder", nested_spec(spec)).input_type)
 
 
 class Encoder(Component, ABC):
@@ -132,7 +124,9 @@ class KernelMLPEncoder(Encoder):
 
     @property
     def input_type(self) -> str:  # type: ignore[override]
-        return LandmarkFeatures(str(self.input_kernel)).input_type
+        """The input kernel's."""
+        from .registry import get_registry
+        return get_registry().input_type("input_kernel", self.input_kernel) or "spectrum"
 
     def fit(self, inputs: Sequence[Any], device: torch.device | None = None) -> "KernelMLPEncoder":
         self.features_ = LandmarkFeatures(str(self.input_kernel), int(self.n_landmarks), bool(self.whiten),

@@ -17,7 +17,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from .errors import ModelFileError, SpecError
-from .specs import nested_spec, parse_spec
 
 __all__ = ["LandmarkFeatures", "bin_spectra", "n_bins"]
 
@@ -145,7 +144,7 @@ class LandmarkFeatures:
     def input_type(self) -> str:
         """What the kernel takes (``spectrum``, ``text``, ...)."""
         from .registry import get_registry
-        return get_registry().get("input_kernel", parse_spec(nested_spec(self.kernel)).name).input_type
+        return get_registry().input_type("input_kernel", self.kernel) or "spectrum"
 
     def transform(self, inputs: Sequence[Any]) -> np.ndarray:
         """Features of ``inputs``, ndarray of shape (n, dim_), float32 (kernel values in float64 first)."""

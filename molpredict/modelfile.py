@@ -40,7 +40,7 @@ import numpy as np
 
 from . import __version__
 from .errors import ModelFileError, PluginError, SpecError
-from .specs import ComponentSpec, Grid, nested_spec, parse_spec
+from .specs import ComponentSpec, Grid, parse_spec
 
 __all__ = [
     "FORMAT_NAME",
@@ -148,41 +148,10 @@ def model_components(model: Any) -> list[dict[str, str]]:
 
 
 def model_input_type(model: Any) -> str:
-    """What a fitted model takes: ``"text"`` or ``"spectrum"``.
-
-    A model whose own ``input_type`` says ``text`` takes text; so does one whose ``input_kernel`` or ``encoder``
-    parameter names a registered component of input type ``text`` (an IOKR-family model with ``text-ngram``
-    reports the class default ``spectrum`` itself).
-    """
-    own = getattr(model, "input_type", "spectrum")
-    if own == "text":
-        return "text"
-    params = model.get_params() if hasattr(model, "get_params") else {}
-    from .registry import get_registry
-    registry = get_registry()
-    for param, kind in (("input_kernel", "input_kernel"), ("encoder", "encoder")):
-        value = params.get(param)
-        if value is None or not isinstance(value, (str, ComponentSpec)):
-            continue
-        try:
-            names = parse_spec(nested_spec(value)).name.split("|")
-        except SpecError:
-            continue
-        for name in names:
-            try:
-                cls = registry.get(kind, name.strip())
-            except Exception:  # an unregistered name: loading reports it, not this helper
-                continue
-            kind_input = getattr(cls, "input_type", None)
-            if isinstance(kind_input, property):  # depends on the parameters (kernel-mlp: its kernel's)
-                from .registry import create
-                try:
-                    kind_input = create(kind, nested_spec(value)).input_type
-                except Exception:  # invalid parameters: loading reports them, not this helper
-                    continue
-            if kind_input == "text":
-                return "text"
-    return own if isinstance(own, str) else "spectrum"
+    """What a fitted model takes: ``"text"`` or ``"spectrum"`` (its :attr:`~molpredict.models.base.Model.input_type`;
+    ``spectrum`` for an object that does not say)."""
+    value = getattr(model, "input_type", "spectrum")
+    return value if isinstance(value, str) else "spectrum"
 
 
 @dataclass

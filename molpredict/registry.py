@@ -30,7 +30,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import PluginError, SpecError
-from .specs import ComponentSpec, parse_spec
+from .specs import ComponentSpec, nested_spec, parse_spec
 
 __all__ = [
     "KINDS",
@@ -304,6 +304,32 @@ class Registry:
             return cls(**params)
         except (TypeError, ValueError) as exc:
             raise SpecError(f"{spec}: {exc}") from exc
+
+    def input_type(self, kind: str, spec: "str | ComponentSpec") -> str | None:
+        """What the component named by ``spec`` takes (``spectrum``, ``text``, ...), or None when unknown.
+
+        This is the one place where an input type is worked out: a class attribute ``input_type``, or, for a
+        class whose input type depends on its parameters (a property, e.g. ``kernel-mlp``: its kernel's), that of
+        the instance built from ``spec``. Specs nested in another spec (``;`` for ``,``) are accepted; a grid
+        ``a|b`` takes text when any alternative does. Unregistered names and invalid parameters give None
+        (loading or building the component reports them).
+        """
+        try:
+            names = parse_spec(nested_spec(spec)).name.split("|")
+        except SpecError:
+            return None
+        found: str | None = None
+        for name in names:
+            try:
+                cls = self.get(kind, name.strip())
+                value = getattr(cls, "input_type", None)
+                if isinstance(value, property):
+                    value = self.create(kind, nested_spec(spec)).input_type
+            except Exception:  # reported where the component is built, not here
+                continue
+            if value == "text" or found is None:
+                found = value
+        return found
 
     def providers(self) -> dict[str, str]:
         """Plugin name -> version, for every plugin that registered successfully."""

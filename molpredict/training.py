@@ -7,6 +7,7 @@ no peaks after cleaning. Records the reader could not parse are counted too (the
 """
 from __future__ import annotations
 
+import inspect
 import re
 import sys
 import time
@@ -20,45 +21,31 @@ from .modelfile import ION_MODES, ModelBundle, SubModel, file_sha256, json_ready
 from .specs import Grid, parse_spec
 from .spectra import spectrum_ion_mode
 
-__all__ = ["TrainOptions", "DEFAULTS", "TEXT_DEFAULTS", "LabelledSet", "load_labelled", "train_bundle",
-           "train_text_bundle", "text_component_params", "license_excluded", "build_model", "format_summary"]
+__all__ = ["TrainOptions", "DEFAULT_MODEL", "LabelledSet", "load_labelled", "train_bundle", "train_text_bundle",
+           "model_defaults", "license_excluded", "build_model", "format_summary"]
 
-#: Defaults chosen on the shared MassBank data (train_pos, selection and scoring on val_pos with the
-#: val_formula256 candidate sets; hit@1 of the variants, all SISOKR with lam chosen by validation kernel loss):
-#: ppk / m_y=1000: 19.9%; ppk / m_y=2000: 25.7%; ppk, no output sketch (SIOKR, d=4669): 26.9%;
-#: ppk-losses / m_y=1000: 23.5%; count fingerprints / m_y=1000: 19.4%. So: the PPK on fragments and neutral
-#: losses, a binary-Morgan Gaussian-Tanimoto output kernel (gamma from the data), 4000 sub-sampled input
-#: landmarks (the most the default 4 GB budget allows at ~47k spectra) and 2000 output landmarks (near the
-#: un-sketched accuracy, at half its candidate-coordinate size). Fit: ~2.5 CPU-minutes, ~5 GB RAM for 47k spectra.
-OKR_MODELS = ("iokr", "siokr", "isokr", "sisokr")
-DEFAULTS: dict[str, Any] = {
-    "model": "sisokr",
-    "input_kernel": "ppk-losses",
-    "output_kernel": "gaussian-tanimoto",
-    "input_sketch": "subsample:m=4000",
-    "output_sketch": "subsample:m=2000",
-    "lam": "1e-5|1e-4|1e-3|1e-2",
-}
+#: the model ``molpredict train`` fits when none is named; every other default is the model's own
+#: (its constructor's for spectra, :meth:`Model.train_defaults` for text)
+DEFAULT_MODEL = "sisokr"
+#: the options that name a model parameter of the same name
+MODEL_OPTIONS = ("input_kernel", "output_kernel", "input_sketch", "output_sketch", "lam")
 
-#: Text -> molecule defaults (pairs tables such as ChEBI-20): TF-IDF word 1-2-grams (no extra package; the
-#: ``text-embedding`` kernel needs ``pip install molpredict[text]``), the cosine of chirality-aware Morgan counts
-#: (a text hit is the same stereoisomer: plain bits tie every stereoisomer with the truth; on the held-out 10% of
-#: ChEBI-20's val.tsv against all 33,010 molecules it ranks the truth first for 8.8% of the descriptions, MRR 0.149,
-#: where the chiral Gaussian-Tanimoto on bits got 0.0% / 0.055 and on counts 0.0% / 0.059), and
-#: no sketch below the spectra defaults' sizes (a few thousand pairs fit exactly in seconds): the input side is
-#: sub-sampled to 4000 landmarks only beyond 4000 pairs, the output side to 2000 beyond 2000 structures (which
-#: also bounds the candidate coordinates at 2000 numbers per library molecule). DSOKR's default encoder for
-#: text is a linear layer on the whitened (Nystrom) features of the same TF-IDF n-gram kernel: on a held-out 10%
-#: of val.tsv's structures (trained on 81%, stopped early on the MRR of the other 9%) it reached MRR 0.131 against
-#: all 32,556 ChEBI-20 molecules, where the MLP head on frozen MiniLM embeddings (``text-embedding``) got 0.023.
-TEXT_DEFAULTS: dict[str, Any] = {
-    "input_kernel": "text-ngram",
-    "output_kernel": "fingerprint-cosine:chiral=true",
-    "lam": DEFAULTS["lam"],
-    "input_landmarks": 4000,
-    "output_landmarks": 2000,
-    "encoder": "kernel-mlp:input_kernel=text-ngram;layers=0;whiten=true",
-}
+
+def model_defaults(model_spec: str, input_type: str = "spectrum", n_inputs: int = 0, n_structures: int = 0,
+                   registry: Any = None) -> dict[str, Any]:
+    """The parameters a model fitted by ``molpredict train`` gets where the user sets none: the constructor's
+    defaults updated with :meth:`~molpredict.models.base.Model.train_defaults` (which may depend on the input
+    type and the data size). Parameters given in ``model_spec`` itself are not included."""
+    if registry is None:
+        from .registry import get_registry
+        registry = get_registry()
+    cls = registry.get("model", parse_spec(model_spec).name)
+    params = {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()
+              if p.name in cls.param_names() and p.default is not inspect.Parameter.empty}
+    train_defaults = getattr(cls, "train_defaults", None)
+    if train_defaults is not None:
+        params.update(train_defaults(input_type, n_inputs, n_structures))
+    return params
 
 
 @dataclass
@@ -83,7 +70,7 @@ class TrainOptions:
         ``CleaningPipeline`` settings (None: its defaults).
     """
 
-    model: str = DEFAULTS["model"]
+    model: str = DEFAULT_MODEL
     input_kernel: str | None = None
     output_kernel: str | None = None
     input_sketch: str | None = None
@@ -96,16 +83,15 @@ class TrainOptions:
     cleaning: dict | None = None
     extra_params: dict[str, Any] = field(default_factory=dict)
 
-    def component_params(self) -> dict[str, Any]:
-        """Parameters passed to the model: the user's choices, else :data:`DEFAULTS` for the IOKR family (other
-        models keep their own defaults); only those the model accepts are used."""
-        params = {}
-        okr_family = parse_spec(self.model).name in OKR_MODELS
-        for name in ("input_kernel", "output_kernel", "input_sketch", "output_sketch", "lam"):
+    def component_params(self, input_type: str = "spectrum", n_inputs: int = 0, n_structures: int = 0,
+                         registry: Any = None) -> dict[str, Any]:
+        """Parameters passed to the model: the user's choices, else the model's defaults for this kind of
+        training data (:func:`model_defaults`); :func:`build_model` uses only those the model accepts."""
+        params = model_defaults(self.model, input_type, n_inputs, n_structures, registry)
+        for name in MODEL_OPTIONS:
             value = getattr(self, name)
-            if value is None and okr_family:
-                value = DEFAULTS[name]
-            params[name] = value
+            if value is not None:
+                params[name] = value
         params["device"] = self.device
         params["seed"] = self.seed
         params.update(self.extra_params)
@@ -302,7 +288,6 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
 
     cleaning = (CleaningPipeline.from_dict(options.cleaning) if options.cleaning else CleaningPipeline()).to_dict()
     train_hash = file_sha256(train_paths, extra=options.filters())
-    params = options.component_params()
     bundle = ModelBundle()
     summary: dict[str, Any] = {
         "train_files": [str(p) for p in train_paths], "val_files": [str(p) for p in val_paths],
@@ -315,8 +300,10 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
         val_pair = None
         if val is not None and val.n_used(mode):
             val_pair = (val.spectra[mode], val.molecules[mode])
-        model = build_model(options.model, params)
         n_struct = train.n_structures(mode)
+        model = build_model(options.model, options.component_params("spectrum", len(spectra), n_struct))
+        if model.input_type != "spectrum":
+            raise SpecError(f"model {options.model} takes {model.input_type} input, not spectra")
         say(f"training {model.registry_name or type(model).__name__} on {len(spectra)} {mode} spectra "
             f"({n_struct} structures)" + (f", selecting on {len(val_pair[0])} validation spectra" if val_pair
                                            else ""))
@@ -392,37 +379,6 @@ def format_summary(summary: dict[str, Any]) -> str:
 # text -> molecule
 # ----------------------------------------------------------------------------------------------------------
 
-def text_component_params(options: TrainOptions, n_pairs: int, n_structures: int) -> dict[str, Any]:
-    """Model parameters for a text model: the user's choices, else :data:`TEXT_DEFAULTS` (sketches sized to the
-    data: none below the landmark counts). Only the parameters the model accepts are used by
-    :func:`build_model`."""
-    model_name = parse_spec(options.model).name
-    params: dict[str, Any] = {}
-    okr_family = model_name in OKR_MODELS
-    for name in ("input_kernel", "output_kernel", "lam"):
-        value = getattr(options, name)
-        if value is None and (okr_family or name == "output_kernel"):
-            value = TEXT_DEFAULTS[name]
-        params[name] = value
-    # "none" (not None, which would leave the model's own sketch default) keeps every training point
-    params["input_sketch"] = options.input_sketch
-    if options.input_sketch is None and okr_family:
-        params["input_sketch"] = (f"subsample:m={TEXT_DEFAULTS['input_landmarks']}"
-                                  if n_pairs > TEXT_DEFAULTS["input_landmarks"] else "none")
-    params["output_sketch"] = options.output_sketch
-    if options.output_sketch is None and (okr_family or model_name == "dsokr"):
-        if n_structures > TEXT_DEFAULTS["output_landmarks"]:
-            params["output_sketch"] = f"subsample:m={TEXT_DEFAULTS['output_landmarks']}"
-        else:  # DSOKR always has a basis: all the structures
-            params["output_sketch"] = "none" if okr_family else f"subsample:m={n_structures}"
-    if model_name == "dsokr":
-        params["encoder"] = TEXT_DEFAULTS["encoder"]
-    params["device"] = options.device
-    params["seed"] = options.seed
-    params.update(options.extra_params)
-    return params
-
-
 def train_text_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
                       val_paths: Sequence[str | Path] = (), log: Any = None
                       ) -> tuple[ModelBundle, dict[str, Any]]:
@@ -447,7 +403,7 @@ def train_text_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
     SpecError
         A model / input kernel / encoder that does not take text.
     """
-    from .modelfile import TEXT_MODE, model_input_type
+    from .modelfile import TEXT_MODE
     from .text_pairs import PairsReport, read_text_pairs
 
     say = log or (lambda message: None)
@@ -475,12 +431,12 @@ def train_text_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
     texts = [p.description for p in pairs]
     molecules = [p.molecule for p in pairs]
     n_struct = len({m.inchikey for m in molecules})
-    params = text_component_params(options, len(pairs), n_struct)
+    params = options.component_params("text", len(pairs), n_struct)
     model = build_model(options.model, params)
-    if model_input_type(model) != "text":
+    if model.input_type != "text":
         spec = params.get("input_kernel") or params.get("encoder") or options.model
-        raise SpecError(f"model {options.model} with {spec} takes spectra, not text: give a text input kernel "
-                        f"(--input-kernel text-ngram or text-embedding) or, for dsokr, a text encoder")
+        raise SpecError(f"model {options.model} with {spec} takes spectra, not text: give a "
+                        f"text input kernel (--input-kernel text-ngram or text-embedding) or a text encoder")
     val_pair = ([p.description for p in val_pairs], [p.molecule for p in val_pairs]) if val_pairs else None
     say(f"training {model.registry_name or type(model).__name__} on {len(pairs)} text pairs ({n_struct} "
         f"structures)" + (f", selecting on {len(val_pairs)} validation pairs" if val_pair else ""))

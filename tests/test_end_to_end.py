@@ -170,10 +170,10 @@ def test_demo_on_an_imported_style_directory(workspace, tmp_path, monkeypatch, c
         (data / f"{split}_pos.mgf").write_text(files[split].read_text())
     monkeypatch.setenv("MOLPREDICT_HOME", str(tmp_path / "home"))
     monkeypatch.setattr("molpredict.identify.default_library_path", lambda: None)
-    from molpredict import demo, training
-    monkeypatch.setitem(training.DEFAULTS, "input_sketch", "subsample:m=200")
-    monkeypatch.setitem(training.DEFAULTS, "output_sketch", "subsample:m=100")
-    monkeypatch.setitem(training.DEFAULTS, "lam", "1e-3")
+    from molpredict import demo
+    from molpredict.models.okr import SISOKR
+    small = {"input_sketch": "subsample:m=200", "output_sketch": "subsample:m=100", "lam": "1e-3"}
+    monkeypatch.setattr(SISOKR, "train_defaults", classmethod(lambda cls, *args: dict(small)))
     assert demo.main(["--data", str(data), "--n", "3", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "[1/3] training the default model" in out and "[3/3] identifying 3 test_pos.mgf spectra" in out

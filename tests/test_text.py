@@ -166,11 +166,15 @@ def test_kernel_mlp_encoder_takes_its_kernels_input_and_dsokr_round_trips():
     """``kernel-mlp`` takes text with a text kernel (the model file says so), trains DSOKR on text and reloads
     to identical scores; with a spectrum kernel it takes spectra."""
     from dsokr_helpers import install_synthetic_registry
-    from molpredict.encoders import KernelMLPEncoder, encoder_input_type
+    from molpredict.encoders import KernelMLPEncoder
     from molpredict.modelfile import model_input_type
     from molpredict.models.dsokr import DSOKR
+    from molpredict.registry import get_registry
     install_synthetic_registry()
-    assert encoder_input_type("kernel-mlp") == "spectrum" and KernelMLPEncoder("cosine").input_type == "spectrum"
+    assert get_registry().input_type("encoder", "kernel-mlp") == "spectrum"
+    assert KernelMLPEncoder("cosine").input_type == "spectrum"
+    assert get_registry().input_type("encoder", "kernel-mlp:input_kernel=text-ngram") == "text"
+    assert DSOKR(encoder="transformer").input_type == "text" and DSOKR().input_type == "spectrum"
     texts = [f"{t} Variant {i}." for i, t in enumerate(TEXT * 6)]
     targets = [np.array([t.count("alcohol"), t.count("acid"), len(t) / 50.0]) for t in texts]
     model = DSOKR(encoder="kernel-mlp:input_kernel=text-ngram;whiten=true;layers=1;hidden=32;dropout=0.0",

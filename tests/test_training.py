@@ -120,3 +120,38 @@ def test_cli_train(files):
                                  str(tmp_path / "x")])
     assert result.exit_code == 2 and "unknown model 'deep-magic'" in result.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_train_takes_the_models_own_defaults():
+    """`train` asks the model: for spectra the constructor's defaults, for text the model's ``train_defaults``
+    (sized to the data); the user's options win; the CLI help shows the default model's values."""
+    from molpredict.models.dsokr import DSOKR, TEXT_ENCODER
+    from molpredict.models.okr import SIOKR, SISOKR
+    from molpredict.training import DEFAULT_MODEL, model_defaults
+
+    params = TrainOptions().component_params("spectrum", 10, 5)
+    for name in ("input_kernel", "output_kernel", "input_sketch", "output_sketch", "lam"):
+        assert params[name] == getattr(SISOKR(), name)
+    assert TrainOptions(lam="0.5").component_params()["lam"] == "0.5"
+    assert build_model("siokr", TrainOptions(model="siokr").component_params()).get_params() == SIOKR().get_params()
+    small = TrainOptions(model="sisokr").component_params("text", 100, 30)
+    assert (small["input_kernel"], small["input_sketch"], small["output_sketch"]) == ("text-ngram", "none", "none")
+    assert build_model("sisokr", small).input_type == "text"
+    large = model_defaults("sisokr", "text", 5000, 3000)
+    assert (large["input_sketch"], large["output_sketch"]) == ("subsample:m=4000", "subsample:m=2000")
+    text = build_model("dsokr", TrainOptions(model="dsokr").component_params("text", 100, 30))
+    assert isinstance(text, DSOKR) and text.encoder == TEXT_ENCODER and text.output_sketch == "subsample:m=30"
+    assert text.input_type == "text" and DSOKR().input_type == "spectrum"
+    assert model_defaults("prior", "text", 10, 10) == model_defaults("prior")  # no output_kernel: nothing to add
+    help_text = CliRunner().invoke(cli, ["train", "--help"]).output
+    assert f"{DEFAULT_MODEL}: {SISOKR().input_kernel}" in help_text
+    assert f"{DEFAULT_MODEL}: {SISOKR().lam}" in help_text
+
+
+def test_training_names_no_model():
+    """The training pipeline switches on no model name: what differs between models is asked of the model."""
+    import inspect as _inspect
+    import molpredict.training as training
+    source = _inspect.getsource(training)
+    for name in ("dsokr", "iokr", "OKR_MODELS", "okr-robust"):
+        assert f'"{name}"' not in source and f"'{name}'" not in source

@@ -62,20 +62,43 @@ _quiet_option = click.option("-q", "--quiet", is_flag=True, help="No status mess
 # train
 # ----------------------------------------------------------------------------------------------------------
 
+_DEFAULT_MODEL = "sisokr"  # molpredict.training.DEFAULT_MODEL (not imported: `molpredict --help` stays light)
+
+
+class ModelDefaultOption(click.Option):
+    """An option for a model parameter of the same name whose default is the model's: the help reads it from the
+    default model (spectra, and text where it differs) when the help is shown."""
+
+    def get_help_record(self, ctx: click.Context):
+        record = super().get_help_record(ctx)
+        if record is None:
+            return None
+        try:
+            from ..training import DEFAULT_MODEL, model_defaults
+            spectra = model_defaults(DEFAULT_MODEL).get(self.name)
+            text = model_defaults(DEFAULT_MODEL, "text", n_inputs=10**9, n_structures=10**9).get(self.name)
+        except Exception:  # a broken model plugin must not break --help
+            return record
+        if spectra is None and text is None:
+            return record
+        shown = f"{DEFAULT_MODEL}: {spectra}" + (f"; text: {text}" if text != spectra else "")
+        return record[0], f"{record[1]}  [default: the model's; {shown}]"
+
+
 @cli.command()
 @click.argument("train_files", metavar="TRAIN...", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False),
               help="Model bundle directory to write (replaced if it is a bundle).")
 @click.option("--val", "val_files", multiple=True, type=click.Path(dir_okay=False),
               help="Validation spectra (or pairs tables): grids are chosen on their kernel loss (repeatable).")
-@click.option("--model", "model_spec", default="sisokr", show_default=True,
+@click.option("--model", "model_spec", default=_DEFAULT_MODEL, show_default=True,
               help="Model registry name, optionally with parameters (name:key=value).")
-@click.option("--input-kernel", default=None,
-              help="Input kernel spec (default ppk-losses, text-ngram for pairs tables; grids a|b allowed).")
-@click.option("--output-kernel", default=None, help="Output kernel spec (default gaussian-tanimoto).")
-@click.option("--input-sketch", default=None, help="Input sketch spec (default subsample:m=4000).")
-@click.option("--output-sketch", default=None, help="Output sketch spec (default subsample:m=2000).")
-@click.option("--lam", default=None, help="Ridge parameter or grid a|b|c (default 1e-5|1e-4|1e-3|1e-2).")
+@click.option("--input-kernel", default=None, cls=ModelDefaultOption,
+              help="Input kernel spec (grids a|b allowed).")
+@click.option("--output-kernel", default=None, cls=ModelDefaultOption, help="Output kernel spec.")
+@click.option("--input-sketch", default=None, cls=ModelDefaultOption, help="Input sketch spec.")
+@click.option("--output-sketch", default=None, cls=ModelDefaultOption, help="Output sketch spec.")
+@click.option("--lam", default=None, cls=ModelDefaultOption, help="Ridge parameter or grid a|b|c.")
 @click.option("--ion-mode", type=click.Choice(["positive", "negative", "both"]), default=None,
               help="Modes to train (default: those present in the training files).")
 @click.option("--exclude-license", "exclude_licenses", multiple=True,

@@ -14,20 +14,58 @@ from __future__ import annotations
 import hashlib
 import json
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
 from ..component import Component
+from ..specs import ComponentSpec
 
-__all__ = ["Model"]
+__all__ = ["Model", "TEXT_OUTPUT_KERNEL"]
+
+#: The output kernel of text -> molecule models: the cosine of chirality-aware Morgan counts (a text hit is the
+#: same stereoisomer: plain bits tie every stereoisomer with the truth). On the held-out 10% of ChEBI-20's val.tsv
+#: against all 33,010 molecules SISOKR with it ranks the truth first for 8.8% of the descriptions, MRR 0.149,
+#: where the chiral Gaussian-Tanimoto on bits got 0.0% / 0.055 and on counts 0.0% / 0.059.
+TEXT_OUTPUT_KERNEL = "fingerprint-cosine:chiral=true"
 
 
 class Model(Component, ABC):
     """A fitted mapping from inputs to output coordinates, and from molecules to the same coordinates."""
 
-    #: what the model takes as inputs: "spectrum" or "text"
-    input_type: str = "spectrum"
+    #: what the model takes when no ``input_kernel`` / ``encoder`` parameter says otherwise
+    default_input_type: ClassVar[str] = "spectrum"
+
+    @property
+    def input_type(self) -> str:
+        """What the model takes (``spectrum`` or ``text``): the input type of the registered component its
+        ``input_kernel`` (else ``encoder``) parameter names, else :attr:`default_input_type`.
+
+        A model may override this with a class attribute. Worked out through
+        :meth:`molpredict.registry.Registry.input_type`, the one place that resolves component input types.
+        """
+        from ..registry import get_registry
+        params = self.get_params()
+        for kind in ("input_kernel", "encoder"):
+            value = params.get(kind)
+            if isinstance(value, (str, ComponentSpec)):
+                found = get_registry().input_type(kind, value)
+                if found is not None:
+                    return str(found)
+        return self.default_input_type
+
+    @classmethod
+    def train_defaults(cls, input_type: str, n_inputs: int, n_structures: int) -> dict[str, Any]:
+        """Parameters ``molpredict train`` gives the model where the user set none, for training data of
+        ``input_type`` with ``n_inputs`` inputs and ``n_structures`` distinct structures.
+
+        The constructor's defaults are the model's defaults for spectra (this returns nothing for them);
+        a model that also takes text returns what it needs for text here. The base gives a model with an
+        ``output_kernel`` parameter :data:`TEXT_OUTPUT_KERNEL` for text.
+        """
+        if input_type == "text" and "output_kernel" in cls.param_names():
+            return {"output_kernel": TEXT_OUTPUT_KERNEL}
+        return {}
 
     @abstractmethod
     def fit(self, inputs: Sequence[Any], molecules: Sequence[Any],

@@ -58,6 +58,14 @@ def _stereo_hit_key(obj: Any) -> Any:
     return ("smiles", smiles) if isinstance(smiles, str) else output_key(obj)
 
 
+#: DSOKR's default encoder for text: a linear layer on the whitened (Nystrom) features of the TF-IDF n-gram kernel.
+#: On a held-out 10% of ChEBI-20's val.tsv structures (trained on 81%, stopped early on the MRR of the other 9%) it
+#: reached MRR 0.131 against all 32,556 ChEBI-20 molecules, where the MLP head on frozen MiniLM embeddings
+#: (``text-embedding``) got 0.023.
+TEXT_ENCODER = "kernel-mlp:input_kernel=text-ngram;layers=0;whiten=true"
+#: the output basis for text covers at most this many structures
+TEXT_OUTPUT_LANDMARKS = 2000
+
 #: what makes a candidate the true structure: the InChIKey first block (MassSpecGym) or the same canonical
 #: isomeric SMILES, stereo included (text -> molecule on ChEBI-20)
 HIT_KEYS = {"inchikey14": _hit_key, "smiles": _stereo_hit_key}
@@ -243,11 +251,15 @@ class DSOKR(Model):
         self.device = device
         self.seed = seed
 
-    @property
-    def input_type(self) -> str:  # type: ignore[override]
-        """``spectrum`` or ``text``: what the encoder takes."""
-        from ..encoders import encoder_input_type
-        return encoder_input_type(self.encoder)
+    @classmethod
+    def train_defaults(cls, input_type: str, n_inputs: int, n_structures: int) -> dict[str, Any]:
+        """For text: :data:`TEXT_ENCODER`, the text output kernel, and an output basis on at most
+        :data:`TEXT_OUTPUT_LANDMARKS` structures (all of them below)."""
+        params = super().train_defaults(input_type, n_inputs, n_structures)
+        if input_type == "text":
+            params["encoder"] = TEXT_ENCODER
+            params["output_sketch"] = f"subsample:m={max(1, min(TEXT_OUTPUT_LANDMARKS, n_structures))}"
+        return params
 
     # -- helpers -----------------------------------------------------------------------------------------
     def _check_params(self) -> None:

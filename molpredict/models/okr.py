@@ -62,7 +62,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Any, ClassVar, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -81,7 +81,27 @@ __all__ = ["IOKR", "SIOKR", "ISOKR", "SISOKR"]
 
 STATE_FORMAT = "molpredict.okr"
 STATE_VERSION = 1
-DEFAULT_LAM = "1e-6|1e-5|1e-4|1e-3|1e-2"
+#: The defaults (the constructors' and so ``molpredict train``'s), chosen on the shared MassBank data (train_pos,
+#: selection and scoring on val_pos with the val_formula256 candidate sets; hit@1 of the variants, all SISOKR
+#: with lam chosen by validation kernel loss): ppk / m_y=1000: 19.9%; ppk / m_y=2000: 25.7%; ppk, no output
+#: sketch (SIOKR, d=4669): 26.9%; ppk-losses / m_y=1000: 23.5%; count fingerprints / m_y=1000: 19.4%. So: the PPK
+#: on fragments and neutral losses, a binary-Morgan Gaussian-Tanimoto output kernel (gamma from the data), 4000
+#: sub-sampled input landmarks (the most the default 4 GB budget allows at ~47k spectra) and 2000 output
+#: landmarks (near the un-sketched accuracy, at half its candidate-coordinate size). Fit: ~2.5 CPU-minutes,
+#: ~5 GB RAM for 47k spectra.
+DEFAULT_INPUT_KERNEL = "ppk-losses"
+DEFAULT_OUTPUT_KERNEL = "gaussian-tanimoto"
+DEFAULT_INPUT_SKETCH = "subsample:m=4000"
+DEFAULT_OUTPUT_SKETCH = "subsample:m=2000"
+DEFAULT_LAM = "1e-5|1e-4|1e-3|1e-2"
+#: Text -> molecule (pairs tables such as ChEBI-20): TF-IDF word 1-2-grams (no extra package; ``text-embedding``
+#: needs ``pip install molpredict[text]``), the text output kernel of :data:`molpredict.models.base.TEXT_OUTPUT_KERNEL`,
+#: and no sketch below the spectra defaults' sizes (a few thousand pairs fit exactly in seconds): the input side
+#: is sub-sampled to 4000 landmarks only beyond 4000 pairs, the output side to 2000 beyond 2000 structures (which
+#: also bounds the candidate coordinates at 2000 numbers per library molecule).
+TEXT_INPUT_KERNEL = "text-ngram"
+TEXT_INPUT_LANDMARKS = 4000
+TEXT_OUTPUT_LANDMARKS = 2000
 #: bytes of kernel rows per block in predict_coordinates / candidate_coordinates
 _BLOCK_BYTES = 128 * 2**20
 
@@ -573,9 +593,7 @@ class _OKRBase(Model):
         last fit (benchmarks/engine.py turns the products into GFLOP/s).
     """
 
-    input_type: ClassVar[str] = "spectrum"
-
-    def __init__(self, input_kernel: str = "ppk", output_kernel: str = "gaussian-tanimoto:gamma=auto",
+    def __init__(self, input_kernel: str = DEFAULT_INPUT_KERNEL, output_kernel: str = DEFAULT_OUTPUT_KERNEL,
                  input_sketch: str | None = None, output_sketch: str | None = None,
                  lam: float | str = DEFAULT_LAM, val_fraction: float = 0.1, device: str = "auto",
                  dtype: str = "float64", seed: int = 0, max_memory_gb: float = 4.0,
@@ -591,6 +609,19 @@ class _OKRBase(Model):
         self.seed = seed
         self.max_memory_gb = max_memory_gb
         self.pinv_rtol = pinv_rtol
+
+    @classmethod
+    def train_defaults(cls, input_type: str, n_inputs: int, n_structures: int) -> dict[str, Any]:
+        """For text: :data:`TEXT_INPUT_KERNEL`, the text output kernel, and sketches only beyond
+        :data:`TEXT_INPUT_LANDMARKS` pairs / :data:`TEXT_OUTPUT_LANDMARKS` structures (``none`` below)."""
+        params = super().train_defaults(input_type, n_inputs, n_structures)
+        if input_type == "text":
+            params["input_kernel"] = TEXT_INPUT_KERNEL
+            params["input_sketch"] = (f"subsample:m={TEXT_INPUT_LANDMARKS}" if n_inputs > TEXT_INPUT_LANDMARKS
+                                      else "none")
+            params["output_sketch"] = (f"subsample:m={TEXT_OUTPUT_LANDMARKS}"
+                                       if n_structures > TEXT_OUTPUT_LANDMARKS else "none")
+        return params
 
     # -- helpers -----------------------------------------------------------------------------------------
     def _input_sketch_spec(self) -> Any:
@@ -904,7 +935,7 @@ class IOKR(_OKRBase):
     :class:`_OKRBase` without the sketches.
     """
 
-    def __init__(self, input_kernel: str = "ppk", output_kernel: str = "gaussian-tanimoto:gamma=auto",
+    def __init__(self, input_kernel: str = DEFAULT_INPUT_KERNEL, output_kernel: str = DEFAULT_OUTPUT_KERNEL,
                  lam: float | str = DEFAULT_LAM, val_fraction: float = 0.1, device: str = "auto",
                  dtype: str = "float64", seed: int = 0, max_memory_gb: float = 4.0,
                  pinv_rtol: float = 1e-10) -> None:
@@ -915,10 +946,10 @@ class IOKR(_OKRBase):
 
 
 class SIOKR(_OKRBase):
-    """Sketched-input IOKR (R_y = I): input sketch ``subsample:m=2000`` by default."""
+    """Sketched-input IOKR (R_y = I): input sketch :data:`DEFAULT_INPUT_SKETCH` by default."""
 
-    def __init__(self, input_kernel: str = "ppk", output_kernel: str = "gaussian-tanimoto:gamma=auto",
-                 input_sketch: str | None = "subsample:m=2000", lam: float | str = DEFAULT_LAM,
+    def __init__(self, input_kernel: str = DEFAULT_INPUT_KERNEL, output_kernel: str = DEFAULT_OUTPUT_KERNEL,
+                 input_sketch: str | None = DEFAULT_INPUT_SKETCH, lam: float | str = DEFAULT_LAM,
                  val_fraction: float = 0.1, device: str = "auto", dtype: str = "float64", seed: int = 0,
                  max_memory_gb: float = 4.0, pinv_rtol: float = 1e-10) -> None:
         super().__init__(input_kernel=input_kernel, output_kernel=output_kernel, input_sketch=input_sketch,
@@ -928,10 +959,10 @@ class SIOKR(_OKRBase):
 
 
 class ISOKR(_OKRBase):
-    """Sketched-output IOKR (R_x = I): output sketch ``p-sparsified-rademacher:m=800`` by default."""
+    """Sketched-output IOKR (R_x = I): output sketch :data:`DEFAULT_OUTPUT_SKETCH` by default."""
 
-    def __init__(self, input_kernel: str = "ppk", output_kernel: str = "gaussian-tanimoto:gamma=auto",
-                 output_sketch: str | None = "p-sparsified-rademacher:m=800", lam: float | str = DEFAULT_LAM,
+    def __init__(self, input_kernel: str = DEFAULT_INPUT_KERNEL, output_kernel: str = DEFAULT_OUTPUT_KERNEL,
+                 output_sketch: str | None = DEFAULT_OUTPUT_SKETCH, lam: float | str = DEFAULT_LAM,
                  val_fraction: float = 0.1, device: str = "auto", dtype: str = "float64", seed: int = 0,
                  max_memory_gb: float = 4.0, pinv_rtol: float = 1e-10) -> None:
         super().__init__(input_kernel=input_kernel, output_kernel=output_kernel, output_sketch=output_sketch,
@@ -941,14 +972,14 @@ class ISOKR(_OKRBase):
 
 
 class SISOKR(_OKRBase):
-    """Sketched-input, sketched-output IOKR: ``subsample:m=2000`` in, ``p-sparsified-rademacher:m=800`` out.
+    """Sketched-input, sketched-output IOKR: :data:`DEFAULT_INPUT_SKETCH` in, :data:`DEFAULT_OUTPUT_SKETCH` out.
 
     No n x n matrix is formed: the fit needs the m_x x n rows R_x K_x and the m_y x n_u rows R_y K_u.
     """
 
-    def __init__(self, input_kernel: str = "ppk", output_kernel: str = "gaussian-tanimoto:gamma=auto",
-                 input_sketch: str | None = "subsample:m=2000",
-                 output_sketch: str | None = "p-sparsified-rademacher:m=800", lam: float | str = DEFAULT_LAM,
+    def __init__(self, input_kernel: str = DEFAULT_INPUT_KERNEL, output_kernel: str = DEFAULT_OUTPUT_KERNEL,
+                 input_sketch: str | None = DEFAULT_INPUT_SKETCH,
+                 output_sketch: str | None = DEFAULT_OUTPUT_SKETCH, lam: float | str = DEFAULT_LAM,
                  val_fraction: float = 0.1, device: str = "auto", dtype: str = "float64", seed: int = 0,
                  max_memory_gb: float = 4.0, pinv_rtol: float = 1e-10) -> None:
         super().__init__(input_kernel=input_kernel, output_kernel=output_kernel, input_sketch=input_sketch,

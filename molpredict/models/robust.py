@@ -108,12 +108,6 @@ class RobustOKR(Model):
         self.device = device
         self.seed = seed
 
-    @property
-    def input_type(self) -> str:  # type: ignore[override]
-        from ..registry import get_registry
-        cls = get_registry().get("input_kernel", parse_spec(nested_spec(self.input_kernel)).name)
-        return "text" if getattr(cls, "input_type", "spectrum") == "text" else "spectrum"
-
     def _sketch_spec(self, spec: str, seed: int) -> str:
         parsed = parse_spec(nested_spec(spec))
         params = dict(parsed.params)
