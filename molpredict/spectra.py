@@ -88,6 +88,11 @@ class Spectrum:
     metadata : dict
         Everything else, with matchms-style keys: ``smiles``, ``inchikey``, ``formula``, ``compound_name``,
         ``license``, ``instrument_type``, ``collision_energy``, ...
+    file : str or None
+        The file the spectrum was read from (set by the readers; None for spectra built in code).
+    record : int or None
+        Its 1-based record number in that file (the same numbering as skip reports); with ``file``, what tells
+        spectra apart when their ids repeat.
     """
 
     id: str
@@ -100,6 +105,8 @@ class Spectrum:
     ms_level: int = 2
     mz_precision: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    file: str | None = None
+    record: int | None = None
 
     def __post_init__(self) -> None:
         self.mz = np.asarray(self.mz, dtype=np.float64)
@@ -136,7 +143,7 @@ class Spectrum:
             return dataclasses.replace(self, mz=mz, intensities=intensities)
         # Direct construction: dataclasses.replace costs more than the cleaning step itself.
         return Spectrum(self.id, mz, intensities, self.precursor_mz, self.charge, self.ion_mode, self.adduct,
-                        self.ms_level, self.mz_precision, self.metadata)
+                        self.ms_level, self.mz_precision, self.metadata, self.file, self.record)
 
 
 # -- cleaning: pure functions ---------------------------------------------------------------------------------

@@ -136,7 +136,7 @@ def _iter_mgf(path: str, report: SkipReport | None) -> Iterator[Spectrum]:
                     in_record = False
                     pending.append((n_records, keys, peaks))
                     if len(pending) >= _BATCH_RECORDS:
-                        yield from _finish_batch(pending, stem, skip)
+                        yield from _finish_batch(pending, stem, skip, path)
                         pending = []
                 elif upper == "BEGIN IONS":
                     pending.append((n_records, None, "missing END IONS"))
@@ -166,13 +166,13 @@ def _iter_mgf(path: str, report: SkipReport | None) -> Iterator[Spectrum]:
                                  path=path)
         if in_record:
             pending.append((n_records, None, "missing END IONS"))
-        yield from _finish_batch(pending, stem, skip)
+        yield from _finish_batch(pending, stem, skip, path)
     if n_records == 0:
         raise InputError("not an MGF file (no BEGIN IONS record)", path=path)
     skip.close()
 
 
-def _finish_batch(pending: list, stem: str, skip: _Skipper) -> Iterator[Spectrum]:
+def _finish_batch(pending: list, stem: str, skip: _Skipper, path: str | None = None) -> Iterator[Spectrum]:
     """Spectra from a batch of collected records, in file order; bad ones go to ``skip``."""
     parsed = _parse_batch([peaks for _, keys, peaks in pending if keys is not None])
     j = 0
@@ -187,6 +187,8 @@ def _finish_batch(pending: list, stem: str, skip: _Skipper) -> Iterator[Spectrum
         if isinstance(result, str):
             skip(record, result)
         else:
+            result.file = path
+            result.record = record
             yield result
 
 

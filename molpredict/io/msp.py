@@ -87,6 +87,8 @@ def _iter_msp(path: str, report: SkipReport | None) -> Iterator[Spectrum]:
         if isinstance(result, str):
             skip(n_records, result)
             return None
+        result.file = path
+        result.record = n_records
         return result
 
     with open_text(path, "MSP") as handle:

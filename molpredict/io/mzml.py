@@ -72,6 +72,8 @@ def _iter_mzml(path: Path, report: SkipReport | None) -> Iterator[Spectrum]:
                 if isinstance(result, str):
                     skip(n_scans, result)
                 else:
+                    result.file = str(path)
+                    result.record = n_scans
                     yield result
     except (etree.LxmlError, PyteomicsError, UnicodeDecodeError, OSError, EOFError) as exc:
         message = " ".join(str(exc).split()) or type(exc).__name__

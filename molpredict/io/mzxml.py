@@ -69,6 +69,8 @@ def _iter_mzxml(path: Path, report: SkipReport | None) -> Iterator[Spectrum]:
                 if isinstance(result, str):
                     skip(n_scans, result)
                 else:
+                    result.file = str(path)
+                    result.record = n_scans
                     yield result
     except (etree.LxmlError, PyteomicsError, UnicodeDecodeError, OSError, EOFError, ValueError,
             KeyError) as exc:
