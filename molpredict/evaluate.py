@@ -15,6 +15,9 @@ Protocol
 - ``kernel_loss``: the model's mean kernel loss between predictions and the true structures (when the model
   provides ``kernel_loss``), computed on the evaluated spectra.
 
+Scoring runs in blocks of spectra (:func:`evaluate_block`) on an executor (in-process, or a Dask cluster; see
+:mod:`molpredict.scoring`); the metrics do not depend on which.
+
 Text queries (:func:`evaluate_text`, pairs tables with a ``text`` model): each description is one query, ranked
 against the whole library (ChEBI-20: ``molecules.tsv``) or, with candidate sets, against the set of its
 structure's first block. A hit is the same molecule: the same RDKit canonical isomeric SMILES (stereo
@@ -37,12 +40,13 @@ from .decoding import (bootstrap_ci, group_means, query_metrics, random_expectat
                        true_rank_counts)
 from .errors import InputError, ResourceError
 from .candidate_sources import SetSource
-from .identify import Identifier, IdentifyOptions
+from .identify import Identifier, IdentifierState, IdentifyOptions
 from .kernels.base import DegenerateObjectWarning
 from .modelfile import ModelBundle
-from .scoring import Query, shared_candidate_scores
+from .scoring import Executor, InProcessExecutor, Query, chunked, shared_candidate_scores
 
-__all__ = ["KS", "LabelledQuery", "collect_queries", "rank_queries", "summarize_ranks", "evaluate",
+__all__ = ["KS", "LabelledQuery", "collect_queries", "RankedBlock", "evaluate_block", "rank_queries",
+           "summarize_ranks", "evaluate",
            "evaluate_text", "format_report", "plot_curves"]
 
 KS = (1, 5, 10, 20)
@@ -86,52 +90,103 @@ def collect_queries(spectra: Iterable[Any], source: SetSource) -> tuple[list[Lab
     return queries, skipped
 
 
-def rank_queries(identifier: Identifier, queries: Sequence[LabelledQuery]) -> dict[str, Any]:
+@dataclass
+class RankedBlock:
+    """What one block of labelled spectra produced: per evaluated query its position, ion mode, the true
+    structure's counts (greater, ties, found), its number of candidates and whether it was empty after cleaning;
+    and the block's accounting."""
+
+    positions: list[int]
+    modes: list[str]
+    n_greater: list[int]
+    n_ties: list[int]
+    found: list[bool]
+    n_candidates: list[int]
+    empty: list[bool]
+    n_queries: int
+    skipped: list[Any]
+    timings: dict[str, float]
+
+
+def evaluate_block(identifier: Identifier, block: Sequence[tuple[int, Any, str]]) -> RankedBlock:
+    """Rank the true structure of each ``(position, spectrum, true inchikey14)`` in its candidate set (the
+    raw model scores come from :mod:`molpredict.scoring`). Leaves ``identifier``'s accounting untouched."""
+    worker = identifier.fresh()
+    source = worker.source
+    prepared: list[Query] = []
+    for position, spectrum, inchikey14 in block:
+        routed = worker.route(spectrum, keep_empty=True)
+        if routed is None:
+            continue
+        mode, sub, cleaned = routed
+        prepared.append(Query(position, cleaned, mode, sub, source.set_ids(inchikey14), true_key=inchikey14))
+    out = RankedBlock([], [], [], [], [], [], [], len(block), [], {})
+    with warnings.catch_warnings():
+        # Spectra cleaned down to no peaks are kept on purpose (and counted in ``n_empty_spectra``).
+        warnings.simplefilter("ignore", DegenerateObjectWarning)
+        for query, scores in worker.scored(prepared):
+            a, b, f = true_rank_counts(scores, source.inchikey14(query.ids) == query.true_key)
+            out.positions.append(query.position)
+            out.modes.append(query.mode)
+            out.n_greater.append(a)
+            out.n_ties.append(b)
+            out.found.append(f)
+            out.n_candidates.append(len(query.ids))
+            out.empty.append(query.spectrum.n_peaks == 0)
+    out.skipped = worker.skipped
+    out.timings = dict(worker.timings)
+    return out
+
+
+def rank_queries(identifier: Identifier, queries: Sequence[LabelledQuery], executor: Executor | None = None
+                 ) -> dict[str, Any]:
     """Score every query against its set; the true structure's counts (greater, ties) per query.
+
+    Blocks of ``identifier.options.block_queries`` spectra go through ``executor`` (default in-process) as
+    :func:`evaluate_block` tasks.
 
     Returns
     -------
     dict
         ``n_greater``, ``n_ties``, ``found``, ``n_candidates`` (arrays over evaluated queries), ``groups`` (true
-        first blocks), ``ids`` (query ids), ``modes``, and ``routed``: (spectrum, smiles, mode) of each query for
-        the kernel loss.
+        first blocks), ``ids`` (query ids), ``modes``, and ``routed``: (spectrum as read, smiles, mode) of each
+        query for the kernel loss.
     """
     source = identifier.source
     assert isinstance(source, SetSource)
-    prepared: list[Query] = []
-    for position, lq in enumerate(queries):
-        identifier.n_queries += 1
-        routed = identifier.route(lq.spectrum, keep_empty=True)
-        if routed is None:
-            continue
-        mode, sub, cleaned = routed
-        prepared.append(Query(position, cleaned, mode, sub, source.set_ids(lq.inchikey14),
-                              true_key=lq.inchikey14))
-    g, t, found, n_c, groups, ids, modes, smiles = [], [], [], [], [], [], [], []
-    iterator: Iterable = identifier.scored(prepared)
+    executor = executor or InProcessExecutor()
+    state = identifier if executor.in_process else IdentifierState(identifier)
+    blocks = chunked(((i, lq.spectrum, lq.inchikey14) for i, lq in enumerate(queries)),
+                     max(1, identifier.options.block_queries))
+    bar = None
     if identifier.progress:
         from tqdm import tqdm
-        iterator = tqdm(iterator, total=len(prepared), desc="evaluating", unit=" spectra", file=sys.stderr)
-    with warnings.catch_warnings():
-        # Spectra cleaned down to no peaks are kept on purpose (and counted in ``n_empty_spectra``).
-        warnings.simplefilter("ignore", DegenerateObjectWarning)
-        scored = list(iterator)
-    for query, scores in scored:
-        is_true = source.inchikey14(query.ids) == query.true_key
-        a, b, f = true_rank_counts(scores, is_true)
-        g.append(a)
-        t.append(b)
-        found.append(f)
-        n_c.append(len(query.ids))
-        groups.append(query.true_key)
-        ids.append(str(query.spectrum.id))
-        modes.append(query.mode)
-        smiles.append(queries[query.position].smiles)
+        bar = tqdm(total=len(queries), desc="evaluating", unit=" spectra", file=sys.stderr)
+    g, t, found, n_c, groups, ids, modes, positions = [], [], [], [], [], [], [], []
+    n_empty = 0
+    try:
+        for block in executor.map(evaluate_block, state, blocks,
+                                  on_done=(lambda r: bar.update(r.n_queries)) if bar is not None else None):
+            identifier.n_queries += block.n_queries
+            identifier.skipped.extend(block.skipped)
+            identifier.timings.update(block.timings)
+            g += block.n_greater
+            t += block.n_ties
+            found += block.found
+            n_c += block.n_candidates
+            modes += block.modes
+            n_empty += sum(block.empty)
+            positions += block.positions
+    finally:
+        if bar is not None:
+            bar.close()
+    for position in positions:
+        groups.append(queries[position].inchikey14)
+        ids.append(str(queries[position].spectrum.id))
     return {"n_greater": np.asarray(g, dtype=np.int64), "n_ties": np.asarray(t, dtype=np.int64),
             "found": np.asarray(found, dtype=bool), "n_candidates": np.asarray(n_c, dtype=np.int64),
-            "groups": groups, "ids": ids, "modes": modes,
-            "n_empty_spectra": sum(1 for q in prepared if q.spectrum.n_peaks == 0),
-            "routed": [(q.spectrum, s, q.mode) for q, s in zip(prepared, smiles)]}
+            "groups": groups, "ids": ids, "modes": modes, "n_empty_spectra": n_empty,
+            "routed": [(queries[p].spectrum, queries[p].smiles, mode) for p, mode in zip(positions, modes)]}
 
 
 def _rounded(x: float) -> float:
@@ -177,7 +232,8 @@ def summarize_ranks(ranks: dict[str, Any], n_boot: int = 1000, seed: int = 0) ->
 
 
 def _kernel_loss(identifier: Identifier, routed: list[tuple[Any, str | None, str]]) -> float | None:
-    """Mean kernel loss over the evaluated queries (per ion mode, weighted by counts)."""
+    """Mean kernel loss over the evaluated queries (per ion mode, weighted by counts), on the spectra cleaned
+    by each mode's pipeline (cleaning again here is cheaper than shipping cleaned spectra back from workers)."""
     from .molecules import Molecule
 
     total, count = 0.0, 0
@@ -190,8 +246,11 @@ def _kernel_loss(identifier: Identifier, routed: list[tuple[Any, str | None, str
         sub = identifier.bundle.for_mode(mode)
         if sub is None or not hasattr(sub.model, "kernel_loss"):
             return None
+        cleaner = sub.cleaning_pipeline()
         spectra, molecules = [], []
         for spectrum, smiles in pairs:
+            if cleaner is not None:
+                spectrum = cleaner(spectrum)
             if smiles not in parsed:
                 try:
                     parsed[smiles] = Molecule.from_smiles(smiles)
@@ -210,7 +269,7 @@ def _kernel_loss(identifier: Identifier, routed: list[tuple[Any, str | None, str
 
 def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, ModelBundle]],
              sets: dict[str, list[tuple[str, str]]], cache_root: Any = None, n_boot: int = 1000, seed: int = 0,
-             kernel_loss: bool = True, progress: bool = False) -> dict[str, Any]:
+             kernel_loss: bool = True, progress: bool = False, executor: Executor | None = None) -> dict[str, Any]:
     """Evaluate bundles on labelled spectra against candidate sets.
 
     Parameters
@@ -226,6 +285,8 @@ def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, M
         Bootstrap resamples and seed.
     kernel_loss : bool
         Also compute the models' kernel loss on the queries.
+    executor : Executor, optional
+        Where the blocks of spectra are scored (default in-process; see :mod:`molpredict.scoring`).
 
     Returns
     -------
@@ -244,7 +305,7 @@ def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, M
     for label, bundle in bundles:
         t0 = time.perf_counter()
         identifier = Identifier(bundle, source, IdentifyOptions(), cache_root=cache_root, progress=progress)
-        ranks = rank_queries(identifier, queries)
+        ranks = rank_queries(identifier, queries, executor)
         metrics = summarize_ranks(ranks, n_boot=n_boot, seed=seed)
         model_skipped = Counter(skipped)
         for s in identifier.skipped:

@@ -44,8 +44,8 @@ from .candidate_sources import CandidateSource
 from .decoding import margins, rank_candidates
 from .errors import InputError, MolpredictError
 from .modelfile import ModelBundle, SubModel
-from .scoring import (CandidateCoordinates, Executor, InProcessExecutor, Query, chunked, score_queries, scored,
-                      shared_candidate_scores)
+from .scoring import (CandidateCoordinates, Executor, InProcessExecutor, Query, WorkerState, chunked,
+                      require_bundle_path, resolved_cache_root, score_queries, scored, shared_candidate_scores)
 from .spectra import spectrum_ion_mode
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "Skipped",
     "Identifier",
     "IdentifiedBlock",
+    "IdentifierState",
     "identify_block",
     "rank_rows",
     "read_formula_hints",
@@ -333,13 +334,14 @@ class Identifier:
         query, in input order; blocks of ``options.block_queries`` spectra go through ``executor`` (default
         in-process) as :func:`identify_block` tasks."""
         executor = executor or InProcessExecutor()
+        state = self if executor.in_process else IdentifierState(self)
         bar = None
         if self.progress:
             from tqdm import tqdm
             bar = tqdm(desc="identifying", unit=" spectra", file=sys.stderr)
         blocks = chunked(enumerate(spectra), max(1, self.options.block_queries))
         try:
-            for block in executor.map(identify_block, self, blocks,
+            for block in executor.map(identify_block, state, blocks,
                                       on_done=(lambda b: bar.update(b.n_queries)) if bar is not None else None):
                 self._absorb(block)
                 yield from block.rows
@@ -392,6 +394,21 @@ class Identifier:
                 "candidates_median": float(np.median(n_c)) if n_c.size else None,
                 "candidates_max": int(n_c.max()) if n_c.size else None,
                 "timings": {k: round(v, 3) for k, v in self.timings.items()}}
+
+
+class IdentifierState(WorkerState):
+    """An :class:`Identifier` for workers: the bundle by path, the candidate source itself (scattered once to
+    each worker), the options and the cache root (a shared directory for every worker)."""
+
+    def __init__(self, identifier: Identifier) -> None:
+        super().__init__()
+        self.bundle_path = require_bundle_path(identifier.bundle)
+        self.source = identifier.source
+        self.options = identifier.options
+        self.cache_root = resolved_cache_root(identifier.cache_root)
+
+    def load(self) -> Identifier:
+        return Identifier(ModelBundle.load(self.bundle_path), self.source, self.options, cache_root=self.cache_root)
 
 
 def identify_block(identifier: Identifier, block: Sequence[tuple[int, Any]]) -> IdentifiedBlock:

@@ -22,8 +22,11 @@ block: :class:`InProcessExecutor` (the default) runs them here, one after anothe
 """
 from __future__ import annotations
 
+import os
 import sys
+import threading
 import time
+import uuid
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -37,7 +40,8 @@ from .errors import InputError
 from .modelfile import ModelBundle, SubModel
 
 __all__ = ["Query", "CandidateCoordinates", "score_queries", "query_blocks", "scored", "shared_candidate_scores",
-           "score_library", "Executor", "InProcessExecutor", "chunked"]
+           "score_library", "WorkerState", "Executor", "InProcessExecutor", "DaskExecutor", "executor_for",
+           "chunked"]
 
 #: ``coordinates(sub, ids) -> ndarray (len(ids), d)``: candidate coordinates of ascending unique ids
 CoordinatesFn = Callable[[SubModel, np.ndarray], np.ndarray]
@@ -269,13 +273,51 @@ def shared_candidate_scores(coordinates: CoordinatesFn, sub: SubModel, inputs: S
 
 # -- executors ---------------------------------------------------------------------------------------------
 
+class WorkerState:
+    """What block tasks need, described so that another process can load it once (a picklable recipe).
+
+    Subclasses hold paths or small data and implement :meth:`load`; a Dask worker loads a state once (keyed by
+    :attr:`token`) and reuses it for every block it runs.
+    """
+
+    def __init__(self) -> None:
+        self.token = uuid.uuid4().hex
+
+    def load(self) -> Any:
+        """The live object the tasks take (e.g. an :class:`~molpredict.identify.Identifier`)."""
+        raise NotImplementedError
+
+
+_LOADED: dict[str, Any] = {}
+_LOADED_LOCK = threading.Lock()
+
+
+def _run_block(task: Callable[[Any, Any], Any], state: WorkerState, block: Any) -> Any:
+    """A task as a worker runs it: the state is loaded once per process, blocks run one at a time per
+    process (the state's caches are not shared between threads)."""
+    with _LOADED_LOCK:
+        live = _LOADED.get(state.token)
+        if live is None:
+            live = _LOADED[state.token] = state.load()
+        return task(live, block)
+
+
 class Executor:
-    """Runs ``task(state, block)`` for every block; yields the results in block order."""
+    """Runs ``task(state, block)`` for every block; yields the results in block order.
+
+    ``in_process`` executors take the live state object; the others take a :class:`WorkerState`.
+    """
+
+    in_process = True
+    name = "in-process"
 
     def map(self, task: Callable[[Any, Any], Any], state: Any, blocks: Iterable[Any],
             on_done: Callable[[Any], None] | None = None) -> Iterator[Any]:
         """Results of ``task(state, block)`` in block order; ``on_done(result)`` is called as each finishes."""
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Release what the executor started."""
 
 
 class InProcessExecutor(Executor):
@@ -290,17 +332,141 @@ class InProcessExecutor(Executor):
             yield result
 
 
+class DaskExecutor(Executor):
+    """Blocks as tasks on a ``dask.distributed`` cluster; results yielded in block order.
+
+    The :class:`WorkerState` is scattered to every worker once and loaded there once; blocks are submitted as
+    they are read, at most ``window`` in flight (memory stays bounded by the window, the input is streamed);
+    results are collected as they complete (:func:`distributed.as_completed`, which drives ``on_done``) and
+    released in block order. A worker that dies mid-run has its tasks rerun elsewhere by the scheduler; the
+    results are only ever taken from the futures, so no block is lost or counted twice.
+
+    Parameters
+    ----------
+    client : distributed.Client
+    window : int, optional
+        Blocks in flight (default: twice the cluster's threads, at least 4).
+    owned : sequence, optional
+        Objects to close with the executor (the client and the LocalCluster it started).
+    """
+
+    in_process = False
+
+    def __init__(self, client: Any, window: int | None = None, owned: Sequence[Any] = ()) -> None:
+        self.client = client
+        self.window = window
+        self._owned = list(owned)
+        self.name = f"dask {client.scheduler.address}"
+
+    @classmethod
+    def connect(cls, address: str, window: int | None = None) -> DaskExecutor:
+        """``local:N`` (a LocalCluster of N single-threaded worker processes) or a scheduler address
+        (``tcp://HOST:PORT``).
+
+        Raises
+        ------
+        InputError
+            An address of neither form, an N below 1, or a scheduler that cannot be reached.
+        """
+        try:
+            from distributed import Client, LocalCluster
+        except ImportError:
+            raise InputError("--cluster needs dask.distributed: pip install 'dask[distributed]'") from None
+        address = address.strip()
+        if address.startswith("local:"):
+            try:
+                n = int(address.split(":", 1)[1])
+            except ValueError:
+                n = 0
+            if n < 1:
+                raise InputError(f"--cluster {address!r}: expected local:N with N >= 1 worker processes")
+            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
+            client = Client(cluster)
+            return cls(client, window, owned=[client, cluster])
+        if "://" not in address:
+            raise InputError(f"--cluster {address!r}: expected local:N or a scheduler address tcp://HOST:PORT")
+        try:
+            client = Client(address, timeout="20s")
+        except (OSError, TimeoutError) as exc:
+            raise InputError(f"--cluster {address}: cannot reach the scheduler ({exc})") from None
+        return cls(client, window, owned=[client])
+
+    def n_threads(self) -> int:
+        return max(1, sum(self.client.nthreads().values()))
+
+    def map(self, task: Callable[[Any, Any], Any], state: Any, blocks: Iterable[Any],
+            on_done: Callable[[Any], None] | None = None) -> Iterator[Any]:
+        from distributed import as_completed
+
+        if not isinstance(state, WorkerState):
+            raise TypeError("DaskExecutor.map takes a WorkerState (a recipe the workers load)")
+        window = self.window or max(4, 2 * self.n_threads())
+        remote_state = self.client.scatter(state, broadcast=True, hash=False)
+        pending = as_completed()
+        inflight: dict[str, tuple[int, Any]] = {}
+        done: dict[int, Any] = {}
+        source = enumerate(blocks)
+        next_out = 0
+        exhausted = False
+
+        def submit_more() -> None:
+            nonlocal exhausted
+            while not exhausted and len(inflight) < window:
+                try:
+                    i, block = next(source)
+                except StopIteration:
+                    exhausted = True
+                    return
+                future = self.client.submit(_run_block, task, remote_state, block, pure=False)
+                inflight[future.key] = (i, future)
+                pending.add(future)
+
+        try:
+            submit_more()
+            while inflight:
+                future = next(pending)
+                result = future.result()
+                i, _ = inflight.pop(future.key)
+                future.release()
+                if on_done is not None:
+                    on_done(result)
+                done[i] = result
+                while next_out in done:
+                    yield done.pop(next_out)
+                    next_out += 1
+                submit_more()
+        finally:
+            for _, future in inflight.values():
+                future.cancel()
+            remote_state.release()
+
+    def close(self) -> None:
+        for thing in self._owned:
+            try:
+                thing.close()
+            except Exception:  # closing is best effort: the run's result is already out
+                pass
+        self._owned = []
+
+
+def executor_for(cluster: str | None) -> Executor:
+    """The executor for a ``--cluster`` value (or ``$MOLPREDICT_CLUSTER`` when None): in-process when both are
+    empty, else :meth:`DaskExecutor.connect`."""
+    address = cluster if cluster is not None else os.environ.get("MOLPREDICT_CLUSTER", "")
+    if not address or address.strip() in ("", "none", "in-process"):
+        return InProcessExecutor()
+    return DaskExecutor.connect(address)
+
+
 # -- library precompute ------------------------------------------------------------------------------------
 
-@dataclass
-class _LibraryState:
-    """What a library block task needs: the bundle, the library and the caches (one per ion mode)."""
+class LibraryScorer:
+    """What a library block task needs, loaded: the bundle, the library and the caches (one per ion mode)."""
 
-    bundle: ModelBundle
-    library: Any
-    cache_root: Any
-
-    def __post_init__(self) -> None:
+    def __init__(self, bundle: ModelBundle, library: Any, cache_root: Any) -> None:
+        self.bundle = bundle
+        self.library = library
+        self.cache_root = cache_root
         self._caches: dict[str, CoordinatesCache] = {}
 
     def cache(self, mode: str) -> CoordinatesCache:
@@ -310,7 +476,35 @@ class _LibraryState:
         return self._caches[mode]
 
 
-def _library_block(state: _LibraryState, block: tuple[str, int, int]) -> tuple[int, int, int]:
+class LibraryState(WorkerState):
+    """A :class:`LibraryScorer` for workers: the bundle by path, the library itself, the cache root."""
+
+    def __init__(self, bundle: ModelBundle, library: Any, cache_root: Any) -> None:
+        super().__init__()
+        self.bundle_path = require_bundle_path(bundle)
+        self.library = library
+        self.cache_root = resolved_cache_root(cache_root)
+
+    def load(self) -> LibraryScorer:
+        return LibraryScorer(ModelBundle.load(self.bundle_path), self.library, self.cache_root)
+
+
+def require_bundle_path(bundle: ModelBundle) -> str:
+    """The bundle's directory (workers load the bundle from it); an error for a bundle never saved."""
+    if bundle.path is None:
+        raise InputError("a cluster run needs a saved model bundle (workers load it by path)")
+    return str(bundle.path)
+
+
+def resolved_cache_root(cache_root: Any) -> Any:
+    """The cache root made explicit (None: this process's default), so workers use the same one."""
+    if cache_root is None:
+        from .coordinates_cache import default_cache_root
+        return default_cache_root()
+    return cache_root
+
+
+def _library_block(state: LibraryScorer, block: tuple[str, int, int]) -> tuple[int, int, int]:
     """Compute and commit the coordinates of library rows ``start..stop`` not stored yet; returns
     ``(rows in the block, rows computed, 1 if anything was computed else 0)``."""
     mode, start, stop = block
@@ -333,7 +527,8 @@ def score_library(bundle: ModelBundle, library: Any, cache_root: Any = None, blo
 
     Works through the library in blocks of ``block_size`` rows; a block whose molecules are all cached is
     skipped, and each computed block is committed before the next starts, so an interrupted run resumes where it
-    stopped without losing finished blocks.
+    stopped without losing finished blocks. ``executor``: where the blocks run (default in-process; a
+    :class:`DaskExecutor` runs them on its workers, which write the shared cache).
 
     Returns
     -------
@@ -344,12 +539,14 @@ def score_library(bundle: ModelBundle, library: Any, cache_root: Any = None, blo
     executor = executor or InProcessExecutor()
     out: dict[str, Any] = {}
     n = len(library)
-    state = _LibraryState(bundle, library, cache_root)
+    scorer = LibraryScorer(bundle, library, cache_root)
+    state = scorer if executor.in_process else LibraryState(bundle, library, cache_root)
     for mode in ion_modes or bundle.ion_modes:
         sub = bundle.for_mode(mode)
         if sub is None:
             raise InputError(f"the bundle has no {mode} model", path=str(bundle.path))
-        cache = state.cache(mode)
+        cache = scorer.cache(mode)
+        cache.refresh()
         say(f"{mode}: {n} library rows, {len(cache)} coordinates already cached in {cache.directory}")
         t0 = time.perf_counter()
         n_computed = n_blocks = 0
@@ -357,6 +554,8 @@ def score_library(bundle: ModelBundle, library: Any, cache_root: Any = None, blo
         if progress:
             from tqdm import tqdm
             bar = tqdm(total=n, desc=f"scoring library ({mode})", unit=" molecules", file=sys.stderr)
+        if not executor.in_process:
+            say(f"{mode}: blocks of {block_size} rows on {executor.name}")
         blocks = ((mode, start, min(start + block_size, n)) for start in range(0, n, block_size))
         try:
             for _rows, computed, block_computed in executor.map(

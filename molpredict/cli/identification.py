@@ -56,6 +56,19 @@ def _cache_root(cache_dir: str | None, no_cache: bool):
 _progress_option = click.option("--progress/--no-progress", default=None,
                                 help="Progress bars on stderr (default: when stderr is a terminal).")
 _quiet_option = click.option("-q", "--quiet", is_flag=True, help="No status messages on stderr.")
+_cluster_option = click.option(
+    "--cluster", default=None, metavar="local:N|tcp://HOST:PORT",
+    help="Run the blocks on a Dask cluster: local:N (N worker processes here) or a scheduler address "
+         "(default: $MOLPREDICT_CLUSTER, else in-process). Output is identical to the in-process run.")
+
+
+def _executor(cluster: str | None, say):
+    from ..scoring import executor_for
+
+    executor = executor_for(cluster)
+    if not executor.in_process:
+        say(f"cluster: {executor.name} ({executor.n_threads()} worker threads)")
+    return executor
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -198,10 +211,11 @@ def _load_library(library: str | None, say, progress: bool, cache: bool | None =
 @click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
               help="Candidate-coordinates cache (default: $MOLPREDICT_HOME/coordinates).")
 @click.option("--no-cache", is_flag=True, help="Do not read or write the coordinates cache.")
+@_cluster_option
 @_progress_option
 @_quiet_option
 def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sources, formulas, top_k, output, fmt,
-             skipped_path, cache_dir, no_cache, progress, quiet) -> None:
+             skipped_path, cache_dir, no_cache, cluster, progress, quiet) -> None:
     """Rank candidate structures for each spectrum of SPECTRA (.mgf, .msp, .mzML, .mzXML; stdin MGF when absent or -),
     or for each description given with --text / --text-file (a text model).
 
@@ -212,7 +226,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     ranks, the score minus the top score (<= 0); empty with a single candidate.
     Every spectrum appears in the output or in the skipped report (stderr summary, --skipped FILE).
     Text queries (query_id text1, text2, ...) are ranked against the whole library (or its --source rows);
-    --by, --ppm and --formulas apply to spectra only.
+    --by, --ppm, --formulas and --cluster apply to spectra only.
 
     \b
     Example:
@@ -251,13 +265,15 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
         identifier = Identifier(bundle, LibrarySource(lib, options), options,
                                 cache_root=_cache_root(cache_dir, no_cache), progress=show)
         t0 = time.perf_counter()
+        executor = _executor(cluster, say)
         handle = open(output, "w", encoding="utf-8", newline="") if output and output != "-" else sys.stdout
         try:
             writer = ResultWriter(handle, out_format)
-            for row in identifier.run(spectra):
+            for row in identifier.run(spectra, executor=executor):
                 writer.write(row)
             writer.close()
         finally:
+            executor.close()
             if handle is not sys.stdout:
                 handle.close()
     finally:
@@ -338,10 +354,11 @@ def _identify_text(texts: list[str], text_file: str | None, model_path: str | No
 @click.option("--cache-dir", default=None, type=click.Path(file_okay=False))
 @click.option("--no-cache", is_flag=True)
 @click.option("--no-kernel-loss", is_flag=True, help="Skip the kernel loss (saves a pass over the queries).")
+@_cluster_option
 @_progress_option
 @_quiet_option
 def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot, n_boot, seed, cache_dir, no_cache,
-             no_kernel_loss, progress, quiet) -> None:
+             no_kernel_loss, cluster, progress, quiet) -> None:
     """Evaluate model bundles on labelled SPECTRA against candidate sets (the MassSpecGym protocol), or text
     models on description/SMILES pairs tables against a library (--library) or candidate sets.
 
@@ -387,9 +404,13 @@ def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot
                                 cache_root=_cache_root(cache_dir, no_cache), n_boot=n_boot, seed=seed,
                                 kernel_loss=not no_kernel_loss, progress=_progress_default(progress))
     else:
-        results = run_evaluation(list(spectra_files), bundles, sets, cache_root=_cache_root(cache_dir, no_cache),
-                                 n_boot=n_boot, seed=seed, kernel_loss=not no_kernel_loss,
-                                 progress=_progress_default(progress))
+        executor = _executor(cluster, say)
+        try:
+            results = run_evaluation(list(spectra_files), bundles, sets, cache_root=_cache_root(cache_dir, no_cache),
+                                     n_boot=n_boot, seed=seed, kernel_loss=not no_kernel_loss,
+                                     progress=_progress_default(progress), executor=executor)
+        finally:
+            executor.close()
     if plot:
         plot_curves(results, plot)
         say(f"top-k curves written to {plot}")
@@ -413,9 +434,10 @@ def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot
               help="Molecules per computed and committed block.")
 @click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
               help="Candidate-coordinates cache (default: $MOLPREDICT_HOME/coordinates).")
+@_cluster_option
 @_progress_option
 @_quiet_option
-def score_library(library, model_path, ion_mode, block_size, cache_dir, progress, quiet) -> None:
+def score_library(library, model_path, ion_mode, block_size, cache_dir, cluster, progress, quiet) -> None:
     """Precompute candidate coordinates of a whole LIBRARY for a model (resumable: rerun after an interrupt)."""
     from ..scoring import score_library as run
 
@@ -423,8 +445,12 @@ def score_library(library, model_path, ion_mode, block_size, cache_dir, progress
     show = _progress_default(progress)
     bundle = _load_bundle(model_path, say)
     lib = _load_library(library, say, show)
-    result = run(bundle, lib, cache_root=Path(cache_dir) if cache_dir else None, block_size=block_size,
-                 ion_modes=list(ion_mode) or None, progress=show, log=say)
+    executor = _executor(cluster, say)
+    try:
+        result = run(bundle, lib, cache_root=Path(cache_dir) if cache_dir else None, block_size=block_size,
+                     ion_modes=list(ion_mode) or None, progress=show, log=say, executor=executor)
+    finally:
+        executor.close()
     for mode, info in result.items():
         say(f"{mode}: computed {info['n_computed']} of {info['n_rows']} molecules in {info['time_s']:.1f} s "
             f"({info['n_blocks_computed']} blocks); cache {info['cache']}")

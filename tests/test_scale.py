@@ -1,0 +1,189 @@
+"""Beyond one process: identify, evaluate and score-library on a 2-process Dask LocalCluster give the in-process
+output byte for byte; an interrupted score-library resumes; a worker killed mid-run loses no row."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from identification_helpers import SMILES, synthetic_spectra
+from molpredict.candidate_sources import LibrarySource
+from molpredict.candidates import CandidateLibrary
+from molpredict.cli import cli
+from molpredict.coordinates_cache import CoordinatesCache
+from molpredict.errors import InputError
+from molpredict.identify import Identifier, IdentifyOptions
+from molpredict.io.results import ResultWriter
+from molpredict.modelfile import ModelBundle, SubModel
+from molpredict.scoring import DaskExecutor, InProcessExecutor, executor_for, score_library
+from molpredict.spectra import CleaningPipeline, write_mgf
+from molpredict.training import build_model
+
+distributed = pytest.importorskip("distributed")
+
+DECOYS = ["CC1Cc2ccc(O)cc2C(=O)O1", "CC(=O)Nc1cccc(O)c1", "O=C(O)/C=C/c1ccc(O)cc1O", "CC(C)Cc1ccc(CC(C)C(=O)O)cc1",
+          "C[C@H](N)C(=O)O", "C[C@@H](N)C(=O)O"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A tiny real SISOKR bundle saved to disk (workers load it by path), a library file and query spectra."""
+    root = tmp_path_factory.mktemp("scale")
+    spectra, molecules = synthetic_spectra(n_per=3, seed=0)
+    model = build_model("sisokr", {"input_sketch": "subsample:m=20", "output_sketch": "subsample:m=20",
+                                   "lam": "1e-3", "device": "cpu"}).fit(spectra, molecules)
+    sub = SubModel(model=model, ion_mode="positive", cleaning=CleaningPipeline().to_dict(),
+                   adducts=["[M+H]+", "[M+Na]+"])
+    ModelBundle({"positive": sub}).save(root / "model")
+    library = CandidateLibrary.from_smiles(SMILES + DECOYS, names=[f"c{i}" for i in range(len(SMILES) + 6)],
+                                           source="test")
+    library.to_tsv(root / "library.tsv")
+    queries, _ = synthetic_spectra(n_per=2, seed=5)
+    queries[3] = queries[3].with_peaks(np.zeros(0), np.zeros(0))  # skipped: no peaks
+    write_mgf(queries, root / "queries.mgf")
+    sets = {}
+    for smi in SMILES:
+        from molpredict.molecules import Molecule
+        m = Molecule.from_smiles(smi)
+        sets[m.inchikey14] = [(m.inchikey14, m.smiles)] + [(Molecule.from_smiles(d).inchikey14, d) for d in DECOYS]
+    (root / "sets.json").write_text(json.dumps(sets))
+    return root, ModelBundle.load(root / "model"), queries, sets
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two single-threaded worker processes."""
+    local = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    client = distributed.Client(local)
+    yield client
+    client.close()
+    local.close()
+
+
+def identify_tsv(bundle, library, queries, cache_root, executor=None, **options):
+    opts = IdentifyOptions(top_k=4, **options)
+    identifier = Identifier(bundle, LibrarySource(library, opts), opts, cache_root=cache_root)
+    out = io.StringIO()
+    writer = ResultWriter(out, "tsv")
+    for row in identifier.run(queries, executor=executor):
+        writer.write(row)
+    writer.close()
+    return out.getvalue(), identifier
+
+
+def test_identify_on_a_cluster_is_byte_identical(setup, cluster, tmp_path):
+    root, bundle, queries, _ = setup
+    library = CandidateLibrary.from_tsv(root / "library.tsv")
+    here, a = identify_tsv(bundle, library, queries, tmp_path / "a", block_queries=3)
+    there, b = identify_tsv(bundle, library, queries, tmp_path / "b", DaskExecutor(cluster), block_queries=3)
+    assert here == there and here.count("\n") > len(queries)
+    assert [(s.query_id, s.reason) for s in a.skipped] == [(s.query_id, s.reason) for s in b.skipped] != []
+    assert (a.n_queries, a.n_identified, a.n_candidates) == (b.n_queries, b.n_identified, b.n_candidates)
+
+
+def test_evaluate_on_a_cluster_gives_the_same_metrics(setup, cluster, tmp_path):
+    from molpredict.evaluate import evaluate
+
+    root, bundle, _, sets = setup
+    sets = {k: [tuple(x) for x in v] for k, v in sets.items()}
+    here = evaluate([root / "queries.mgf"], [("m", bundle)], sets, cache_root=tmp_path / "a", n_boot=50)
+    there = evaluate([root / "queries.mgf"], [("m", bundle)], sets, cache_root=tmp_path / "b", n_boot=50,
+                     executor=DaskExecutor(cluster))
+    for metrics in (here["m"], there["m"]):
+        metrics.pop("time_s")
+        metrics.pop("timings")
+    assert here == there and here["m"]["n_queries"] == len(SMILES) * 2 - 1
+
+
+def test_score_library_on_a_cluster_stores_the_same_coordinates(setup, cluster, tmp_path):
+    root, bundle, _, _ = setup
+    library = CandidateLibrary.from_tsv(root / "library.tsv")
+    key = bundle.for_mode("positive").model.coordinates_key()
+    here = score_library(bundle, library, cache_root=tmp_path / "a", block_size=5)
+    there = score_library(bundle, library, cache_root=tmp_path / "b", block_size=5, executor=DaskExecutor(cluster))
+    assert here["positive"]["n_computed"] == there["positive"]["n_computed"] == len(library)
+    assert there["positive"]["n_blocks_computed"] == -(-len(library) // 5)
+    keys = list(library.column("inchikey"))
+    a, b = CoordinatesCache(tmp_path / "a", key), CoordinatesCache(tmp_path / "b", key)
+    np.testing.assert_array_equal(a.read(a.rows(keys)), b.read(b.rows(keys)))
+
+
+class Interrupting(InProcessExecutor):
+    """Stops the run (as Ctrl-C would) once ``after`` blocks have finished."""
+
+    def __init__(self, inner, after):
+        self.inner, self.after = inner, after
+        self.in_process = inner.in_process
+
+    def map(self, task, state, blocks, on_done=None):
+        for i, result in enumerate(self.inner.map(task, state, blocks, on_done)):
+            if i == self.after:
+                raise KeyboardInterrupt("simulated interrupt")
+            yield result
+
+
+def test_interrupted_score_library_resumes(setup, cluster, tmp_path):
+    root, bundle, _, _ = setup
+    library = CandidateLibrary.from_tsv(root / "library.tsv")
+    with pytest.raises(KeyboardInterrupt):
+        score_library(bundle, library, cache_root=tmp_path, block_size=4,
+                      executor=Interrupting(DaskExecutor(cluster, window=1), after=2))
+    key = bundle.for_mode("positive").model.coordinates_key()
+    kept = len(CoordinatesCache(tmp_path, key))
+    assert kept >= 8  # the blocks finished before the interrupt stay
+    resumed = score_library(bundle, library, cache_root=tmp_path, block_size=4, executor=DaskExecutor(cluster))
+    assert resumed["positive"]["n_computed"] == len(library) - kept
+    again = score_library(bundle, library, cache_root=tmp_path, block_size=4)
+    assert again["positive"]["n_computed"] == 0
+
+
+def test_a_killed_worker_loses_nothing(setup, cluster, tmp_path):
+    root, bundle, queries, _ = setup
+    library = CandidateLibrary.from_tsv(root / "library.tsv")
+    here, _ = identify_tsv(bundle, library, queries, tmp_path / "a", block_queries=1)
+    pids = cluster.run(os.getpid)
+    victim = next(iter(pids.values()))
+    opts = IdentifyOptions(top_k=4, block_queries=1)
+    identifier = Identifier(bundle, LibrarySource(library, opts), opts, cache_root=tmp_path / "b")
+    out = io.StringIO()
+    writer = ResultWriter(out, "tsv")
+    killed = False
+    for row in identifier.run(queries, executor=DaskExecutor(cluster, window=6)):
+        writer.write(row)
+        if not killed:
+            os.kill(victim, signal.SIGKILL)  # tasks are in flight on both workers
+            killed = True
+    writer.close()
+    assert killed and out.getvalue() == here
+    assert identifier.n_queries == len(queries)
+    cluster.wait_for_workers(2, timeout=60)  # the nanny restarted it
+    assert victim not in cluster.run(os.getpid).values()
+
+
+def test_cli_cluster_from_the_environment(setup, cluster, tmp_path, monkeypatch):
+    root, _, _, _ = setup
+    monkeypatch.setenv("MOLPREDICT_HOME", str(tmp_path / "home"))
+    runner = CliRunner()
+    args = ["identify", str(root / "queries.mgf"), "--model", str(root / "model"), "--library",
+            str(root / "library.tsv"), "-q"]
+    here = runner.invoke(cli, args + ["-o", str(tmp_path / "here.tsv")])
+    assert here.exit_code == 0, here.output
+    monkeypatch.setenv("MOLPREDICT_CLUSTER", cluster.scheduler.address)
+    there = runner.invoke(cli, args + ["-o", str(tmp_path / "there.tsv"), "--cache-dir", str(tmp_path / "c2")])
+    assert there.exit_code == 0, there.output
+    assert (tmp_path / "here.tsv").read_bytes() == (tmp_path / "there.tsv").read_bytes()
+    lib = runner.invoke(cli, ["score-library", str(root / "library.tsv"), "--model", str(root / "model"),
+                              "--cache-dir", str(tmp_path / "c3"), "--block-size", "7"])
+    assert lib.exit_code == 0 and f"computed {len(SMILES) + 6} of {len(SMILES) + 6}" in lib.stderr
+
+
+def test_cluster_addresses():
+    assert isinstance(executor_for(""), InProcessExecutor)
+    for bad in ("local:0", "local:x", "somehost:8786"):
+        with pytest.raises(InputError):
+            executor_for(bad)
