@@ -25,6 +25,7 @@ __all__ = [
     "ADDUCTS",
     "DEFAULT_ADDUCTS",
     "parse_adduct",
+    "adduct_composition",
     "neutral_mass",
     "precursor_mz",
     "formula_mass",
@@ -635,6 +636,26 @@ def parse_adduct(text: str | Adduct) -> Adduct:
     if adduct is None:
         raise InputError(f"unknown adduct {text!r} (expected e.g. [M+H]+, [M-H]-, [M+Na]+)", field="adduct")
     return adduct
+
+
+def adduct_composition(adduct: str | Adduct) -> tuple[int, dict[str, int], int]:
+    """What an adduct does to the molecular formula: ``(multiplier, atom changes, charge)``.
+
+    ``[M+H]+`` gives ``(1, {"H": 1}, 1)``, ``[M-H2O+H]+`` gives ``(1, {"H": -1, "O": -1}, 1)``, ``[2M+Na]+`` gives
+    ``(2, {"Na": 1}, 1)``. The ion formula is ``multiplier * M + changes`` with ``charge`` electrons removed
+    (added when negative). Raises ``InputError`` (field ``adduct``) as :func:`parse_adduct` does.
+    """
+    name = parse_adduct(adduct).name
+    match = _ADDUCT_SYNTAX.match(re.sub(r"\]([*.])([+-]+|\d+[+-])$", r"]\2\1", name))
+    if match is None:  # every parsed adduct name has the [nM+A-B]z+ syntax
+        raise InputError(f"adduct {name!r} has no written composition", field="adduct")
+    changes: dict[str, int] = {}
+    for term in _ADDUCT_TERM.finditer(match.group(2)):
+        sign, count, group = term.groups()
+        counts, _ = parse_formula(_ADDUCT_GROUPS.get(group.upper(), group))
+        for element, n in counts.items():
+            changes[element] = changes.get(element, 0) + (1 if sign == "+" else -1) * int(count or 1) * n
+    return int(match.group(1) or 1), {k: v for k, v in changes.items() if v}, parse_adduct(adduct).charge
 
 
 def neutral_mass(precursor_mz: float | np.ndarray, adduct: str | Adduct) -> float | np.ndarray:

@@ -195,6 +195,8 @@ def load_labelled(paths: Iterable[str | Path], options: TrainOptions, progress: 
             if isinstance(molecule, str):
                 out.skipped[molecule] += 1
                 continue
+            if not spectrum.formula:  # the formula-annotation kernel reads it; the label structure knows it
+                spectrum.metadata["formula"] = molecule.formula
             cleaned = cleaning(spectrum)
             if cleaned is None:
                 out.skipped[f"MS level {spectrum.ms_level} (not {cleaning.ms_level})"] += 1

@@ -14,10 +14,12 @@ from molpredict.testing import check_kernel
 # Kernels
 # =========================================================================================================
 SPECTRUM_KERNELS = ["ppk", "ppk-losses", "cosine", "ppk:mz_sigma=auto,ppm=10,int_sigma=0.3",
-                    "ppk-losses:loss_weight=0.2,intensity_power=0"]
+                    "ppk-losses:loss_weight=0.2,intensity_power=0", "formula-annotation",
+                    "mkl:kernels=ppk-losses;formula-annotation;cosine,weights=uniform"]
 MOLECULE_KERNELS = ["tanimoto", "gaussian-tanimoto", "tanimoto:counts=true,size=512",
                     "gaussian-tanimoto:fp=maccs", "fingerprint-cosine", "fingerprint-cosine:counts=false,chiral=true",
-                    "wl-subtree", "nspd", "core-wl"]
+                    "wl-subtree", "nspd", "core-wl", "multi-fingerprint",
+                    "multi-fingerprint:fps=morgan1c;morgan2c;morgan3c;maccs;rdkitc,gamma=0.5,size=512"]
 CONFORMANCE_SMILES = [
     "CCO", "c1ccccc1O", "CC(=O)O", "CCN", "C", "O", "[Na+]", "CC", "CC(=O)[O-].[Na+]", "c1ccc2ccccc2c1",
     "OCC(O)C(O)C(O)C(O)CO", "CC(C)NCC(O)c1ccc(O)cc1", "C1CC1CC(C)N", "CN1C=NC2=C1C(=O)N(C(=O)N2C)C", "CCO",
@@ -46,7 +48,8 @@ def test_every_builtin_kernel_is_covered():
     builtin = {e.name for e in registry.entries() if e.kind in ("input_kernel", "output_kernel")
                and e.provider == "molpredict" and isinstance(e.target, str)
                and e.target.startswith(("molpredict.kernels.spectra", "molpredict.kernels.fingerprints",
-                                        "molpredict.kernels.graphs"))}
+                                        "molpredict.kernels.graphs", "molpredict.kernels.formulas",
+                                        "molpredict.kernels.mkl", "molpredict.kernels.multifingerprint"))}
     assert builtin <= covered, f"not in the conformance suite: {sorted(builtin - covered)}"
 
 
