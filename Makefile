@@ -24,8 +24,14 @@ test: $(STAMP)
 test-all: PYTEST_ARGS =
 test-all: test
 
+# The shared MassBank split and candidate pool when this checkout has them; elsewhere the demo downloads
+# MassBank (resumable) and builds a small library from its structures.
+SHARED ?= ../shared/data
+DEMO_ARGS ?= $(if $(wildcard $(SHARED)/massbank/train_pos.mgf),--data $(SHARED)/massbank \
+	--library $(SHARED)/candidates/pool.tsv.gz)
+
 demo: $(STAMP)
-	$(PY) -m molpredict.demo
+	$(PY) -m molpredict.demo $(DEMO_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/engine.py --out bench-out

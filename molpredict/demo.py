@@ -1,10 +1,19 @@
-"""``make demo``: train the default model (unless present) and identify a few test spectra against the pool.
+"""``make demo``: get MassBank data and a library, train the default model (unless present), identify a few spectra.
 
-Run as ``python -m molpredict.demo [--data DIR] [--n 5] [--retrain]``. It uses the shared MassBank split
-(``../shared/data/massbank``) or a directory made by ``molpredict data import-massbank`` (``--data``), trains
-one model per ion mode on ``train_{pos,neg}.mgf`` with grid selection on ``val_{pos,neg}.mgf``, saves it as the
-default bundle (``$MOLPREDICT_HOME/models/default``), then ranks the same-formula candidates of a few
-``test_pos.mgf`` spectra from the candidate pool and prints the top 5 of each, marking the true structure.
+Run as ``python -m molpredict.demo [--data DIR] [--library LIB] [--n 5] [--retrain]``.
+
+- Data: ``--data DIR``, a MassBank split (``{train,val,test}_{pos,neg}.mgf``, as ``molpredict data
+  import-massbank`` makes it). Without it, ``$MOLPREDICT_HOME/data/massbank``, downloaded and imported on first
+  use (``molpredict data fetch massbank``: a resumable download with a progress bar; ``--url`` for a mirror).
+- Library: ``--library``, else the configured default (``molpredict config set library``), else a small library
+  of the structures in the data's MGF files, written to ``DIR/library.tsv`` and made the default library when
+  none is set.
+- Model: trained on ``train_{pos,neg}.mgf`` with grid selection on ``val_{pos,neg}.mgf``, one per ion mode, and
+  saved as the default bundle (``$MOLPREDICT_HOME/models/default``); then the same-formula candidates of a few
+  ``test_pos.mgf`` spectra are ranked and the top 5 of each printed, marking the true structure.
+
+The repository's ``Makefile`` passes the shared MassBank split and candidate pool when ``../shared`` has them;
+nothing here looks for them.
 """
 from __future__ import annotations
 
@@ -15,8 +24,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
+NEEDED = ("train_pos.mgf", "val_pos.mgf", "test_pos.mgf")
 
 
 def _say(message: str = "") -> None:
@@ -28,26 +36,89 @@ def _shorten(text: Any, width: int) -> str:
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
-def find_data(data: str | None) -> Path:
-    """The directory holding ``{train,val,test}_{pos,neg}.mgf``."""
-    directory = Path(data) if data else SHARED / "massbank"
-    needed = ["train_pos.mgf", "val_pos.mgf", "test_pos.mgf"]
-    missing = [name for name in needed if not (directory / name).is_file()]
+def default_data_dir() -> Path:
+    """Where the demo keeps the MassBank split it downloads: ``$MOLPREDICT_HOME/data/massbank``."""
+    from .modelfile import home_dir
+    return home_dir() / "data" / "massbank"
+
+
+def _nonempty(path: Path) -> bool:
+    """An existing file with content (an import writes every split file, empty when no record went there)."""
+    return path.is_file() and path.stat().st_size > 0
+
+
+def _missing(directory: Path) -> list[str]:
+    return [name for name in NEEDED if not _nonempty(directory / name)]
+
+
+def find_data(data: str | None, url: str | None = None, release: str | None = None,
+              progress: bool | None = None) -> Path:
+    """The directory holding ``{train,val,test}_{pos,neg}.mgf``: ``data``, or the default data directory,
+    fetched and imported first when it is incomplete."""
+    if data:
+        directory = Path(data)
+        missing = _missing(directory)
+        if missing:
+            raise SystemExit(
+                f"demo: {directory} lacks {', '.join(missing)}.\n"
+                "Get MassBank data first, e.g.:\n"
+                "  molpredict data fetch massbank -o massbank_data      (needs internet)\n"
+                "  python -m molpredict.demo --data massbank_data\n"
+                "or run the demo without --data: it downloads MassBank itself.")
+        return directory
+    from .massbank import DEFAULT_RELEASE, fetch_massbank
+
+    directory = default_data_dir()
+    if not _missing(directory):
+        return directory
+    release = release or DEFAULT_RELEASE
+    _say(f"[0/3] downloading MassBank {release} into {directory} (resumable: rerun after an interruption) and "
+         "importing it...")
+    t0 = time.perf_counter()
+    summary = fetch_massbank(directory, release=release, url=url,
+                             progress=sys.stderr.isatty() if progress is None else progress)
+    _say(f"      {summary['n_imported']} of {summary['n_records']} records imported "
+         f"({time.perf_counter() - t0:.0f} s)")
+    missing = _missing(directory)
     if missing:
-        raise SystemExit(
-            f"demo: {directory} lacks {', '.join(missing)}.\n"
-            "Get MassBank data first, e.g.:\n"
-            "  molpredict data fetch massbank -o massbank_data      (needs internet)\n"
-            "  python -m molpredict.demo --data massbank_data")
+        raise SystemExit(f"demo: the imported release has no {', '.join(missing)} (too few records?)")
     return directory
+
+
+def library_for(data: Path, library: str | None = None) -> tuple[Any, str]:
+    """``(library, description)``: ``library``, else the configured default, else a library of every structure
+    in ``data``'s MGF files (saved as ``data/library.tsv`` and made the default when none is set)."""
+    from . import config
+    from .candidates import CandidateLibrary, read_library
+    from .spectra import read_spectra
+
+    chosen = library or config.default_library()
+    if chosen:
+        return read_library(chosen), str(chosen)
+    path = data / "library.tsv"
+    if path.is_file():
+        built = read_library(path)
+    else:
+        smiles = sorted({s.smiles for p in sorted(data.glob("*.mgf")) if _nonempty(p) for s in read_spectra(p)
+                         if s.smiles})
+        built = CandidateLibrary.from_smiles(smiles, source="massbank")
+        try:
+            built.to_tsv(path)
+        except OSError:
+            return built, f"the {len(built)} structures of {data} (in memory: {data} is not writable)"
+    described = f"the {len(built)} structures of {data}, saved as {path}"
+    if config.default_library() is None:
+        config.set_value("library", str(path))
+        described += "; now your default library (`molpredict config show`)"
+    return built, described
 
 
 def train_default(data: Path, bundle_path: Path, device: str) -> None:
     from .training import TrainOptions, format_summary, train_bundle
 
-    train = [data / f"train_{m}.mgf" for m in ("pos", "neg") if (data / f"train_{m}.mgf").is_file()]
-    val = [data / f"val_{m}.mgf" for m in ("pos", "neg") if (data / f"val_{m}.mgf").is_file()]
-    _say(f"[1/3] training the default model on {', '.join(p.name for p in train)} (validation: "
+    train = [data / f"train_{m}.mgf" for m in ("pos", "neg") if _nonempty(data / f"train_{m}.mgf")]
+    val = [data / f"val_{m}.mgf" for m in ("pos", "neg") if _nonempty(data / f"val_{m}.mgf")]
+    _say(f"[2/3] training the default model on {', '.join(p.name for p in train)} (validation: "
          f"{', '.join(p.name for p in val)}); one model per ion mode, a few minutes on a laptop CPU...")
     t0 = time.perf_counter()
     bundle, summary = train_bundle(train, TrainOptions(device=device), val_paths=val,
@@ -83,23 +154,15 @@ def pick_queries(data: Path, library: Any, bundle: Any, n: int) -> list:
     return (rich + poor)[:n]  # a small library may not have 5 candidates for any formula
 
 
-def library_for(data: Path) -> Any:
-    """The shared candidate pool, else a library of every structure in the data directory's MGF files."""
-    from .candidates import CandidateLibrary, read_library
-    from .identify import default_library_path
-    from .spectra import read_spectra
-
-    pool = default_library_path()
-    if pool is not None:
-        return read_library(pool), str(pool)
-    smiles = sorted({s.smiles for path in sorted(data.glob("*.mgf")) for s in read_spectra(path) if s.smiles})
-    return CandidateLibrary.from_smiles(smiles, source="massbank"), f"the {len(smiles)} structures of {data}"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m molpredict.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=None, help="directory with {train,val,test}_{pos,neg}.mgf "
-                        "(default: ../shared/data/massbank)")
+                        "(default: $MOLPREDICT_HOME/data/massbank, downloaded on first use)")
+    parser.add_argument("--library", default=None, help="candidate library (default: the configured one, else "
+                        "the structures of the data)")
+    parser.add_argument("--url", default=None, help="download MassBank from this URL (a mirror of the release "
+                        ".tar.gz) instead of GitHub")
+    parser.add_argument("--release", default=None, help="MassBank-data release to download")
     parser.add_argument("--n", type=int, default=5, help="test spectra to identify (default 5)")
     parser.add_argument("--top", type=int, default=5, help="candidates shown per spectrum (default 5)")
     parser.add_argument("--retrain", action="store_true", help="train even if the default model exists")
@@ -113,16 +176,23 @@ def main(argv: list[str] | None = None) -> int:
     from .modelfile import ModelBundle, default_bundle_path
 
     warnings.simplefilter("ignore", DegenerateObjectWarning)
-    data = find_data(args.data)
-    bundle_path = default_bundle_path()
-    _say(f"molpredict demo: data {data}; default model {bundle_path}")
+    try:
+        data = find_data(args.data, url=args.url, release=args.release)
+        bundle_path = default_bundle_path()
+        _say(f"molpredict demo: data {data}; default model {bundle_path}")
+        t0 = time.perf_counter()
+        library, described = library_for(data, args.library)
+    except MolpredictError as exc:
+        print(f"demo: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    _say(f"[1/3] candidate library: {described} ({len(library)} structures, {time.perf_counter() - t0:.1f} s)")
     bundle = None
     if bundle_path.exists() and not args.retrain:
         try:
             bundle = ModelBundle.load(bundle_path)
-            _say(f"[1/3] using the existing default model ({', '.join(bundle.ion_modes)}); --retrain to rebuild it")
+            _say(f"[2/3] using the existing default model ({', '.join(bundle.ion_modes)}); --retrain to rebuild it")
         except MolpredictError as exc:
-            _say(f"[1/3] the default model cannot be loaded ({exc}); training a new one")
+            _say(f"[2/3] the default model cannot be loaded ({exc}); training a new one")
     if bundle is None:
         try:
             train_default(data, bundle_path, args.device)
@@ -131,9 +201,6 @@ def main(argv: list[str] | None = None) -> int:
             return exc.exit_code
         bundle = ModelBundle.load(bundle_path)
 
-    t0 = time.perf_counter()
-    library, described = library_for(data)
-    _say(f"[2/3] candidate library: {described} ({len(library)} structures, {time.perf_counter() - t0:.1f} s)")
     queries = pick_queries(data, library, bundle, args.n)
     _say(f"[3/3] identifying {len(queries)} test_pos.mgf spectra by formula (candidates: every library "
          "structure with the spectrum's molecular formula)")
@@ -161,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     _say(f"true structure ranked first for {found} of {len(queries)} spectra. Margin: rank 1's lead over the "
          "runner-up; other ranks: gap to rank 1.")
     _say("Try it on your own spectra:  molpredict identify my_spectra.mgf -o results.tsv")
-    _say("Evaluate: molpredict evaluate ../shared/data/massbank/test_pos.mgf "
-         "--candidates ../shared/data/candidates/test_formula256.json")
+    _say(f"A report with structures and spectra: molpredict identify {data / 'test_pos.mgf'} -o hits.tsv "
+         "--report report.html")
     return 0
 
 

@@ -57,15 +57,7 @@ __all__ = [
     "identify_block",
     "rank_rows",
     "read_formula_hints",
-    "default_library_path",
 ]
-
-
-def default_library_path() -> Path | None:
-    """The shared candidate pool ``../shared/data/candidates/pool.tsv.gz`` next to the project root, if present."""
-    root = Path(__file__).resolve().parents[1]
-    path = root.parent / "shared" / "data" / "candidates" / "pool.tsv.gz"
-    return path if path.is_file() else None
 
 
 @dataclass

@@ -36,6 +36,7 @@ __all__ = [
     "import_massbank",
     "release_url",
     "fetch_massbank",
+    "download",
     "DEFAULT_FRACTIONS",
     "DEFAULT_RELEASE",
 ]
@@ -398,52 +399,101 @@ def release_url(release: str = DEFAULT_RELEASE) -> str:
     return f"https://github.com/MassBank/MassBank-data/archive/refs/tags/{release}.tar.gz"
 
 
+def download(url: str, path: str | os.PathLike, progress: bool = True, timeout: float = 60.0,
+             chunk_size: int = 1 << 20) -> Path:
+    """Download ``url`` to ``path``, resuming an interrupted download.
+
+    The bytes go to ``path + ".part"``; an existing part is continued with an HTTP ``Range`` request (a server
+    that ignores it, answering 200, restarts the file). The part is renamed to ``path`` once complete, so
+    ``path`` never holds a truncated file; after a failure the part stays for the next call to resume.
+
+    Raises
+    ------
+    ResourceError
+        The download failed (no network, HTTP error, short read), in one line.
+    """
+    import http.client
+    import urllib.error
+    import urllib.request
+
+    path = Path(path)
+    part = path.with_name(path.name + ".part")
+    done = part.stat().st_size if part.is_file() else 0
+    headers = {"User-Agent": "molpredict"}
+    if done:
+        headers["Range"] = f"bytes={done}-"
+    bar = None
+    try:
+        request = urllib.request.Request(url, headers=headers)
+        try:
+            response = urllib.request.urlopen(request, timeout=timeout)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 416 or not done:
+                raise
+            # 416: nothing after `done`: the part is the whole file
+            os.replace(part, path)
+            return path
+        with response:
+            resumed = response.status == 206
+            if done and not resumed:
+                done = 0   # the server sent the whole file
+            length = response.headers.get("Content-Length")
+            total = done + int(length) if length and length.isdigit() else None
+            if progress:
+                from tqdm import tqdm
+                bar = tqdm(total=total, initial=done, unit="B", unit_scale=True, unit_divisor=1024,
+                           desc=path.name, file=__import__("sys").stderr)
+            with open(part, "ab" if resumed else "wb") as handle:
+                received = done
+                for chunk in iter(lambda: response.read(chunk_size), b""):
+                    handle.write(chunk)
+                    received += len(chunk)
+                    if bar is not None:
+                        bar.update(len(chunk))
+            if total is not None and received < total:
+                raise OSError(f"connection closed after {received} of {total} bytes (run again to resume)")
+        os.replace(part, path)
+        return path
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        if part.is_file() and part.stat().st_size == 0:
+            part.unlink()
+        reason = getattr(exc, "reason", None) or exc
+        kept = f"; {part.stat().st_size} bytes kept in {part} to resume" if part.is_file() else ""
+        raise ResourceError(f"could not download {url}: {' '.join(str(reason).split())}{kept}") from None
+    finally:
+        if bar is not None:
+            bar.close()
+
+
 def fetch_massbank(out_dir: str | os.PathLike, release: str = DEFAULT_RELEASE, keep_archive: bool = False,
-                   progress: bool = True, timeout: float = 60.0) -> dict:
+                   progress: bool = True, timeout: float = 60.0, url: str | None = None) -> dict:
     """Download a MassBank-data release archive and import it into ``out_dir`` (see :func:`import_massbank`).
+
+    The download resumes where an interrupted one stopped (:func:`download`). ``url`` replaces the GitHub
+    release archive (a mirror, or a local server in tests); it must serve a ``.tar.gz`` of record files.
 
     Raises
     ------
     ResourceError
         The download failed (no network, unknown release...), in one line.
+    InputError
+        The downloaded file is not a readable archive of MassBank records (it is deleted).
     """
-    import urllib.error
-    import urllib.request
-
-    url = release_url(release)
+    url = url or release_url(release)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     archive = out / f"MassBank-data-{release}.tar.gz"
-    tmp = archive.with_name(archive.name + ".part")
     try:
-        request = urllib.request.Request(url, headers={"User-Agent": "molpredict"})
-        with urllib.request.urlopen(request, timeout=timeout) as response, open(tmp, "wb") as handle:
-            total = int(response.headers.get("Content-Length") or 0) or None
-            bar = None
-            if progress:
-                from tqdm import tqdm
-                bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"MassBank {release}",
-                           file=__import__("sys").stderr)
-            for chunk in iter(lambda: response.read(1 << 20), b""):
-                handle.write(chunk)
-                if bar is not None:
-                    bar.update(len(chunk))
-            if bar is not None:
-                bar.close()
-        os.replace(tmp, archive)
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        try:
-            os.remove(tmp)
-        except FileNotFoundError:
-            pass
-        reason = getattr(exc, "reason", None) or exc
-        raise ResourceError(f"could not download {url}: {' '.join(str(reason).split())} (no network? download "
-                            f"the archive elsewhere and run `molpredict data import-massbank ARCHIVE -o DIR`)"
-                            ) from None
+        download(url, archive, progress=progress, timeout=timeout)
+    except ResourceError as exc:
+        raise ResourceError(f"{exc} (no network? download the archive elsewhere and run "
+                            f"`molpredict data import-massbank ARCHIVE -o DIR`)") from None
+    ok = False
     try:
         summary = import_massbank(archive, out, progress=progress)
+        ok = True
     finally:
-        if not keep_archive:
+        if not (keep_archive and ok):
             try:
                 os.remove(archive)
             except FileNotFoundError:

@@ -10,6 +10,13 @@ import pytest
 os.environ["MOLPREDICT_LOAD_PLUGINS"] = ""
 os.environ.pop("MOLPREDICT_PLUGINS_DIR", None)
 os.environ.pop("MOLPREDICT_STRICT_PLUGINS", None)
+# ... nor the developer's own defaults (`molpredict config set`, MOLPREDICT_LIBRARY / MOLPREDICT_MODEL): tests pass
+# libraries and models explicitly, and the config file is one that does not exist (tests of `config set` point
+# MOLPREDICT_CONFIG or MOLPREDICT_HOME at their tmp_path).
+os.environ.pop("MOLPREDICT_LIBRARY", None)
+os.environ.pop("MOLPREDICT_MODEL", None)
+os.environ["MOLPREDICT_CONFIG"] = os.path.join(__import__("tempfile").gettempdir(),
+                                               f"molpredict-test-no-config-{os.getpid()}", "config.json")
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("MOLPREDICT_SHARED_DATA", PROJECT_ROOT.parent / "shared" / "data"))

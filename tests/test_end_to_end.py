@@ -161,22 +161,25 @@ def test_real_bundle_with_missing_plugin(workspace, trained, tmp_path):
 
 
 def test_demo_on_an_imported_style_directory(workspace, tmp_path, monkeypatch, capsys):
-    """``make demo`` with ``--data DIR`` (train/val/test MGF files) and no candidate pool: trains the default
-    bundle into $MOLPREDICT_HOME, then identifies against a library of the directory's structures."""
+    """``make demo`` with ``--data DIR`` (train/val/test MGF files) and no library given or configured: builds a
+    library of the directory's structures (and makes it the default), trains the default bundle into
+    $MOLPREDICT_HOME, then identifies against that library."""
     root, files, _ = workspace
     data = tmp_path / "data"
     data.mkdir()
     for split in ("train", "val", "test"):
         (data / f"{split}_pos.mgf").write_text(files[split].read_text())
     monkeypatch.setenv("MOLPREDICT_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr("molpredict.identify.default_library_path", lambda: None)
-    from molpredict import demo
+    monkeypatch.delenv("MOLPREDICT_CONFIG")   # a fresh user's config file: $MOLPREDICT_HOME/config.json
+    from molpredict import config, demo
     from molpredict.models.okr import SISOKR
     small = {"input_sketch": "subsample:m=200", "output_sketch": "subsample:m=100", "lam": "1e-3"}
     monkeypatch.setattr(SISOKR, "train_defaults", classmethod(lambda cls, *args: dict(small)))
     assert demo.main(["--data", str(data), "--n", "3", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "[1/3] training the default model" in out and "[3/3] identifying 3 test_pos.mgf spectra" in out
+    assert "[2/3] training the default model" in out and "[3/3] identifying 3 test_pos.mgf spectra" in out
+    assert "[1/3] candidate library: the" in out and "now your default library" in out
+    assert config.default_library() == str((data / "library.tsv").resolve())
     assert (tmp_path / "home" / "models" / "default" / "bundle.json").is_file()
     assert "TRUE" in out and "true structure ranked first for" in out
     # second run: the default model is reused

@@ -337,10 +337,9 @@ def test_cli_identify_bad_inputs(cli_setup, tmp_path, monkeypatch):
     # no --model and no default bundle under MOLPREDICT_HOME
     result = runner.invoke(cli, ["identify", str(mgf), "--library", str(lib)])
     assert result.exit_code == 4 and "no default model" in result.stderr and "molpredict train" in result.stderr
-    # no --library and no shared pool
-    monkeypatch.setattr("molpredict.identify.default_library_path", lambda: None)
+    # no --library and no configured library (conftest: no MOLPREDICT_LIBRARY, no config file)
     result = runner.invoke(cli, ["identify", str(mgf), "--model", str(model)])
-    assert result.exit_code == 2 and "--library" in result.stderr
+    assert result.exit_code == 2 and "--library" in result.stderr and "molpredict config set library" in result.stderr
     (model / "positive" / "metadata.json").write_text("{ truncated")
     result = runner.invoke(cli, ["identify", str(mgf), "--model", str(model), "--library", str(lib)])
     assert result.exit_code == 4 and "corrupted or truncated" in result.stderr

@@ -1,6 +1,7 @@
 """MassBank record import: parsing, filtering, the MGF fields, the structure-disjoint split, archives, fetch."""
 from __future__ import annotations
 
+import shutil
 import tarfile
 import urllib.error
 import zipfile
@@ -180,3 +181,130 @@ def test_cli_data_commands(tmp_path, monkeypatch):
     assert result.exit_code == 5
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("molpredict: error: could not download https://github.com/")
+
+
+# -- downloads: a local HTTP server serving a tiny release ---------------------------------------------------------
+
+def _tiny_release(tmp_path, every_split: bool = False) -> bytes:
+    """The hand-written fixture records as a release archive (``MassBank-data-x/...`` inside a .tar.gz); with
+    ``every_split``, plus one positive record (Mellein's, another structure) for each split the fixtures miss."""
+    root = tmp_path / "release"
+    shutil.copytree(FIXTURES, root / "MassBank-data-x")
+    if every_split:
+        from molpredict.molecules import Molecule
+        template = (FIXTURES / "Contributor_A" / "MSBNK-TEST-AC000001.txt").read_text()
+        wanted = {"train", "val", "test"}
+        for n in range(2, 60):
+            smiles = "C" * n + "O"       # the alcohols: one per split is enough
+            split = split_of(Molecule.from_smiles(smiles).inchikey14)
+            if split in wanted:
+                wanted.discard(split)
+                text = template.replace("MSBNK-TEST-AC000001", f"MSBNK-TEST-CC{n:06d}").replace(
+                    "CC1CC2=C(C(=CC=C2)O)C(=O)O1", smiles)
+                (root / "MassBank-data-x" / f"MSBNK-TEST-CC{n:06d}.txt").write_text(text)
+        assert not wanted
+    path = tmp_path / "release.tar.gz"
+    with tarfile.open(path, "w:gz") as t:
+        t.add(root / "MassBank-data-x", arcname="MassBank-data-x")
+    return path.read_bytes()
+
+
+@pytest.fixture
+def serve():
+    """``serve(payload, cut_first=None, ranges=True) -> (url, range headers seen)``: one file over HTTP on
+    127.0.0.1 in a thread; ``cut_first`` bytes only in the first response (then the connection closes);
+    ``ranges=False`` ignores Range headers (always 200 with the whole file)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    servers = []
+
+    def start(payload: bytes, cut_first: int | None = None, ranges: bool = True):
+        seen: list[str | None] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                header = self.headers.get("Range")
+                seen.append(header)
+                begin = int(header.split("=")[1].split("-")[0]) if header and ranges else 0
+                if begin >= len(payload) and header and ranges:
+                    self.send_response(416)
+                    self.end_headers()
+                    return
+                body = payload[begin:]
+                self.send_response(206 if begin else 200)
+                if begin:
+                    self.send_header("Content-Range", f"bytes {begin}-{len(payload) - 1}/{len(payload)}")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if cut_first is not None and len(seen) == 1:
+                    self.wfile.write(body[:cut_first])
+                    self.close_connection = True
+                    return
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/MassBank-data-x.tar.gz", seen
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_fetch_resumes_an_interrupted_download(tmp_path, serve, capsys):
+    payload = _tiny_release(tmp_path)
+    url, seen = serve(payload, cut_first=len(payload) // 2)
+    out = tmp_path / "mb"
+    with pytest.raises(ResourceError) as e:
+        massbank.fetch_massbank(out, release="x", url=url, progress=False)
+    assert "\n" not in str(e.value) and "to resume" in str(e.value)
+    part = out / "MassBank-data-x.tar.gz.part"
+    assert part.stat().st_size == len(payload) // 2 and not (out / "MassBank-data-x.tar.gz").exists()
+    summary = massbank.fetch_massbank(out, release="x", url=url, progress=True)
+    assert seen == [None, f"bytes={len(payload) // 2}-"]
+    assert summary["n_imported"] == 4 and summary["url"] == url
+    assert not part.exists() and not (out / "MassBank-data-x.tar.gz").exists()
+    err = capsys.readouterr().err
+    assert "MassBank-data-x.tar.gz" in err and "100%" in err           # the progress bar, resumed at 50%
+    import_massbank(FIXTURES, tmp_path / "direct")
+    for name in ("train_pos.mgf", "val_pos.mgf", "test_pos.mgf", "train_neg.mgf", "test_neg.mgf"):
+        assert (out / name).read_text() == (tmp_path / "direct" / name).read_text()
+
+
+def test_download_restarts_when_the_server_ignores_ranges(tmp_path, serve):
+    payload = _tiny_release(tmp_path)
+    url, seen = serve(payload, ranges=False)
+    target = tmp_path / "a.tar.gz"
+    (tmp_path / "a.tar.gz.part").write_bytes(b"stale bytes of something else")
+    massbank.download(url, target, progress=False)
+    assert seen == ["bytes=29-"] and target.read_bytes() == payload
+    # a complete part (the server answers 416 to a range past the end) is taken as the file
+    url, seen = serve(payload)
+    (tmp_path / "b.tar.gz.part").write_bytes(payload)
+    massbank.download(url, tmp_path / "b.tar.gz", progress=False)
+    assert seen == [f"bytes={len(payload)}-"] and (tmp_path / "b.tar.gz").read_bytes() == payload
+
+
+def test_demo_without_data_fetches_and_builds_a_default_library(tmp_path, serve, monkeypatch, capsys):
+    """`make demo` on a machine without ../shared: download + import into $MOLPREDICT_HOME/data/massbank, then a
+    library of its structures that becomes the default (training is covered in test_end_to_end)."""
+    from molpredict import config, demo
+
+    monkeypatch.setenv("MOLPREDICT_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MOLPREDICT_CONFIG")
+    url, seen = serve(_tiny_release(tmp_path, every_split=True))
+    data = demo.find_data(None, url=url, release="x", progress=False)
+    assert data == tmp_path / "home" / "data" / "massbank" and (data / "train_pos.mgf").is_file()
+    assert "downloading MassBank x" in capsys.readouterr().out
+    library, described = demo.library_for(data)
+    assert len(library) == 6 and "now your default library" in described   # 3 fixture structures, 3 alcohols
+    assert config.default_library() == str((data / "library.tsv").resolve())
+    # second time: nothing downloaded, the configured library is used
+    assert demo.find_data(None, url=url) == data and len(seen) == 1
+    assert demo.library_for(data)[1] == str((data / "library.tsv").resolve())

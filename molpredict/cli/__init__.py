@@ -62,6 +62,8 @@ from . import spectra  # noqa: E402,F401
 from . import candidates  # noqa: E402,F401
 from . import identification  # noqa: E402,F401
 from . import dsokr  # noqa: E402,F401
+from . import config  # noqa: E402,F401
+from . import report  # noqa: E402,F401
 
 
 def _add_plugin_commands() -> None:

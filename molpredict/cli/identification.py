@@ -33,14 +33,16 @@ def _say(quiet: bool):
 
 
 def _load_bundle(path: str | None, say=None):
-    from ..modelfile import ModelBundle, default_bundle_path
+    from ..config import resolve
+    from ..modelfile import ModelBundle
 
     if path is None:
-        default = default_bundle_path()
-        if not default.exists():
+        default, origin = resolve("model")
+        if origin == "default" and not Path(default).exists():
             raise ModelFileError(f"{default}: no default model; train one with `molpredict train TRAIN.mgf -o "
-                                 f"{default}` (or `make demo`), or give --model")
-        path = str(default)
+                                 f"{default}` (or `make demo`), give --model, or set one with "
+                                 f"`molpredict config set model MODEL`")
+        path = default
     bundle = ModelBundle.load(path)
     if say is not None:
         say(f"model {bundle.path} ({', '.join(bundle.ion_modes)})")
@@ -169,16 +171,20 @@ def _spool_stdin() -> str:
     return handle.name
 
 
+def _library_path(library: str | None) -> str:
+    """``--library``, else the configured default; without either, the one-line error saying how to set one."""
+    from ..config import default_library, no_library_message
+
+    library = library or default_library()
+    if library is None:
+        raise InputError(no_library_message())
+    return library
+
+
 def _load_library(library: str | None, say, progress: bool, cache: bool | None = None):
     from ..candidates import read_library
-    from ..identify import default_library_path
 
-    if library is None:
-        default = default_library_path()
-        if default is None:
-            raise InputError("no candidate library: give --library LIB (a .tsv/.tsv.gz, .smi or .sdf file; "
-                             "see `molpredict candidates build`)")
-        library = str(default)
+    library = _library_path(library)
     t0 = time.perf_counter()
     lib = read_library(library, progress=progress, cache=cache)
     say(f"library {library}: {len(lib)} structures ({time.perf_counter() - t0:.1f} s)")
@@ -192,9 +198,10 @@ def _load_library(library: str | None, say, progress: bool, cache: bool | None =
 @click.option("--text-file", default=None, type=click.Path(dir_okay=False),
               help="Descriptions to identify, one per line (instead of SPECTRA).")
 @click.option("--model", "model_path", default=None, type=click.Path(),
-              help="Model bundle (default: $MOLPREDICT_HOME/models/default).")
+              help="Model bundle (default: `molpredict config set model` or $MOLPREDICT_MODEL, else "
+                   "$MOLPREDICT_HOME/models/default).")
 @click.option("--library", default=None, type=click.Path(dir_okay=False),
-              help="Candidate library (default: ../shared/data/candidates/pool.tsv.gz when present).")
+              help="Candidate library (default: `molpredict config set library LIB` or $MOLPREDICT_LIBRARY).")
 @click.option("--by", type=click.Choice(["formula", "mass"]), default=None,
               help="Candidate selection (default: formula when the query has one, else mass).")
 @click.option("--ppm", default=10.0, show_default=True, type=float, help="Mass window for --by mass.")
@@ -208,6 +215,8 @@ def _load_library(library: str | None, say, progress: bool, cache: bool | None =
               help="Output format (default: from -o's extension, else tsv).")
 @click.option("--skipped", "skipped_path", default=None, type=click.Path(dir_okay=False),
               help="Write the skipped queries (query_id, file, record, reason) as TSV.")
+@click.option("--report", "report_path", default=None, type=click.Path(dir_okay=False),
+              help="Also write a self-contained HTML report (structures, spectra, index); spectra only.")
 @click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
               help="Candidate-coordinates cache (default: $MOLPREDICT_HOME/coordinates).")
 @click.option("--no-cache", is_flag=True, help="Do not read or write the coordinates cache.")
@@ -215,7 +224,7 @@ def _load_library(library: str | None, say, progress: bool, cache: bool | None =
 @_progress_option
 @_quiet_option
 def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sources, formulas, top_k, output, fmt,
-             skipped_path, cache_dir, no_cache, cluster, progress, quiet) -> None:
+             skipped_path, report_path, cache_dir, no_cache, cluster, progress, quiet) -> None:
     """Rank candidate structures for each spectrum of SPECTRA (.mgf, .msp, .mzML, .mzXML; stdin MGF when absent or -),
     or for each description given with --text / --text-file (a text model).
 
@@ -243,6 +252,8 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     if texts or text_file:
         if spectra_file is not None:
             raise InputError("give either SPECTRA or --text/--text-file, not both")
+        if report_path:
+            raise InputError("--report draws spectra: it is not available for text queries")
         _identify_text(list(texts), text_file, model_path, library, sources, top_k, output, out_format,
                        cache_dir, no_cache, show, quiet)
         return
@@ -256,6 +267,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
         # Open the spectra first: a wrong file fails at once, before the model and library are loaded.
         spectra = read_spectra(spectra_file, report=report)
         hints = read_formula_hints(formulas) if formulas else None
+        library = _library_path(library)
         bundle = _load_bundle(model_path, say)
         if bundle.input_type != "spectrum":
             raise InputError(f"the model takes {bundle.input_type} input, not spectra: give --text or --text-file",
@@ -264,6 +276,11 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
         options = IdentifyOptions(by=by, ppm=ppm, sources=list(sources) or None, top_k=top_k, formulas=hints)
         identifier = Identifier(bundle, LibrarySource(lib, options), options,
                                 cache_root=_cache_root(cache_dir, no_cache), progress=show)
+        html = None
+        if report_path:
+            from ..report import Report, ReportOptions
+            html = Report(ReportOptions(top_k=min(top_k, 5)))
+            spectra = html.watch(spectra)
         t0 = time.perf_counter()
         executor = _executor(cluster, say)
         handle = open(output, "w", encoding="utf-8", newline="") if output and output != "-" else sys.stdout
@@ -271,6 +288,8 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
             writer = ResultWriter(handle, out_format)
             for row in identifier.run(spectra, executor=executor):
                 writer.write(row)
+                if html is not None:
+                    html.add_row(row)
             writer.close()
         finally:
             executor.close()
@@ -283,6 +302,14 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     summary = identifier.summary()
     if skipped_path:
         write_skipped(skipped, skipped_path)
+    if html is not None:
+        from ..report import run_parameters
+        for s in skipped:
+            html.add_skipped(s.query_id, s.reason, s.file, s.record)
+        html.parameters = run_parameters(bundle, lib.path or library, len(lib), options,
+                                         spectra="(stdin)" if spool else spectra_file)
+        size = html.write(report_path)
+        say(f"report {report_path} ({size / 1e6:.2f} MB)")
     if not quiet:
         n_total = summary["n_queries"] + len(report)
         click.echo(f"molpredict: {n_total} spectra: {summary['n_identified']} identified, {len(skipped)} skipped "
@@ -469,9 +496,9 @@ def model_group() -> None:
 @click.argument("model_path", metavar="[MODEL]", required=False, type=click.Path())
 def model_info(model_path) -> None:
     """Show what a bundle holds: per ion mode the model, training data, licences and validation metrics."""
-    from ..modelfile import default_bundle_path, json_ready
+    from ..modelfile import json_ready
 
-    bundle = _load_bundle(model_path or str(default_bundle_path()))
+    bundle = _load_bundle(model_path)
     click.echo(json.dumps(json_ready(bundle.describe()), indent=2))
 
 
@@ -520,10 +547,13 @@ def fetch() -> None:
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--release", default="2025.05.1", show_default=True, help="MassBank-data release tag.")
 @click.option("--keep-archive", is_flag=True, help="Keep the downloaded .tar.gz next to the MGF files.")
+@click.option("--url", default=None, help="Download from this URL instead of GitHub (a mirror of the .tar.gz).")
 @_progress_option
-def fetch_massbank(output, release, keep_archive, progress) -> None:
-    """Download the MassBank-data release archive from GitHub and import it (see `data import-massbank`)."""
+def fetch_massbank(output, release, keep_archive, url, progress) -> None:
+    """Download the MassBank-data release archive from GitHub and import it (see `data import-massbank`).
+    An interrupted download resumes where it stopped when run again."""
     from ..massbank import fetch_massbank as run
 
-    summary = run(output, release=release, keep_archive=keep_archive, progress=_progress_default(progress))
+    summary = run(output, release=release, keep_archive=keep_archive, progress=_progress_default(progress),
+                  url=url)
     _print_import(summary, output)

@@ -1,0 +1,61 @@
+"""``molpredict config``: show and set the user defaults (library, model); see :mod:`molpredict.config`."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from . import cli
+
+__all__ = ["config_group"]
+
+
+@cli.group("config")
+def config_group() -> None:
+    """Defaults used when --library / --model are not given (env MOLPREDICT_LIBRARY / MOLPREDICT_MODEL win)."""
+
+
+@config_group.command("set")
+@click.argument("key", type=click.Choice(["library", "model"]))
+@click.argument("value", type=click.Path())
+def config_set(key: str, value: str) -> None:
+    """Store KEY (library: a library file; model: a bundle directory) as an absolute path.
+
+    \b
+    Examples:
+      molpredict config set library ~/data/pool.tsv.gz
+      molpredict config set model ~/models/massbank
+    """
+    from ..config import read_config, set_value
+
+    path = set_value(key, value)
+    click.echo(f"molpredict: {key} = {read_config()[key]} (saved in {path})", err=True)
+
+
+@config_group.command("unset")
+@click.argument("key", type=click.Choice(["library", "model"]))
+def config_unset(key: str) -> None:
+    """Forget the stored KEY."""
+    from ..config import unset_value
+
+    path = unset_value(key)
+    click.echo(f"molpredict: {key} unset (in {path})", err=True)
+
+
+@config_group.command("show")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def config_show(as_json: bool) -> None:
+    """Print each setting, its value and where it comes from (environment, config file, default, unset)."""
+    from ..config import SETTINGS, show
+
+    info = show()
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    lines = [f"config file: {info['config_file']}"]
+    for key in SETTINGS:
+        entry = info[key]
+        value = entry["value"] if entry["value"] is not None else f"(not set: `molpredict config set {key} ...` " \
+                                                                   f"or {entry['env']})"
+        lines.append(f"{key}: {value}  [{entry['origin']}]")
+    click.echo("\n".join(lines))

@@ -1,0 +1,612 @@
+"""The HTML report of an identification run: one self-contained file with structures, spectra and an index.
+
+A :class:`Report` collects, query by query, the output rows of :meth:`molpredict.identify.Identifier.run` (or of
+a results file) and the spectra they came from, plus the skipped spectra and the run's parameters, and writes one
+HTML file: inline CSS, inline vanilla JavaScript, inline SVG; nothing is fetched (no network, fonts or scripts).
+
+What is stored: each distinct candidate structure once (SMILES, InChIKey, formula, name and its RDKit drawing,
+``rdMolDraw2D.MolDraw2DSVG``, compacted), and per query the top-k candidates as references into that table with
+their scores and margins, the spectrum's most intense peaks (m/z, relative intensity in 0..1000), the precursor
+m/z and, when :mod:`molpredict.fragments` is available, the peaks explained by the top candidate with their
+formulas. The page renders lazily from this data: the index table shows one page of queries at a time (sortable,
+filterable) and a query's detail (stick plot and candidate cards) is drawn when it is opened, so a report of
+10,000 queries stays responsive. Above ``gzip_above`` bytes of JSON the data is stored gzip-compressed (base64)
+and inflated by the browser (``DecompressionStream``); smaller reports keep plain JSON, readable by any tool.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import gzip
+import html
+import json
+import math
+import platform
+import re
+from collections import Counter, deque
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+
+__all__ = ["ReportOptions", "Report", "draw_molecule_svg", "compact_svg", "read_result_rows", "decode_report_data",
+           "CANDIDATE_EXTRA_COLUMNS"]
+
+#: optional numeric output columns shown per candidate when the results have them
+CANDIDATE_EXTRA_COLUMNS = ("probability", "spectrum_score", "prior_score")
+_NUMERIC_COLUMNS = {"rank", "score", "confidence", "n_candidates", "record"} | set(CANDIDATE_EXTRA_COLUMNS)
+_DATA_ELEMENT_ID = "report-data"
+
+
+@dataclass
+class ReportOptions:
+    """What the report keeps.
+
+    Attributes
+    ----------
+    top_k : int
+        Candidates drawn per query (the first ``top_k`` rows of each query).
+    max_peaks : int
+        Most intense peaks kept per spectrum for the stick plot.
+    title : str
+    gzip_above : int
+        Store the data gzip-compressed once its JSON exceeds this many bytes (0: always; -1: never).
+    explain : bool
+        Annotate the top candidate's explained peaks when :mod:`molpredict.fragments` is available.
+    drawing_size : (int, int)
+        Width and height of the structure drawings (the page scales them).
+    """
+
+    top_k: int = 5
+    max_peaks: int = 200
+    title: str = "molpredict identification report"
+    gzip_above: int = 1 << 20
+    explain: bool = True
+    drawing_size: tuple[int, int] = (240, 180)
+
+
+# -- structure drawings ---------------------------------------------------------------------------------------
+
+_NUMBER = re.compile(r"-?\d+\.\d+")
+_PATH = re.compile(r"<path(?: class='[^']*')? d='([^']*)' style='([^']*)'\s*/>")
+_TEXT = re.compile(r"<text x='([^']*)' y='([^']*)'(?: class='[^']*')? style='([^']*)'\s*>([^<]*)</text>")
+_ELLIPSE = re.compile(r"<ellipse [^>]*/>")
+
+
+def _style(style: str) -> dict[str, str]:
+    return dict(part.split(":", 1) for part in style.strip(";").split(";") if ":" in part)
+
+
+def _round(text: str) -> str:
+    def one(match: re.Match) -> str:
+        value = round(float(match.group(0)), 1)
+        return f"{value:.1f}".rstrip("0").rstrip(".") if value != int(value) else str(int(value))
+    return _NUMBER.sub(one, text)
+
+
+def compact_svg(svg: str) -> str:
+    """A smaller equivalent of an RDKit ``MolDraw2DSVG`` drawing.
+
+    Drops the XML prolog, the header comment, the background rectangle and the per-atom/bond classes; merges the
+    stroked (unfilled) paths of one colour and width into a single path; moves the shared text style to the root;
+    rounds coordinates to 0.1 px. The result is a standalone ``<svg>`` element with a ``viewBox`` and no fixed
+    size (the page scales it) and no ``xmlns`` (an ``<svg>`` inside HTML needs none, and the page then names no
+    URL at all). Elements it does not recognise are kept as they are.
+    """
+    head = re.search(r"<svg[^>]*viewBox='([^']*)'[^>]*>", svg)
+    if head is None:
+        return svg
+    body = svg[head.end():]
+    body = re.sub(r"<!--.*?-->", "", body, flags=re.S)
+    body = re.sub(r"<rect [^>]*/>", "", body, count=1)   # the background
+    body = body.replace("</svg>", "")
+    strokes: dict[tuple[str, str], list[str]] = {}
+    others: list[str] = []
+
+    def path(match: re.Match) -> str:
+        d, style = match.group(1), _style(match.group(2))
+        if style.get("fill", "none") == "none":
+            key = (style.get("stroke", "#000000"), style.get("stroke-width", "1px").removesuffix("px"))
+            strokes.setdefault(key, []).append(_round(d).replace(" L ", "L").replace("M ", "M").replace(",", " "))
+        else:
+            fill = style.get("fill", "#000000")
+            stroke = style.get("stroke", "none")
+            others.append(f"<path d='{_round(d)}' fill='{fill}' stroke='{stroke}'/>")
+        return ""
+
+    def text(match: re.Match) -> str:
+        x, y, style, content = match.groups()
+        s = _style(style)
+        attrs = f"x='{_round(x)}' y='{_round(y)}'"
+        if s.get("fill", "#000000") != "#000000":
+            attrs += f" fill='{s['fill']}'"
+        if s.get("text-anchor", "start") != "start":
+            attrs += f" text-anchor='{s['text-anchor']}'"
+        size = s.get("font-size", "").removesuffix("px")
+        if size:
+            attrs += f" font-size='{_round(size)}'"
+        others.append(f"<text {attrs}>{content}</text>")
+        return ""
+
+    rest = _TEXT.sub(text, _PATH.sub(path, body))
+    rest = _ELLIPSE.sub(lambda m: others.append(_round(m.group(0))) or "", rest)
+    leftover = rest.strip()
+    parts = [f"<path d='{' '.join(ds)}' stroke='{colour}' stroke-width='{width}'/>"
+             for (colour, width), ds in strokes.items()]
+    return (f"<svg viewBox='{head.group(1)}' fill='none' "
+            f"stroke-linecap='round' font-family='sans-serif'><g>{''.join(parts)}</g>"
+            f"<g stroke='none' fill='#000000'>{''.join(others)}</g>{leftover}</svg>")
+
+
+def draw_molecule_svg(smiles: str, size: tuple[int, int] = (240, 180)) -> str:
+    """The RDKit 2D drawing of ``smiles`` as a compact SVG (:func:`compact_svg`); a placeholder when RDKit
+    cannot parse the SMILES."""
+    from rdkit import Chem, RDLogger
+    from rdkit.Chem.Draw import rdMolDraw2D
+
+    width, height = size
+    RDLogger.DisableLog("rdApp.*")
+    try:
+        mol = Chem.MolFromSmiles(smiles) if smiles else None
+    finally:
+        RDLogger.EnableLog("rdApp.*")
+    if mol is None:
+        return (f"<svg viewBox='0 0 {width} {height}'><text x='50%' y='50%' "
+                f"text-anchor='middle' font-family='sans-serif' font-size='14' fill='#888'>no drawing</text></svg>")
+    drawer = rdMolDraw2D.MolDraw2DSVG(width, height, -1, -1, True)  # True: <text> labels, not glyph paths
+    options = drawer.drawOptions()
+    options.clearBackground = False
+    options.bondLineWidth = 1.5
+    rdMolDraw2D.PrepareAndDrawMolecule(drawer, mol)
+    drawer.FinishDrawing()
+    return compact_svg(drawer.GetDrawingText())
+
+
+# -- data collection -----------------------------------------------------------------------------------------
+
+def _number(value: Any) -> float | None:
+    """A finite float rounded to 5 significant digits, else None (JSON null)."""
+    if value is None or value == "":
+        return None
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return None
+    if not math.isfinite(x):
+        return None
+    return float(f"{x:.5g}")
+
+
+def _text(value: Any) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return str(value)
+
+
+def _peaks(spectrum: Any, max_peaks: int) -> tuple[list[float], list[int]]:
+    """The ``max_peaks`` most intense peaks, by m/z: (m/z rounded to 1e-4, intensity relative to the highest
+    peak in 0..1000)."""
+    mz = np.asarray(spectrum.mz, dtype=np.float64)
+    intensity = np.asarray(spectrum.intensities, dtype=np.float64)
+    keep = np.isfinite(mz) & np.isfinite(intensity) & (intensity > 0)
+    mz, intensity = mz[keep], intensity[keep]
+    if mz.size == 0:
+        return [], []
+    if mz.size > max_peaks:
+        top = np.argsort(-intensity, kind="stable")[:max_peaks]
+        mz, intensity = mz[top], intensity[top]
+    order = np.argsort(mz, kind="stable")
+    rel = np.rint(1000.0 * intensity[order] / intensity.max()).astype(int)
+    return [round(float(x), 4) for x in mz[order]], [int(v) for v in rel]
+
+
+def _explained_peaks(spectrum: Any, smiles: str, adduct: str) -> list[list[Any]] | None:
+    """``[[m/z, relative intensity 0..1000, formula], ...]`` of the peaks the structure explains, or None when
+    fragment annotation is not available (no :mod:`molpredict.fragments`) or not possible for this query."""
+    try:
+        from .fragments import explain_peaks  # the accuracy work; optional
+    except ImportError:
+        return None
+    from .errors import MolpredictError
+    from .molecules import Molecule
+
+    try:
+        molecule = Molecule.from_smiles(smiles)
+        annotations = explain_peaks(spectrum, molecule, adduct or spectrum.adduct)
+    except MolpredictError:
+        return None
+    if not annotations:
+        return []
+    top = float(np.max(spectrum.intensities)) if len(spectrum.intensities) else 1.0
+    out = []
+    for a in annotations:
+        get = a.get if isinstance(a, dict) else (lambda key, _a=a: getattr(_a, key, None))
+        mz, intensity, formula = get("mz"), get("intensity"), get("formula")
+        if mz is None or not formula:
+            continue
+        rel = int(round(1000.0 * float(intensity) / top)) if intensity is not None and top > 0 else None
+        out.append([round(float(mz), 4), rel, str(formula)])
+    return out
+
+
+class Report:
+    """Collects an identification run for :meth:`write`.
+
+    Feed it spectra (:meth:`add_spectrum`, or wrap the spectra iterator with :meth:`watch`) and output rows
+    (:meth:`add_row`, in the order :meth:`Identifier.run` yields them, or a whole query with :meth:`add_query`);
+    a query's rows are matched to the first not-yet-matched spectrum with the same id. Add the skipped spectra
+    (:meth:`add_skipped`) and the run's parameters (:attr:`parameters`), then :meth:`write`.
+
+    Parameters
+    ----------
+    options : ReportOptions, optional
+    """
+
+    def __init__(self, options: ReportOptions | None = None) -> None:
+        self.options = options or ReportOptions()
+        self.parameters: dict[str, Any] = {}
+        self.queries: list[dict[str, Any]] = []
+        self.skipped: list[tuple[str, str, Any, str]] = []
+        self._molecules: dict[str, int] = {}
+        self._molecule_rows: list[list[Any]] = []
+        self._pending: dict[str, deque] = {}
+        self._group: list[dict[str, Any]] = []
+        self._extra_columns: list[str] = []
+        self.drawing_count = 0
+
+    # -- input -----------------------------------------------------------------------------------------------
+    def add_spectrum(self, spectrum: Any) -> None:
+        """Remember a spectrum until the rows of its query arrive."""
+        self._pending.setdefault(str(spectrum.id), deque()).append(spectrum)
+
+    def watch(self, spectra: Iterable[Any]) -> Iterator[Any]:
+        """Yield ``spectra`` unchanged, remembering each (:meth:`add_spectrum`)."""
+        for spectrum in spectra:
+            self.add_spectrum(spectrum)
+            yield spectrum
+
+    def add_row(self, row: dict[str, Any]) -> None:
+        """One output row; rows of one query are consecutive, rank 1 first."""
+        if self._group and (str(row.get("query_id")) != str(self._group[0].get("query_id"))
+                            or int(row.get("rank") or 0) <= int(self._group[-1].get("rank") or 0)):
+            self._flush()
+        self._group.append(row)
+
+    def add_rows(self, rows: Iterable[dict[str, Any]]) -> None:
+        for row in rows:
+            self.add_row(row)
+        self._flush()
+
+    def add_skipped(self, query_id: str, reason: str, file: str = "", record: Any = None) -> None:
+        self.skipped.append((_text(query_id), _text(file), record, _text(reason)))
+
+    def _flush(self) -> None:
+        if self._group:
+            rows, self._group = self._group, []
+            self.add_query(rows)
+
+    def _molecule(self, row: dict[str, Any]) -> int:
+        smiles = _text(row.get("smiles"))
+        index = self._molecules.get(smiles)
+        if index is None:
+            index = self._molecules[smiles] = len(self._molecule_rows)
+            self._molecule_rows.append([smiles, _text(row.get("inchikey")), _text(row.get("formula")),
+                                        _text(row.get("name")), draw_molecule_svg(smiles, self.options.drawing_size)])
+            self.drawing_count += 1
+        elif not self._molecule_rows[index][3] and row.get("name"):
+            self._molecule_rows[index][3] = _text(row.get("name"))
+        return index
+
+    def add_query(self, rows: Sequence[dict[str, Any]], spectrum: Any = None) -> None:
+        """One identified query: its output rows (rank order) and, when not given, the matching spectrum that
+        :meth:`add_spectrum` remembered."""
+        if not rows:
+            return
+        query_id = _text(rows[0].get("query_id"))
+        if spectrum is None:
+            waiting = self._pending.get(query_id)
+            if waiting:
+                spectrum = waiting.popleft()
+                if not waiting:
+                    del self._pending[query_id]
+        for column in CANDIDATE_EXTRA_COLUMNS:
+            if column not in self._extra_columns and any(_number(r.get(column)) is not None for r in rows):
+                self._extra_columns.append(column)
+        top_rows = list(rows[:self.options.top_k])
+        candidates = []
+        for row in top_rows:
+            extras = {c: _number(row.get(c)) for c in CANDIDATE_EXTRA_COLUMNS if _number(row.get(c)) is not None}
+            entry = [self._molecule(row), _number(row.get("score")), _number(row.get("confidence")),
+                     _text(row.get("adduct"))]
+            if extras:
+                entry.append(extras)
+            candidates.append(entry)
+        query: dict[str, Any] = {"id": query_id, "n": int(_number(rows[0].get("n_candidates")) or 0),
+                                 "c": candidates}
+        probability = _number(rows[0].get("probability"))
+        if probability is not None:
+            query["p"] = probability
+        for key in ("file", "record"):
+            if _text(rows[0].get(key)):
+                query[key] = _text(rows[0].get(key))
+        if spectrum is not None:
+            meta = getattr(spectrum, "metadata", {}) or {}
+            query["name"] = _text(meta.get("compound_name") or meta.get("name"))
+            precursor = spectrum.precursor_mz
+            query["mz"] = round(float(precursor), 4) if precursor and math.isfinite(precursor) else None
+            query["adduct"] = _text(spectrum.adduct)
+            query["mode"] = _text(spectrum.ion_mode)
+            query["pk"] = list(_peaks(spectrum, self.options.max_peaks))
+            true_key = _text(meta.get("inchikey"))[:14]
+            if true_key:
+                query["true"] = true_key
+                ranks = [int(_number(r.get("rank")) or i + 1) for i, r in enumerate(rows)
+                         if _text(r.get("inchikey"))[:14] == true_key]
+                query["tr"] = ranks[0] if ranks else None
+            if self.options.explain and top_rows:
+                explained = _explained_peaks(spectrum, _text(top_rows[0].get("smiles")),
+                                             _text(top_rows[0].get("adduct")))
+                if explained is not None:
+                    query["ex"] = explained
+        self.queries.append(query)
+
+    def finish(self) -> None:
+        """Flush the last query's rows (called by :meth:`data`)."""
+        self._flush()
+
+    @property
+    def unmatched_spectra(self) -> list[Any]:
+        """Spectra given to :meth:`add_spectrum` that no query's rows claimed (usually the skipped ones)."""
+        return [s for waiting in self._pending.values() for s in waiting]
+
+    # -- output ----------------------------------------------------------------------------------------------
+    def data(self) -> dict[str, Any]:
+        """The JSON document the page renders (see the module docstring)."""
+        self.finish()
+        return {"version": 1, "title": self.options.title, "top_k": self.options.top_k,
+                "extra": self._extra_columns,
+                "molecules": self._molecule_rows, "queries": self.queries,
+                "n_skipped": len(self.skipped)}
+
+    def html(self) -> str:
+        """The complete report page."""
+        data = json.dumps(self.data(), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        limit = self.options.gzip_above
+        if limit >= 0 and len(data.encode("utf-8")) > limit:
+            payload = base64.b64encode(gzip.compress(data.encode("utf-8"), compresslevel=9, mtime=0)).decode("ascii")
+            encoding = "gzip-base64"
+        else:
+            payload = data.replace("<", "\\u003c")   # no "</script>" or "<!--" inside the script element
+            encoding = "json"
+        template = resources.files("molpredict").joinpath("templates/report.html").read_text(encoding="utf-8")
+        parts = {"title": html.escape(self.options.title), "summary": self._summary_html(),
+                 "parameters": self._parameters_html(), "skipped": self._skipped_html(), "encoding": encoding,
+                 "data": payload}
+        # one pass, so that a placeholder-like text inside a part is never substituted
+        return re.sub(r"\{\{(\w+)\}\}", lambda m: parts[m.group(1)], template)
+
+    def write(self, path: str | Path) -> int:
+        """Write the page to ``path``; returns its size in bytes."""
+        text = self.html()
+        Path(path).write_text(text, encoding="utf-8")
+        return len(text.encode("utf-8"))
+
+    # -- static parts ------------------------------------------------------------------------------------------
+    def _summary_html(self) -> str:
+        n_identified = len(self.queries)
+        n_true = sum(1 for q in self.queries if "true" in q)
+        parts = [f"<b>{n_identified}</b> identified", f"<b>{len(self.skipped)}</b> skipped",
+                 f"<b>{len(self._molecule_rows)}</b> distinct structures drawn"]
+        if n_true:
+            first = sum(1 for q in self.queries if q.get("tr") == 1)
+            parts.append(f"true structure (from the spectra's INCHIKEY) ranked first for <b>{first}</b> of {n_true}")
+        return " &middot; ".join(parts)
+
+    def _parameters_html(self) -> str:
+        params = dict(self.parameters)
+        params.setdefault("created", _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC"))
+        params.setdefault("versions", versions())
+        rows = []
+        for key, value in params.items():
+            if isinstance(value, (dict, list)):
+                cell = f"<pre>{html.escape(json.dumps(value, indent=1, default=str))}</pre>"
+            else:
+                cell = html.escape(_text(value))
+            rows.append(f"<tr><th>{html.escape(str(key))}</th><td>{cell}</td></tr>")
+        return "<table class='params'>" + "".join(rows) + "</table>"
+
+    def _skipped_html(self) -> str:
+        if not self.skipped:
+            return "<p>No spectrum was skipped.</p>"
+        reasons = Counter(reason for *_, reason in self.skipped)
+        head = "<ul>" + "".join(f"<li>{n} &times; {html.escape(r)}</li>" for r, n in reasons.most_common()) + "</ul>"
+        rows = "".join(f"<tr><td>{html.escape(q)}</td><td>{html.escape(f)}</td>"
+                       f"<td>{'' if rec is None else html.escape(str(rec))}</td><td>{html.escape(reason)}</td></tr>"
+                       for q, f, rec, reason in self.skipped)
+        return (head + "<table class='skipped'><thead><tr><th>query</th><th>file</th><th>record</th><th>reason</th>"
+                "</tr></thead><tbody>" + rows + "</tbody></table>")
+
+
+def versions() -> dict[str, str]:
+    """molpredict, Python, numpy, RDKit and torch versions (for the parameters table)."""
+    from . import __version__
+
+    out = {"molpredict": __version__, "python": platform.python_version(), "numpy": np.__version__}
+    try:
+        import rdkit
+        out["rdkit"] = rdkit.__version__
+    except ImportError:  # pragma: no cover - rdkit is a dependency
+        pass
+    try:
+        import torch
+        out["torch"] = torch.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    return out
+
+
+# -- reading it back -------------------------------------------------------------------------------------------
+
+def decode_report_data(page: str) -> dict[str, Any]:
+    """The JSON document embedded in a report page (plain or gzip-base64), e.g. for tests and tools.
+
+    Raises
+    ------
+    ValueError
+        The page holds no report data element.
+    """
+    match = re.search(rf"<script type=\"application/json\" id=\"{_DATA_ELEMENT_ID}\" data-encoding=\"([a-z0-9-]+)\">"
+                      r"(.*?)</script>", page, flags=re.S)
+    if match is None:
+        raise ValueError("no report data in the page")
+    encoding, payload = match.group(1), match.group(2).strip()
+    if encoding == "gzip-base64":
+        return json.loads(gzip.decompress(base64.b64decode(payload)).decode("utf-8"))
+    return json.loads(payload)
+
+
+def read_result_rows(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The rows of a results file written by ``molpredict identify`` (.tsv, .csv or .json; format from the
+    extension, TSV otherwise), numeric columns as floats.
+
+    Raises
+    ------
+    InputError
+        Missing file, not a results table (no ``query_id`` column), or malformed JSON.
+    """
+    import csv
+
+    from .errors import InputError
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("no such file", path=str(path))
+    suffix = path.suffix.lower()
+
+    def convert(row: dict[str, Any], record: int) -> dict[str, Any]:
+        out = dict(row)
+        for column in _NUMERIC_COLUMNS & set(out):
+            value = out[column]
+            if value in (None, ""):
+                out[column] = None if column != "confidence" else float("nan")
+                continue
+            try:
+                out[column] = float(value)
+            except (TypeError, ValueError):
+                raise InputError(f"not a number: {value!r}", path=str(path), record=record, field=column) from None
+        return out
+
+    if suffix == ".json":
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise InputError(f"not JSON ({exc.msg}, line {exc.lineno})", path=str(path)) from None
+        if not isinstance(rows, list) or (rows and (not isinstance(rows[0], dict) or "query_id" not in rows[0])):
+            raise InputError("not a results array (objects with a query_id)", path=str(path))
+        for i, row in enumerate(rows, start=1):
+            yield convert(row, i)
+        return
+    with open(path, encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle, delimiter="," if suffix == ".csv" else "\t")
+        if not reader.fieldnames or "query_id" not in reader.fieldnames:
+            raise InputError("not a results table (no query_id column in the header)", path=str(path))
+        for i, row in enumerate(reader, start=2):
+            yield convert(row, i)
+
+
+# -- whole runs ------------------------------------------------------------------------------------------------
+
+def run_parameters(bundle: Any = None, library: str | None = None, n_library: int | None = None,
+                   options: Any = None, spectra: str | None = None, **extra: Any) -> dict[str, Any]:
+    """The parameters table of a run: the model (path, per ion mode its registry name and components), the
+    library, the candidate window (``by``, ``ppm``, ``top_k``, ``sources`` of an ``IdentifyOptions``), the
+    spectra file and anything in ``extra``."""
+    out: dict[str, Any] = {}
+    if spectra:
+        out["spectra"] = str(spectra)
+    if bundle is not None:
+        out["model"] = str(bundle.path) if getattr(bundle, "path", None) else "(in memory)"
+        for mode, sub in bundle.models.items():
+            meta = sub.metadata
+            out[f"model ({mode})"] = {k: meta.get(k) for k in ("model", "params", "created") if meta.get(k)}
+    if library:
+        out["library"] = str(library) + ("" if n_library is None else f" ({n_library} structures)")
+    if options is not None:
+        by = options.by or "formula when the query has one, else mass"
+        out["candidates"] = (f"by {by}" + (f"; mass window {options.ppm:g} ppm" if options.by != "formula" else "")
+                             + (f"; sources {', '.join(options.sources)}" if options.sources else "")
+                             + f"; top {options.top_k} rows per query")
+    out.update({k: v for k, v in extra.items() if v is not None})
+    return out
+
+
+def read_skipped(path: str | Path) -> list[tuple[str, str, str, str]]:
+    """The rows ``(query_id, file, record, reason)`` of a skipped-queries TSV (``identify --skipped``).
+
+    Raises
+    ------
+    InputError
+        Missing file or a header without ``reason``.
+    """
+    import csv
+
+    from .errors import InputError
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("no such file", path=str(path))
+    with open(path, encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle, delimiter="\t")
+        if not reader.fieldnames or "reason" not in reader.fieldnames:
+            raise InputError("not a skipped-queries table (no reason column in the header)", path=str(path))
+        return [(row.get("query_id") or "", row.get("file") or "", row.get("record") or "", row.get("reason") or "")
+                for row in reader]
+
+
+def build_report_from_files(results: str | Path, spectra: str | Path, output: str | Path, *,
+                            skipped_path: str | Path | None = None, top_k: int = 5, title: str | None = None,
+                            model_path: str | None = None, library: str | None = None) -> tuple[int, Report]:
+    """``molpredict report``: the page for a results file and the spectra file it was computed from.
+
+    Spectra are matched to the results by query id (the n-th query with an id to the n-th spectrum with that
+    id). Spectra without rows are listed as skipped, with the reason from ``skipped_path`` when it names them.
+
+    Returns
+    -------
+    (int, Report)
+        The page's size in bytes and the report.
+    """
+    from .spectra import SkipReport, read_spectra
+
+    options = ReportOptions(top_k=top_k)
+    if title:
+        options.title = title
+    report = Report(options)
+    unreadable = SkipReport()
+    for spectrum in read_spectra(spectra, report=unreadable):
+        report.add_spectrum(spectrum)
+    report.add_rows(read_result_rows(results))
+    known = read_skipped(skipped_path) if skipped_path else []
+    reasons: dict[str, deque] = {}
+    for query_id, file, record, reason in known:
+        report.add_skipped(query_id, reason, file, record or None)
+        if query_id:
+            reasons.setdefault(query_id, deque()).append(reason)
+    if not known:
+        for entry in unreadable:
+            report.add_skipped("", f"unreadable record: {entry.reason}", entry.path, entry.record)
+    for spectrum in report.unmatched_spectra:
+        waiting = reasons.get(str(spectrum.id))
+        if waiting:
+            waiting.popleft()   # listed with its reason already
+            continue
+        report.add_skipped(str(spectrum.id), f"no rows in {Path(results).name}")
+    bundle = None
+    if model_path:
+        from .modelfile import ModelBundle
+        bundle = ModelBundle.load(model_path)
+    report.parameters = run_parameters(bundle, library, spectra=str(spectra), results=str(results))
+    size = report.write(output)
+    return size, report

@@ -1,0 +1,103 @@
+"""User defaults (`molpredict config`): precedence, the stored file, and `identify` without --library / --model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from molpredict import config
+from molpredict.cli import cli
+from molpredict.errors import InputError
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A fresh user: MOLPREDICT_HOME in tmp_path, no config file, no environment defaults."""
+    monkeypatch.delenv("MOLPREDICT_CONFIG", raising=False)
+    monkeypatch.delenv("MOLPREDICT_LIBRARY", raising=False)
+    monkeypatch.delenv("MOLPREDICT_MODEL", raising=False)
+    monkeypatch.setenv("MOLPREDICT_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_precedence_and_file(home, tmp_path, monkeypatch):
+    assert config.config_path() == home / "config.json"
+    assert config.resolve("library") == (None, "unset")
+    assert config.resolve("model") == (str(home / "models" / "default"), "default")
+    lib = tmp_path / "lib.tsv"
+    lib.write_text("smiles\n")
+    (tmp_path / "m").mkdir()
+    config.set_value("library", str(lib))
+    config.set_value("model", str(tmp_path / "m"))
+    assert json.loads((home / "config.json").read_text()) == {"library": str(lib.resolve()),
+                                                             "model": str((tmp_path / "m").resolve())}
+    assert config.resolve("library") == (str(lib.resolve()), "config file")
+    monkeypatch.setenv("MOLPREDICT_LIBRARY", "/elsewhere.tsv")
+    assert config.resolve("library") == ("/elsewhere.tsv", "environment (MOLPREDICT_LIBRARY)")
+    monkeypatch.delenv("MOLPREDICT_LIBRARY")
+    config.unset_value("library")
+    assert config.default_library() is None and config.default_model() == str((tmp_path / "m").resolve())
+    # MOLPREDICT_CONFIG names the file itself
+    monkeypatch.setenv("MOLPREDICT_CONFIG", str(tmp_path / "other.json"))
+    assert config.read_config() == {} and config.resolve("model")[1] == "default"
+
+
+def test_bad_values_and_files(home, tmp_path):
+    with pytest.raises(InputError, match="no such file"):
+        config.set_value("library", str(tmp_path / "missing.tsv"))
+    with pytest.raises(InputError, match="no such directory"):
+        config.set_value("model", str(tmp_path / "missing"))
+    with pytest.raises(InputError, match="unknown setting 'colour'"):
+        config.set_value("colour", "blue")
+    home.mkdir()
+    (home / "config.json").write_text("{ not json")
+    with pytest.raises(InputError) as e:
+        config.read_config()
+    assert "config.json" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cli_config_and_identify_defaults(home, tmp_path, monkeypatch):
+    """`identify` without --library uses the configured library; a fresh user gets one line naming the command."""
+    from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra
+    from molpredict.candidates import CandidateLibrary
+    from molpredict.modelfile import ModelBundle, SubModel
+    from molpredict.spectra import CleaningPipeline, write_mgf
+    from molpredict.training import build_model
+
+    install_fake_model()
+    spectra, molecules = synthetic_spectra(n_per=2, seed=0)
+    model = build_model(FAKE_MODEL, {"lam": "0.01"}).fit(spectra, molecules)
+    sub = SubModel(model=model, ion_mode="positive", cleaning=CleaningPipeline().to_dict(), adducts=["[M+H]+"])
+    model_path = ModelBundle({"positive": sub}).save(tmp_path / "model")
+    lib = tmp_path / "library.tsv"
+    CandidateLibrary.from_smiles(SMILES).to_tsv(lib)
+    queries, _ = synthetic_spectra(n_per=1, seed=8)
+    mgf = tmp_path / "q.mgf"
+    write_mgf(queries, mgf)
+
+    runner = CliRunner()
+    result = runner.invoke(cli, ["identify", str(mgf), "--model", str(model_path)])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "molpredict config set library" in lines[0] and "--library" in lines[0]
+    result = runner.invoke(cli, ["config", "show"])
+    assert result.exit_code == 0 and "library: (not set" in result.stdout and "[default]" in result.stdout
+
+    result = runner.invoke(cli, ["config", "set", "library", str(lib)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(cli, ["config", "set", "model", str(model_path)])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(runner.invoke(cli, ["config", "show", "--json"]).stdout)
+    assert shown["library"] == {**shown["library"], "value": str(lib.resolve()), "origin": "config file"}
+    assert shown["config_file"] == str(home / "config.json")
+    result = runner.invoke(cli, ["identify", str(mgf), "-o", str(tmp_path / "hits.tsv")])
+    assert result.exit_code == 0, result.output
+    assert f"library {lib.resolve()}" in result.stderr and f"model {model_path.resolve()}" in result.stderr
+    assert f"{len(queries)} identified" in result.stderr
+    # the environment wins over the file
+    monkeypatch.setenv("MOLPREDICT_LIBRARY", str(tmp_path / "gone.tsv"))
+    result = runner.invoke(cli, ["identify", str(mgf)])
+    assert result.exit_code == 2 and "gone.tsv" in result.stderr
+    result = runner.invoke(cli, ["config", "set", "library", str(tmp_path / "gone.tsv")])
+    assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
