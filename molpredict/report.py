@@ -31,12 +31,11 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["ReportOptions", "Report", "draw_molecule_svg", "compact_svg", "read_result_rows", "decode_report_data",
-           "CANDIDATE_EXTRA_COLUMNS"]
+__all__ = ["ReportOptions", "Report", "draw_molecule_svg", "compact_svg", "decode_report_data", "run_parameters",
+           "build_report_from_files", "versions", "CANDIDATE_EXTRA_COLUMNS"]
 
 #: optional numeric output columns shown per candidate when the results have them
 CANDIDATE_EXTRA_COLUMNS = ("probability", "spectrum_score", "prior_score")
-_NUMERIC_COLUMNS = {"rank", "score", "confidence", "n_candidates", "record"} | set(CANDIDATE_EXTRA_COLUMNS)
 _DATA_ELEMENT_ID = "report-data"
 
 
@@ -467,55 +466,6 @@ def decode_report_data(page: str) -> dict[str, Any]:
     return json.loads(payload)
 
 
-def read_result_rows(path: str | Path) -> Iterator[dict[str, Any]]:
-    """The rows of a results file written by ``molpredict identify`` (.tsv, .csv or .json; format from the
-    extension, TSV otherwise), numeric columns as floats.
-
-    Raises
-    ------
-    InputError
-        Missing file, not a results table (no ``query_id`` column), or malformed JSON.
-    """
-    import csv
-
-    from .errors import InputError
-
-    path = Path(path)
-    if not path.is_file():
-        raise InputError("no such file", path=str(path))
-    suffix = path.suffix.lower()
-
-    def convert(row: dict[str, Any], record: int) -> dict[str, Any]:
-        out = dict(row)
-        for column in _NUMERIC_COLUMNS & set(out):
-            value = out[column]
-            if value in (None, ""):
-                out[column] = None if column != "confidence" else float("nan")
-                continue
-            try:
-                out[column] = float(value)
-            except (TypeError, ValueError):
-                raise InputError(f"not a number: {value!r}", path=str(path), record=record, field=column) from None
-        return out
-
-    if suffix == ".json":
-        try:
-            rows = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise InputError(f"not JSON ({exc.msg}, line {exc.lineno})", path=str(path)) from None
-        if not isinstance(rows, list) or (rows and (not isinstance(rows[0], dict) or "query_id" not in rows[0])):
-            raise InputError("not a results array (objects with a query_id)", path=str(path))
-        for i, row in enumerate(rows, start=1):
-            yield convert(row, i)
-        return
-    with open(path, encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle, delimiter="," if suffix == ".csv" else "\t")
-        if not reader.fieldnames or "query_id" not in reader.fieldnames:
-            raise InputError("not a results table (no query_id column in the header)", path=str(path))
-        for i, row in enumerate(reader, start=2):
-            yield convert(row, i)
-
-
 # -- whole runs ------------------------------------------------------------------------------------------------
 
 def run_parameters(bundle: Any = None, library: str | None = None, n_library: int | None = None,
@@ -542,29 +492,6 @@ def run_parameters(bundle: Any = None, library: str | None = None, n_library: in
     return out
 
 
-def read_skipped(path: str | Path) -> list[tuple[str, str, str, str]]:
-    """The rows ``(query_id, file, record, reason)`` of a skipped-queries TSV (``identify --skipped``).
-
-    Raises
-    ------
-    InputError
-        Missing file or a header without ``reason``.
-    """
-    import csv
-
-    from .errors import InputError
-
-    path = Path(path)
-    if not path.is_file():
-        raise InputError("no such file", path=str(path))
-    with open(path, encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle, delimiter="\t")
-        if not reader.fieldnames or "reason" not in reader.fieldnames:
-            raise InputError("not a skipped-queries table (no reason column in the header)", path=str(path))
-        return [(row.get("query_id") or "", row.get("file") or "", row.get("record") or "", row.get("reason") or "")
-                for row in reader]
-
-
 def build_report_from_files(results: str | Path, spectra: str | Path, output: str | Path, *,
                             skipped_path: str | Path | None = None, top_k: int = 5, title: str | None = None,
                             model_path: str | None = None, library: str | None = None) -> tuple[int, Report]:
@@ -578,6 +505,7 @@ def build_report_from_files(results: str | Path, spectra: str | Path, output: st
     (int, Report)
         The page's size in bytes and the report.
     """
+    from .io.results import read_result_rows, read_skipped
     from .spectra import SkipReport, read_spectra
 
     options = ReportOptions(top_k=top_k)

@@ -19,10 +19,9 @@ from lxml import etree
 from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra
 from molpredict.candidates import CandidateLibrary
 from molpredict.cli import cli
-from molpredict.identify import Identifier, IdentifyOptions, LibrarySource, ResultWriter
+from molpredict.io.results import ResultWriter, read_result_rows
 from molpredict.modelfile import ModelBundle, SubModel
-from molpredict.report import (Report, ReportOptions, compact_svg, decode_report_data, draw_molecule_svg,
-                               read_result_rows)
+from molpredict.report import Report, ReportOptions, compact_svg, decode_report_data, draw_molecule_svg
 from molpredict.spectra import CleaningPipeline, Spectrum, write_mgf
 from molpredict.training import build_model
 

@@ -1,4 +1,5 @@
-"""Identification result files: the output columns, the TSV / CSV / JSON row writer and the skipped-queries report."""
+"""Identification result files: the output columns, the TSV / CSV / JSON row writer and reader, and the skipped-queries
+report (written and read)."""
 from __future__ import annotations
 
 import csv
@@ -6,11 +7,16 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import IO, Any, Sequence
+from typing import IO, Any, Iterator, Sequence
 
 from ..errors import InputError
 
-__all__ = ["OUTPUT_COLUMNS", "OUTPUT_FORMATS", "output_format", "ResultWriter", "write_skipped"]
+__all__ = ["OUTPUT_COLUMNS", "OUTPUT_FORMATS", "output_format", "ResultWriter", "write_skipped", "read_result_rows",
+           "read_skipped"]
+
+#: columns read back as numbers (the optional ones only when a results file has them)
+_NUMERIC_COLUMNS = {"rank", "score", "confidence", "n_candidates", "record", "probability", "spectrum_score",
+                    "prior_score"}
 
 OUTPUT_COLUMNS = ("query_id", "rank", "score", "confidence", "smiles", "inchikey", "formula", "adduct", "name", "id",
                   "n_candidates")
@@ -90,3 +96,67 @@ def write_skipped(skipped: Sequence[Any], path: str | os.PathLike) -> None:
         for s in skipped:
             handle.write(f"{_cell(s.query_id)}\t{_cell(s.file)}\t{'' if s.record is None else s.record}\t"
                          f"{_cell(s.reason)}\n")
+
+
+def read_result_rows(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """The rows of a results file written by ``molpredict identify`` (.tsv, .csv or .json; format from the
+    extension, TSV otherwise), numeric columns as floats.
+
+    Raises
+    ------
+    InputError
+        Missing file, not a results table (no ``query_id`` column), or malformed JSON.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("no such file", path=str(path))
+    suffix = path.suffix.lower()
+
+    def convert(row: dict[str, Any], record: int) -> dict[str, Any]:
+        out = dict(row)
+        for column in _NUMERIC_COLUMNS & set(out):
+            value = out[column]
+            if value in (None, ""):
+                out[column] = None if column != "confidence" else float("nan")
+                continue
+            try:
+                out[column] = float(value)
+            except (TypeError, ValueError):
+                raise InputError(f"not a number: {value!r}", path=str(path), record=record, field=column) from None
+        return out
+
+    if suffix == ".json":
+        try:
+            rows = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise InputError(f"not JSON ({exc.msg}, line {exc.lineno})", path=str(path)) from None
+        if not isinstance(rows, list) or (rows and (not isinstance(rows[0], dict) or "query_id" not in rows[0])):
+            raise InputError("not a results array (objects with a query_id)", path=str(path))
+        for i, row in enumerate(rows, start=1):
+            yield convert(row, i)
+        return
+    with open(path, encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle, delimiter="," if suffix == ".csv" else "\t")
+        if not reader.fieldnames or "query_id" not in reader.fieldnames:
+            raise InputError("not a results table (no query_id column in the header)", path=str(path))
+        for i, row in enumerate(reader, start=2):
+            yield convert(row, i)
+
+
+def read_skipped(path: str | os.PathLike) -> list[tuple[str, str, str, str]]:
+    """The rows ``(query_id, file, record, reason)`` of a skipped-queries TSV (``identify --skipped``).
+
+    Raises
+    ------
+    InputError
+        Missing file or a header without ``reason``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("no such file", path=str(path))
+    with open(path, encoding="utf-8", newline="") as handle:
+        reader = csv.DictReader(handle, delimiter="\t")
+        if not reader.fieldnames or "reason" not in reader.fieldnames:
+            raise InputError("not a skipped-queries table (no reason column in the header)", path=str(path))
+        return [(row.get("query_id") or "", row.get("file") or "", row.get("record") or "", row.get("reason") or "")
+                for row in reader]
