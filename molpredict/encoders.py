@@ -28,7 +28,8 @@ from torch import nn
 
 from .component import Component
 from .errors import ModelFileError, SpecError
-from .features import LandmarkFeatures, bin_spectra
+from .features import bin_spectra
+from .nystrom import Nystrom
 
 __all__ = ["Encoder", "KernelMLPEncoder", "MLPEncoder", "TransformerEncoder", "TextEmbeddingEncoder",
            "mlp_layers"]
@@ -52,6 +53,14 @@ def mlp_layers(d_in: int, hidden: int, layers: int, dropout: float, out_dim: int
     nn.init.zeros_(final.bias)
     blocks.append(final)
     return nn.Sequential(*blocks)
+
+
+def landmark_features(kernel: Any, n_landmarks: int, whiten: bool, seed: int, inputs: Sequence[Any]) -> Nystrom:
+    """Input-kernel features against ``n_landmarks`` training inputs drawn uniformly (the ``subsample`` sketch)
+    with ``seed``: the kernel's Nystrom features when ``whiten``, else the raw values k(x, landmarks). The
+    kernel is fitted on the landmarks only (what the features are computed with, in training and after)."""
+    return Nystrom(str(kernel), f"subsample:m={int(n_landmarks)}", seed=int(seed), whiten=whiten,
+                   fit_kernel_on="landmarks").fit(inputs)
 
 
 class Encoder(Component, ABC):
@@ -129,14 +138,13 @@ class KernelMLPEncoder(Encoder):
         return get_registry().input_type("input_kernel", self.input_kernel) or "spectrum"
 
     def fit(self, inputs: Sequence[Any], device: torch.device | None = None) -> "KernelMLPEncoder":
-        self.features_ = LandmarkFeatures(str(self.input_kernel), int(self.n_landmarks), bool(self.whiten),
-                                          seed=int(self.seed)).fit(inputs)
+        self.features_ = landmark_features(self.input_kernel, self.n_landmarks, bool(self.whiten), self.seed, inputs)
         self.fitted_ = True
         return self
 
     def featurize(self, inputs: Sequence[Any]) -> np.ndarray:
-        """Dense features, shape (n, features_.dim_), float32."""
-        return self.features_.transform(inputs)
+        """Dense features, shape (n, features_.dim_), float32 (kernel values in float64 first)."""
+        return np.asarray(self.features_.transform(inputs), dtype=np.float32)
 
     def to_tensor(self, features: np.ndarray, device: torch.device) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(features, dtype=np.float32)).to(device)
@@ -145,13 +153,13 @@ class KernelMLPEncoder(Encoder):
         return mlp_layers(self.features_.dim_, int(self.hidden), int(self.layers), float(self.dropout), out_dim)
 
     def get_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        arrays, meta = self.features_.get_state("encoder.landmarks")
+        arrays, meta = self.features_.get_state("encoder")
         return arrays, {"kernel_features": meta}
 
     def set_state(self, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> "KernelMLPEncoder":
         if "kernel_features" not in metadata:
             raise ModelFileError("kernel-mlp encoder state lacks its landmark features")
-        self.features_ = LandmarkFeatures.from_state(arrays, metadata["kernel_features"], "encoder.landmarks")
+        self.features_ = Nystrom.from_state(arrays, metadata["kernel_features"], "encoder")
         self.fitted_ = True
         return self
 
@@ -198,8 +206,7 @@ class MLPEncoder(Encoder):
         inputs = list(inputs)
         self.kernel_features_ = None
         if self.input_kernel:
-            self.kernel_features_ = LandmarkFeatures(str(self.input_kernel), int(self.n_landmarks),
-                                                     whiten=False, seed=int(self.seed)).fit(inputs)
+            self.kernel_features_ = landmark_features(self.input_kernel, self.n_landmarks, False, self.seed, inputs)
         self.n_features_ = self._binned([]).shape[1] + (self.kernel_features_.dim_ if self.kernel_features_ else 0)
         self.fitted_ = True
         return self
@@ -214,7 +221,8 @@ class MLPEncoder(Encoder):
         binned = self._binned(inputs)
         if self.kernel_features_ is None:
             return binned
-        return sp.hstack([binned, sp.csr_matrix(self.kernel_features_.transform(inputs))], format="csr")
+        kernel_values = np.asarray(self.kernel_features_.transform(inputs), dtype=np.float32)
+        return sp.hstack([binned, sp.csr_matrix(kernel_values)], format="csr")
 
     def to_tensor(self, features: sp.csr_matrix, device: torch.device) -> torch.Tensor:
         return torch.from_numpy(np.asarray(features.toarray(), dtype=np.float32)).to(device)
@@ -226,15 +234,16 @@ class MLPEncoder(Encoder):
         meta: dict[str, Any] = {"n_features": int(self.n_features_)}
         arrays: dict[str, np.ndarray] = {}
         if self.kernel_features_ is not None:
-            arrays, meta["kernel_features"] = self.kernel_features_.get_state("encoder.landmarks")
+            arrays, meta["kernel_features"] = self.kernel_features_.get_state("encoder")
         return arrays, meta
 
     def set_state(self, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> "MLPEncoder":
         self.kernel_features_ = None
-        # model files written before LandmarkFeatures kept "landmarks" and "kernel" at the top level
+        # older model files kept "landmarks" and "kernel" at the top level
         meta = metadata.get("kernel_features", metadata if "kernel" in metadata else None)
         if meta is not None:
-            self.kernel_features_ = LandmarkFeatures.from_state(arrays, meta, "encoder.landmarks")
+            self.kernel_features_ = Nystrom.from_state(arrays, dict(meta, whiten=meta.get("whiten", False)),
+                                                       "encoder")
         self.n_features_ = int(metadata["n_features"])
         self.fitted_ = True
         return self

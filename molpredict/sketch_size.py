@@ -27,7 +27,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import SpecError
-from .models.basis import SketchedOutputBasis, _create, distinct_objects, eigh_truncated
+from .models.basis import SketchedOutputBasis, distinct_objects
+from .nystrom import Nystrom, create_component
 from .models.dsokr import CandidateSets, candidate_sets, coordinate_metrics
 from .specs import ComponentSpec, nested_spec, parse_spec
 
@@ -85,7 +86,7 @@ def perfect_h_curve(train: Sequence[Any], truths: Sequence[Any], grid: Sequence[
         if not sizes or sizes[-1][1] != used:
             sizes.append((m, used))
     sets: CandidateSets = candidate_sets(list(truths), candidates)
-    kernel = _create("output_kernel", nested_spec(output_kernel))
+    kernel = create_component("output_kernel", output_kernel)
     rows = []
     features: dict[str, Any] = {}
     for m, used in sizes:
@@ -134,12 +135,10 @@ def effective_dimension(train: Sequence[Any], output_kernel: str = "gaussian-tan
     """
     distinct = distinct_objects(list(train))[0]
     n = len(distinct)
-    kernel = _create("output_kernel", nested_spec(output_kernel)).fit(distinct)
-    k = min(n, int(n_landmarks))
-    landmarks = np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
-    rows_k = kernel.gram(landmarks)                                         # (k, n)
-    values, vectors = eigh_truncated(rows_k[:, landmarks])
-    features = rows_k.T @ (vectors / np.sqrt(values))                       # (n, r): K ~= F F^T
+    nystrom = Nystrom(output_kernel, f"subsample:m={int(n_landmarks)}", seed=seed,
+                      kernel_kind="output_kernel").fit(distinct)
+    k = len(nystrom.landmarks_)
+    features = nystrom.train_features_.T.cpu().numpy()                     # (n, r): K ~= F F^T
     spectrum = np.clip(np.linalg.eigvalsh(features.T @ features), 0.0, None)
     out = []
     for lam in lams:

@@ -51,7 +51,6 @@ __all__ = [
     "make_sketch",
     "bernoulli_positions",
     "leverage_scores",
-    "pinv_factor",
 ]
 
 #: bytes of kernel rows held at once by :meth:`Sketch.sketch_rows` / :meth:`Sketch.sketch_gram`
@@ -94,28 +93,6 @@ def bernoulli_positions(size: int, p: float, rng: np.random.Generator) -> np.nda
     return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
 
-def pinv_factor(matrix: np.ndarray, rtol: float = 1e-10) -> tuple[np.ndarray, np.ndarray]:
-    """Eigenpairs of a symmetric PSD matrix above a relative cut-off: ``M^+ = V diag(1/s) V^T``.
-
-    Parameters
-    ----------
-    matrix : ndarray of shape (k, k), symmetric
-    rtol : float
-        Eigenvalues below ``rtol * max eigenvalue`` (and all non-positive ones) are dropped.
-
-    Returns
-    -------
-    s : ndarray of shape (r,)
-        The kept eigenvalues, descending.
-    V : ndarray of shape (k, r)
-        Their orthonormal eigenvectors.
-    """
-    s, V = np.linalg.eigh((matrix + matrix.T) / 2.0)
-    top = s[-1] if s.size else 0.0
-    keep = s > max(rtol * top, 0.0) if top > 0 else np.zeros(s.shape, dtype=bool)
-    return s[keep][::-1].copy(), V[:, keep][:, ::-1].copy()
-
-
 def leverage_scores(kernel: Kernel, lam: float, n_landmarks: int, rng: np.random.Generator) -> np.ndarray:
     """Approximate ridge leverage scores l_i = [K (K + n lam I)^-1]_ii (Alaoui & Mahoney, 2015).
 
@@ -139,7 +116,8 @@ def leverage_scores(kernel: Kernel, lam: float, n_landmarks: int, rng: np.random
     k = min(n, max(1, int(n_landmarks)))
     landmarks = np.sort(rng.choice(n, size=k, replace=False))
     K_ln = kernel.gram(landmarks)  # (k, n)
-    s, V = pinv_factor(K_ln[:, landmarks])
+    from .nystrom import truncated_eigh
+    s, V = truncated_eigh(K_ln[:, landmarks])
     features = K_ln.T @ (V / np.sqrt(s))  # (n, r): K ~= features @ features.T
     gram = features.T @ features
     gram[np.diag_indices_from(gram)] += n * lam

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from molpredict.device import resolve_device, resolve_dtype
-from molpredict.errors import ResourceError, SpecError
+from molpredict.errors import ModelFileError, ResourceError, SpecError
 from molpredict.hookspecs import hookimpl
 from molpredict.kernels.base import InputKernel, OutputKernel
 from molpredict.component import frozen_spec
@@ -364,8 +364,19 @@ def test_save_and_reload_scores_identically_with_resolved_gamma(data):
     assert reloaded.coordinates_key() == model.coordinates_key()
     assert reloaded.output_kernel_.gamma_ == model.output_kernel_.gamma_
     arrays, metadata = model.get_state()
-    assert {"W", "input_landmarks", "output_landmarks", "output_A_data"} <= set(arrays)
+    assert {"W", "input_landmarks.vectors", "output_landmarks.vectors", "output_A_data"} <= set(arrays)
     assert metadata["output"]["sketch"].startswith("p-sparsified-rademacher")
+    # a file of state version 1 (landmark arrays "prefix" / "prefix_*", "values" for text) still loads
+    legacy_arrays = {k.replace(".vectors", ""): v for k, v in arrays.items()}
+    legacy = json.loads(json.dumps(metadata))
+    legacy["version"] = 1
+    for side in ("input", "output"):
+        legacy[side]["landmarks"] = {"type": "array"}
+    old = SISOKR.from_state(legacy_arrays, legacy)
+    assert np.array_equal(old.score(list(Xte), list(C)), model.score(list(Xte), list(C)))
+    legacy["version"] = 3
+    with pytest.raises(ModelFileError, match="version 3"):
+        SISOKR.from_state(legacy_arrays, legacy)
 
 
 def test_iokr_state_round_trip(data):
@@ -397,7 +408,13 @@ def test_round_trip_with_spectra_and_molecules():
     assert np.array_equal(reloaded.score(spectra[:7], candidates), model.score(spectra[:7], candidates))
     arrays, metadata = model.get_state()
     assert len(metadata["output"]["landmarks"]["smiles"]) == 5
-    assert "input_landmarks_mz" in arrays and "input_landmarks_offsets" in arrays
+    assert "input_landmarks.mz" in arrays and "input_landmarks.offsets" in arrays
+    # version 1 wrote the spectra arrays as "input_landmarks_*"
+    legacy = json.loads(json.dumps(metadata))
+    legacy["version"] = 1
+    old = SISOKR.from_state({k.replace("input_landmarks.", "input_landmarks_"): v for k, v in arrays.items()},
+                            legacy)
+    assert np.array_equal(old.score(spectra[:7], candidates), model.score(spectra[:7], candidates))
 
 
 def test_coordinates_key_depends_on_the_output_side_only(data):

@@ -48,7 +48,7 @@ def test_square_loss_matches_closed_form_sisokr(registry, init, optimizer):
     x, y = synthetic_pairs(150, 0)
     xt, yt = synthetic_pairs(30, 1)
     model = _model(loss="square", init=init, optimizer=optimizer, max_iter=500, tol=1e-12).fit(x, y)
-    rx, ry = model.input_basis_.sketch_.matrix(), model.output_basis_.sketch_.matrix()
+    rx, ry = model.input_features_.sketch_.matrix(), model.output_basis_.sketch_.matrix()
     expected = _naive_sisokr_scores(x, y, xt, yt, rx, ry, 1e-3)
     tolerance = 1e-8 if init == "closed-form" else 1e-4
     np.testing.assert_allclose(model.score(xt, yt), expected, atol=tolerance * np.abs(expected).max())

@@ -141,25 +141,52 @@ def test_mlp_encoder_reads_the_earlier_landmark_state_layout():
     np.testing.assert_array_equal(again.featurize(spectra[:4]).toarray(), encoder.featurize(spectra[:4]).toarray())
 
 
-def test_landmark_features_whitened_against_a_naive_nystrom_map():
+@pytest.mark.parametrize("fit_kernel_on", ["landmarks", "all"])
+def test_nystrom_features_against_a_naive_nystrom_map(fit_kernel_on):
     """Whitened features f(x) = K_LL^{-1/2} k(x, L): f(x).f(z) = k(x, L) K_LL^+ k(L, z) (computed with pinv), and on
-    the landmarks themselves the inner products give back K_LL."""
-    from molpredict.features import LandmarkFeatures
+    the landmarks themselves the inner products give back K_LL; the landmarks are the registered ``subsample``
+    sketch's draw; the training features of a fit on all objects equal ``transform`` of them."""
+    from molpredict.encoders import landmark_features
     from molpredict.kernels.spectra import CosineKernel
+    from molpredict.nystrom import Nystrom
+    from molpredict.sketches import make_sketch
     spectra = _spectra(40, 4)
-    features = LandmarkFeatures("cosine", n_landmarks=12, whiten=True, seed=2).fit(spectra)
-    assert len(features.landmarks_) == 12 and features.input_type == "spectrum"
+    features = Nystrom("cosine", "subsample:m=12", seed=2, fit_kernel_on=fit_kernel_on).fit(spectra)
+    assert len(features.landmarks_) == 12
+    np.testing.assert_array_equal(features.landmark_index_, make_sketch("subsample:m=12", seed=2).fit(40).used_)
     kernel = CosineKernel().fit(features.landmarks_)
     k_xl, k_ll = kernel.transform(spectra), kernel.transform(features.landmarks_)
     f = features.transform(spectra)
-    assert f.shape == (40, features.dim_) and f.dtype == np.float32
+    assert f.shape == (40, features.dim_) and f.dtype == np.float64
     np.testing.assert_allclose(f @ f.T, k_xl @ np.linalg.pinv(k_ll, rcond=1e-10, hermitian=True) @ k_xl.T,
-                               atol=1e-5)
+                               atol=1e-8)
     g = features.transform(features.landmarks_)
-    np.testing.assert_allclose(g @ g.T, k_ll, atol=1e-5)
-    raw = LandmarkFeatures("cosine", n_landmarks=12, seed=2).fit(spectra)
-    np.testing.assert_allclose(raw.transform(spectra), k_xl, atol=1e-6)  # unwhitened: the kernel values
-    assert LandmarkFeatures("cosine", n_landmarks=100).fit(spectra[:9]).dim_ == 9  # all inputs when fewer
+    np.testing.assert_allclose(g @ g.T, k_ll, atol=1e-8)
+    if fit_kernel_on == "all":
+        np.testing.assert_allclose(features.train_features_.T.numpy(), f, atol=1e-10)
+    else:
+        assert features.train_features_ is None
+    raw = landmark_features("cosine", 12, False, 2, spectra)
+    np.testing.assert_allclose(raw.transform(spectra), k_xl, atol=1e-12)  # unwhitened: the kernel values
+    assert landmark_features("cosine", 100, True, 0, spectra[:9]).dim_ <= 9  # all inputs when fewer
+    assert len(landmark_features("cosine", 100, True, 0, spectra[:9]).landmarks_) == 9
+    again = Nystrom.from_state(*features.get_state("x"), "x")
+    np.testing.assert_array_equal(again.transform(spectra[:5]), features.transform(spectra[:5]))
+
+
+def test_kernel_mlp_reads_the_landmark_features_saved_before_the_nystrom_component():
+    """kernel-mlp files saved with the former LandmarkFeatures state (landmarks, kernel, whiten, no projection)
+    load, the whitening recomputed from the landmarks: the same feature map."""
+    from molpredict.encoders import KernelMLPEncoder
+    spectra = _spectra(30, 5)
+    encoder = KernelMLPEncoder("cosine", n_landmarks=10, whiten=True, layers=0).fit(spectra)
+    arrays, meta = encoder.get_state()
+    former = {"kernel_features": {k: meta["kernel_features"][k] for k in ("landmarks", "kernel", "whiten")}}
+    former["kernel_features"]["rel_cutoff"] = 1e-10
+    former_arrays = {k: v for k, v in arrays.items() if k.startswith("encoder.landmarks.")}
+    again = KernelMLPEncoder("cosine", n_landmarks=10, whiten=True, layers=0).set_state(former_arrays, former)
+    f, g = encoder.featurize(spectra), again.featurize(spectra)
+    np.testing.assert_allclose(g @ g.T, f @ f.T, atol=1e-5)
 
 
 def test_kernel_mlp_encoder_takes_its_kernels_input_and_dsokr_round_trips():

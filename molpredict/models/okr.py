@@ -72,6 +72,7 @@ from ..component import frozen_spec
 from ..device import resolve_device, resolve_dtype
 from ..errors import ModelFileError, MolpredictError, ResourceError, SpecError
 from ..registry import create, get_registry
+from ..nystrom import Nystrom, lapack_threads, objects_from_state, objects_to_state
 from ..sketches import Sketch, make_sketch
 from ..specs import ComponentSpec, Grid, parse_spec, parse_values
 from .base import Model
@@ -80,7 +81,9 @@ from .distinct import distinct_positions
 __all__ = ["IOKR", "SIOKR", "ISOKR", "SISOKR"]
 
 STATE_FORMAT = "molpredict.okr"
-STATE_VERSION = 1
+#: 2: landmarks written by molpredict.nystrom.objects_to_state (arrays ``prefix.*``); 1 (``prefix_*``) still reads
+STATE_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 #: The defaults (the constructors' and so ``molpredict train``'s), chosen on the shared MassBank data (train_pos,
 #: selection and scoring on val_pos with the val_formula256 candidate sets; hit@1 of the variants, all SISOKR
 #: with lam chosen by validation kernel loss): ppk / m_y=1000: 19.9%; ppk / m_y=2000: 25.7%; ppk, no output
@@ -145,55 +148,6 @@ def split_by_structure(molecules: Sequence[Any], fraction: float, seed: int) -> 
     return np.flatnonzero(~mask).astype(np.int64), np.flatnonzero(mask).astype(np.int64)
 
 
-#: below this order a CPU eigendecomposition runs on one thread (see _lapack_threads)
-_SERIAL_EIGH_MAX = 4096
-
-
-@contextlib.contextmanager
-def _lapack_threads(matrix: torch.Tensor):
-    """Run a CPU eigensolver of order <= _SERIAL_EIGH_MAX on one thread.
-
-    The multi-threaded tridiagonal eigensolver synchronises its threads many times; below a few thousand rows it
-    gains little, and when the cores are shared it becomes 5 to 50 times slower than one thread (measured on
-    2 shared cores: order 2000 took 21 s on 2 threads, 4 s on 1).
-    """
-    if matrix.device.type != "cpu" or matrix.shape[0] > _SERIAL_EIGH_MAX or torch.get_num_threads() == 1:
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def eigh_pinv(matrix: torch.Tensor, rtol: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Eigenpairs of a symmetric PSD matrix above a relative cut-off, in float64.
-
-    Only the lower triangle is read (no symmetrised copy of a large matrix is made).
-
-    Parameters
-    ----------
-    matrix : Tensor of shape (k, k)
-    rtol : float
-        Eigenvalues ``<= rtol * largest`` are dropped.
-
-    Returns
-    -------
-    s : Tensor of shape (r,), float64, ascending
-    V : Tensor of shape (k, r), float64 (a view of the full eigenvector matrix)
-    """
-    with _lapack_threads(matrix):
-        s, V = torch.linalg.eigh(matrix.to(torch.float64))
-    top = float(s[-1]) if s.numel() else 0.0
-    if not top > 0:
-        raise MolpredictError("a sketched kernel matrix is zero (no direction to regress on): check the kernel "
-                              "and the sketch")
-    first = int(torch.searchsorted(s, torch.tensor(rtol * top, dtype=s.dtype, device=s.device), right=True))
-    return s[first:], V[:, first:]
-
-
 def gram_rows(Z: torch.Tensor) -> torch.Tensor:
     """Z Z^T for a wide Z (r x n); on the CPU through BLAS syrk (half the flops of a GEMM)."""
     if Z.device.type == "cpu" and Z.dtype in (torch.float64, torch.float32) and Z.shape[1] > 0:
@@ -236,43 +190,6 @@ def _sparse_from_arrays(arrays: dict[str, np.ndarray], prefix: str) -> sp.csr_ma
         raise ModelFileError(f"model state: sparse array {prefix!r} is missing or inconsistent ({exc})") from None
 
 
-def _objects_to_state(objects: list[Any], prefix: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Serialise landmark objects: spectra as flat arrays, molecules as SMILES, strings as JSON, vectors."""
-    from ..molecules import Molecule
-    from ..spectra import Spectrum
-    if objects and all(isinstance(o, Spectrum) for o in objects):
-        from ..io.arrays import spectra_to_arrays
-        arrays, meta = spectra_to_arrays(objects)
-        return {f"{prefix}_{k}": v for k, v in arrays.items()}, {"type": "spectrum", "spectra": meta}
-    if objects and all(isinstance(o, Molecule) for o in objects):
-        return {}, {"type": "molecule", "smiles": [o.smiles for o in objects]}
-    if all(isinstance(o, str) for o in objects):
-        return {}, {"type": "text", "values": list(objects)}
-    try:
-        stacked = np.asarray([np.asarray(o, dtype=np.float64) for o in objects], dtype=np.float64)
-    except (TypeError, ValueError):
-        raise MolpredictError(f"cannot save landmark objects of type {type(objects[0]).__name__}") from None
-    return {prefix: stacked}, {"type": "array"}
-
-
-def _objects_from_state(arrays: dict[str, np.ndarray], meta: dict[str, Any], prefix: str) -> list[Any]:
-    kind = meta.get("type")
-    if kind == "spectrum":
-        from ..io.arrays import spectra_from_arrays
-        sub = {k[len(prefix) + 1:]: v for k, v in arrays.items() if k.startswith(prefix + "_")}
-        return spectra_from_arrays(sub, meta["spectra"])
-    if kind == "molecule":
-        from ..molecules import Molecule
-        return [Molecule(s) for s in meta["smiles"]]
-    if kind == "text":
-        return list(meta["values"])
-    if kind == "array":
-        if prefix not in arrays:
-            raise ModelFileError(f"model state: array {prefix!r} is missing")
-        return list(np.asarray(arrays[prefix], dtype=np.float64))
-    raise ModelFileError(f"model state: unknown landmark type {kind!r} for {prefix}")
-
-
 # ----------------------------------------------------------------------------------------------------------
 # one side of the regression (inputs or distinct outputs), whitened
 # ----------------------------------------------------------------------------------------------------------
@@ -312,45 +229,28 @@ class _Profile:
         return _Clock()
 
 
-def _fit_kernel_and_sketch(kind: str, spec: Any, sketch_spec: Any, seed: int, objects: list[Any],
-                           profile: _Profile) -> tuple[str, Sketch, np.ndarray, list[Any], Any]:
-    """Fit the kernel and the sketch on ``objects``; return (resolved spec, sketch, R K, landmarks, landmark
-    kernel). The landmark kernel is rebuilt from the resolved spec on the landmarks only (what a reloaded
-    model does), so that fitting and prediction use identical kernels."""
+def _exact_side(kind: str, spec: Any, objects: list[Any], profile: _Profile) -> tuple[str, Any, np.ndarray, Sketch]:
+    """An un-sketched side: the kernel fitted on ``objects`` and its Gram matrix; returns (resolved spec, kernel,
+    K (n x n), the identity sketch). Every object is a landmark; the kernel rebuilt from the resolved spec on them
+    (what a reloaded model does) is this one."""
     side = kind.split("_")[0]
     with profile.stage(f"{side}_kernel_fit"):
         kernel = create(kind, spec).fit(objects)
-    sketch = make_sketch(sketch_spec, seed=seed)
-    with profile.stage(f"{side}_sketch_fit"):
-        sketch.fit(len(objects), kernel)
+    sketch = make_sketch(None).fit(len(objects))
     with profile.stage(f"{side}_sketch_rows"):
-        B = sketch.sketch_rows(kernel)  # (m, n)
-    resolved = str(frozen_spec(kernel))
-    del kernel
-    landmarks = [objects[i] for i in sketch.used_]
-    with profile.stage(f"{side}_landmark_kernel_fit"):
-        landmark_kernel = create(kind, resolved).fit(landmarks)
-    return resolved, sketch, B, landmarks, landmark_kernel
+        K = sketch.sketch_rows(kernel)  # (n, n)
+    return str(frozen_spec(kernel)), kernel, K, sketch
 
 
-def _whiten(sketch: Sketch, B: np.ndarray, device: torch.device, dtype: torch.dtype, rtol: float,
-            profile: _Profile, side: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """K~ = R K R^T = V S V^T (relative cut-off) and the whitened features Z = S^-1/2 V^T B.
+def _nystrom_side(kind: str, spec: Any, sketch_spec: Any, seed: int, objects: list[Any], device: torch.device,
+                  dtype: torch.dtype, rtol: float, profile: _Profile) -> Nystrom:
+    """A sketched side: the whitened Nystrom map (P = D^-1/2 U^T, Z = P R K on the device), timed in ``profile``."""
+    side = kind.split("_")[0]
 
-    Returns
-    -------
-    P : Tensor (r, m), S^-1/2 V^T
-    Z : Tensor (r, n)
-    s : Tensor (r,), float64
-    """
-    K_tilde = sketch.apply_right(B[:, sketch.used_])  # (m, m)
-    with profile.stage(f"{side}_eigh"):
-        s, V = eigh_pinv(_to_device(K_tilde, device, torch.float64), rtol)
-    P = (V.T * (1.0 / torch.sqrt(s))[:, None]).to(dtype)
-    Bt = _to_device(B, device, dtype)
-    with profile.stage(f"{side}_whiten", (P.shape[0], P.shape[1], Bt.shape[1])):
-        Z = P @ Bt
-    return P, Z, s
+    def stage(name: str, *args: Any, **kwargs: Any) -> Any:
+        return profile.stage(f"{side}_{name}", *args, **kwargs)
+
+    return Nystrom(spec, sketch_spec, rtol, seed=seed, kernel_kind=kind).fit(objects, device, dtype, stage)
 
 
 class _OutputSide:
@@ -363,18 +263,21 @@ class _OutputSide:
     def __init__(self, spec: Any, sketch_spec: Any, seed: int, objects: list[Any], device: torch.device,
                  dtype: torch.dtype, rtol: float, profile: _Profile) -> None:
         self.spec = spec
-        self.resolved_spec, self.sketch, B, self.landmarks, self.kernel = _fit_kernel_and_sketch(
-            "output_kernel", spec, sketch_spec, seed, objects, profile)
         self.device, self.dtype = device, dtype
-        if self.identity:
+        if make_sketch(sketch_spec).is_identity:
             # R_y = I: K~_y^+ K_y is the projector on range(K_u), which fixes every k_y^c; it is left out
-            self.K = _to_device(B, device, dtype)  # (n_u, n_u)
+            self.resolved_spec, self.kernel, K, self.sketch = _exact_side("output_kernel", spec, objects, profile)
+            self.landmarks = objects
+            self.K = _to_device(K, device, dtype)  # (n_u, n_u)
             self.Zu = self.P = None
-            self.rank = int(B.shape[0])
+            self.rank = int(K.shape[0])
         else:
-            self.P, self.Zu, s = _whiten(self.sketch, B, device, dtype, rtol, profile, "output")
+            side = _nystrom_side("output_kernel", spec, sketch_spec, seed, objects, device, dtype, rtol, profile)
+            self.resolved_spec, self.kernel, self.sketch = side.kernel_spec_, side.kernel_, side.sketch_
+            self.landmarks = side.landmarks_
+            self.P, self.Zu = side.whitening_, side.train_features_
             self.K = None
-            self.rank = int(s.shape[0])
+            self.rank = side.rank_
 
     @property
     def identity(self) -> bool:
@@ -412,17 +315,18 @@ class _WhitenedInput:
 
     def __init__(self, spec: Any, sketch_spec: Any, seed: int, objects: list[Any], index: torch.Tensor, n_u: int,
                  device: torch.device, dtype: torch.dtype, rtol: float, profile: _Profile) -> None:
-        self.resolved_spec, self.sketch, B, self.landmarks, self.kernel = _fit_kernel_and_sketch(
-            "input_kernel", spec, sketch_spec, seed, objects, profile)
+        side = _nystrom_side("input_kernel", spec, sketch_spec, seed, objects, device, dtype, rtol, profile)
+        self.resolved_spec, self.kernel, self.sketch = side.kernel_spec_, side.kernel_, side.sketch_
+        self.landmarks = side.landmarks_
         self.n = len(objects)
         self.device, self.dtype = device, dtype
-        self.P, Z, s = _whiten(self.sketch, B, device, dtype, rtol, profile, "input")
-        del B
-        self.rank = int(s.shape[0])
+        self.P, Z = side.whitening_, side.train_features_
+        del side
+        self.rank = int(Z.shape[0])
         r = Z.shape[0]
         with profile.stage("input_gram_features", (r, Z.shape[1], r), kind="syrk"):
             C = gram_rows(Z).to(torch.float64)
-        with profile.stage("input_eigh_gram"), _lapack_threads(C):
+        with profile.stage("input_eigh_gram"), lapack_threads(C):
             lam_eig, Q = torch.linalg.eigh(C)
         del C
         self.lam_eig = torch.clamp(lam_eig, min=0.0)
@@ -477,8 +381,8 @@ class _CholeskyInput:
 
     def __init__(self, spec: Any, sketch_spec: Any, seed: int, objects: list[Any], index: torch.Tensor, n_u: int,
                  device: torch.device, dtype: torch.dtype, rtol: float, profile: _Profile) -> None:
-        self.resolved_spec, self.sketch, K, self.landmarks, self.kernel = _fit_kernel_and_sketch(
-            "input_kernel", spec, sketch_spec, seed, objects, profile)
+        self.resolved_spec, self.kernel, K, self.sketch = _exact_side("input_kernel", spec, objects, profile)
+        self.landmarks = objects
         self.n = len(objects)
         self.K = _to_device(K, device, torch.float64)
         del K
@@ -858,8 +762,8 @@ class _OKRBase(Model):
         landmark SMILES under ``output``, the selection."""
         self._check_fitted()
         arrays: dict[str, np.ndarray] = {"W": np.asarray(self.W_, dtype=np.float64)}
-        in_arrays, in_meta = _objects_to_state(self.input_landmarks_, "input_landmarks")
-        out_arrays, out_meta = _objects_to_state(self.output_landmarks_, "output_landmarks")
+        in_arrays, in_meta = objects_to_state(self.input_landmarks_, "input_landmarks")
+        out_arrays, out_meta = objects_to_state(self.output_landmarks_, "output_landmarks")
         arrays.update(in_arrays)
         arrays.update(out_arrays)
         if self.output_A_ is not None:
@@ -884,9 +788,10 @@ class _OKRBase(Model):
     @classmethod
     def from_state(cls, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> "_OKRBase":
         """Rebuild a fitted model; the kernels are re-created from their resolved specs on the landmarks."""
-        if metadata.get("format") != STATE_FORMAT or metadata.get("version") != STATE_VERSION:
+        if metadata.get("format") != STATE_FORMAT or metadata.get("version") not in READABLE_VERSIONS:
             raise ModelFileError(f"model state: unsupported format {metadata.get('format')!r} version "
-                                 f"{metadata.get('version')!r} (expected {STATE_FORMAT} {STATE_VERSION})")
+                                 f"{metadata.get('version')!r} (expected {STATE_FORMAT} "
+                                 f"{' or '.join(map(str, READABLE_VERSIONS))})")
         target = cls
         if cls is _OKRBase or not issubclass(cls, _OKRBase):
             target = get_registry().get("model", metadata["model"])
@@ -894,9 +799,9 @@ class _OKRBase(Model):
         model = target(**params)
         try:
             model.W_ = np.asarray(arrays["W"], dtype=np.float64)
-            model.input_landmarks_ = _objects_from_state(arrays, metadata["input"]["landmarks"], "input_landmarks")
-            model.output_landmarks_ = _objects_from_state(arrays, metadata["output"]["landmarks"],
-                                                          "output_landmarks")
+            model.input_landmarks_ = objects_from_state(arrays, metadata["input"]["landmarks"], "input_landmarks")
+            model.output_landmarks_ = objects_from_state(arrays, metadata["output"]["landmarks"],
+                                                         "output_landmarks")
             model.input_kernel_spec_ = metadata["input"]["kernel"]
             model.output_kernel_spec_ = metadata["output"]["kernel"]
             model.input_sketch_spec_ = metadata["input"]["sketch"]

@@ -27,6 +27,7 @@ import torch
 from ..errors import ModelFileError, SpecError
 from ..specs import nested_spec, parse_spec
 from .base import Model
+from ..nystrom import Nystrom
 from .basis import SketchedOutputBasis
 from .losses import make_loss
 
@@ -81,7 +82,8 @@ class RobustOKR(Model):
 
     Fitted attributes
     -----------------
-    input_basis_, output_basis_ : SketchedOutputBasis
+    input_features_ : Nystrom, the input feature map f
+    output_basis_ : SketchedOutputBasis
     V_ : ndarray of shape (r_x, p_y)
     history_ : dict (objective values)
     """
@@ -130,14 +132,14 @@ class RobustOKR(Model):
         from ..device import resolve_device
         device = resolve_device(self.device)
 
-        self.input_basis_ = SketchedOutputBasis(nested_spec(self.input_kernel),
-                                                self._sketch_spec(self.input_sketch, int(self.seed)),
-                                                float(self.rel_cutoff), deduplicate=False,
-                                                kernel_kind="input_kernel").fit(inputs)
+        self.input_features_ = Nystrom(nested_spec(self.input_kernel),
+                                       self._sketch_spec(self.input_sketch, int(self.seed)),
+                                       float(self.rel_cutoff), kernel_kind="input_kernel").fit(inputs)
         self.output_basis_ = SketchedOutputBasis(nested_spec(self.output_kernel),
                                                  self._sketch_spec(self.output_sketch, int(self.seed) + 1),
                                                  float(self.rel_cutoff)).fit(molecules)
-        features = self.input_basis_.train_coordinates_                       # (n, r_x)
+        features = self.input_features_.train_features_.T.cpu().numpy()      # (n, r_x)
+        self.input_features_.train_features_ = None
         targets = self.output_basis_.sample_coordinates()                      # (n, p_y)
         kyy = self.output_basis_.diagonal(self.output_basis_.distinct_)[self.output_basis_.inverse_]
         lam = float(self.lam)
@@ -222,7 +224,7 @@ class RobustOKR(Model):
     def predict_coordinates(self, inputs: Sequence[Any]) -> np.ndarray:
         """g(x) = V^T f(x), shape (n_inputs, p_y)."""
         self._check_fitted()
-        return self.input_basis_.coordinates(list(inputs)) @ self.V_
+        return self.input_features_.transform(inputs) @ self.V_
 
     def candidate_coordinates(self, molecules: Sequence[Any]) -> np.ndarray:
         """psi~(c), shape (n_molecules, p_y)."""
@@ -232,7 +234,7 @@ class RobustOKR(Model):
     # -- state -------------------------------------------------------------------------------------------
     def get_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         self._check_fitted()
-        arrays, input_meta = self.input_basis_.get_state(prefix="input")
+        arrays, input_meta = self.input_features_.get_state("input")
         output_arrays, output_meta = self.output_basis_.get_state(prefix="output")
         arrays.update(output_arrays)
         arrays["V"] = self.V_
@@ -244,7 +246,7 @@ class RobustOKR(Model):
     def from_state(cls, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> "RobustOKR":
         try:
             model = cls(**metadata["params"])
-            model.input_basis_ = SketchedOutputBasis.from_state(arrays, metadata["input"], prefix="input")
+            model.input_features_ = Nystrom.from_state(arrays, metadata["input"], "input")
             model.output_basis_ = SketchedOutputBasis.from_state(arrays, metadata["output"], prefix="output")
             model.V_ = np.asarray(arrays["V"], dtype=np.float64)
         except (KeyError, TypeError) as exc:

@@ -1,0 +1,405 @@
+"""The Nystrom feature map of a kernel on landmarks chosen by a registered sketch (one component for every model),
+the truncated eigendecomposition behind every pseudo-inverse, and the serialiser of landmark objects.
+
+With R (m x n) a sketch of the n training objects and K~ = R K R^T = U D U^T (eigenvalues above ``rel_cutoff``
+times the largest kept, rank p), the features
+
+    f(x) = D^-1/2 U^T R k(x)  in R^p
+
+are the coordinates of the orthogonal projection of k(x, .) onto span(R Phi), in an orthonormal basis of the
+RKHS. Since R = A I[used] (see :mod:`molpredict.sketches`), only the n' landmarks the sketch touches enter:
+f(x) = k(x, landmarks) W with W = A^T U D^-1/2 (n' x p), the ``projection_``. Scaling R by c > 0 leaves f
+unchanged. Users: the input side of the IOKR family (:mod:`molpredict.models.okr`, on torch), ``okr-robust``'s
+input side, DSOKR's output basis (:class:`molpredict.models.basis.SketchedOutputBasis`, on distinct outputs) and
+the ``kernel-mlp`` encoder.
+
+Kernel fit. With ``fit_kernel_on="all"`` the kernel is fitted on all n objects (data-dependent parameters such
+as ``gamma=auto`` are resolved on them, data-adaptive sketches see them, and the training features come from the
+sketched rows R K without any n x n matrix); the map itself uses the kernel rebuilt from its resolved spec on the
+landmarks, which is what a reloaded map has. With ``"landmarks"`` (``kernel-mlp``) only the landmarks are
+featurised and the kernel is fitted on them; the sketch must then draw without the kernel (e.g. ``subsample``).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from .component import frozen_spec
+from .errors import ModelFileError, SpecError
+from .specs import ComponentSpec, nested_spec, parse_spec
+
+__all__ = ["Nystrom", "truncated_eigh", "lapack_threads", "objects_to_state", "objects_from_state", "create_component",
+           "restrict_kernel"]
+
+#: below this order a CPU eigendecomposition runs on one thread (see lapack_threads)
+_SERIAL_EIGH_MAX = 4096
+
+
+@contextlib.contextmanager
+def lapack_threads(matrix: torch.Tensor):
+    """Run a CPU eigensolver of order <= _SERIAL_EIGH_MAX on one thread.
+
+    The multi-threaded tridiagonal eigensolver synchronises its threads many times; below a few thousand rows it
+    gains little, and when the cores are shared it becomes 5 to 50 times slower than one thread (measured on
+    2 shared cores: order 2000 took 21 s on 2 threads, 4 s on 1).
+    """
+    if matrix.device.type != "cpu" or matrix.shape[0] > _SERIAL_EIGH_MAX or torch.get_num_threads() == 1:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def truncated_eigh(matrix: "np.ndarray | torch.Tensor", rtol: float = 1e-10
+                   ) -> "tuple[np.ndarray, np.ndarray] | tuple[torch.Tensor, torch.Tensor]":
+    """Eigenpairs of a symmetric PSD matrix above a relative cut-off, in float64, largest first.
+
+    The one eigen cut-off of the package: ``M^+ = V diag(1/s) V^T`` and ``M^+1/2 = V diag(s^-1/2)`` on the kept
+    pairs. Only the lower triangle is read (no symmetrised copy of a large matrix is made); duplicates in a sketch
+    make the matrix singular, and this is where that is handled.
+
+    Parameters
+    ----------
+    matrix : ndarray or Tensor of shape (k, k)
+    rtol : float
+        Eigenvalues ``<= rtol * largest`` (and all of them when the largest is not positive) are dropped.
+
+    Returns
+    -------
+    s : ndarray or Tensor of shape (r,), float64, descending
+    V : ndarray or Tensor of shape (k, r), float64 (numpy in, numpy out; a tensor stays on its device)
+    """
+    as_numpy = not isinstance(matrix, torch.Tensor)
+    tensor = torch.from_numpy(np.asarray(matrix, dtype=np.float64)) if as_numpy else matrix.to(torch.float64)
+    with lapack_threads(tensor):
+        s, V = torch.linalg.eigh(tensor)
+    top = float(s[-1]) if s.numel() else 0.0
+    if top > 0:
+        first = int(torch.searchsorted(s, torch.tensor(rtol * top, dtype=s.dtype, device=s.device), right=True))
+    else:
+        first = int(s.shape[0])
+    s, V = s[first:].flip(0), V[:, first:].flip(1)
+    return (s.numpy(), V.numpy()) if as_numpy else (s, V)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# landmark objects in model files
+# ----------------------------------------------------------------------------------------------------------
+
+def objects_to_state(objects: Sequence[Any], prefix: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Serialise reference objects (molecules, strings, spectra or numeric vectors) without pickle.
+
+    Molecules are written as SMILES, strings as themselves (JSON); spectra and vectors as arrays named
+    ``prefix.*``.
+
+    Returns
+    -------
+    arrays : dict of str to ndarray
+    meta : dict
+        ``{"type": "molecule" | "text" | "spectrum" | "vector" | "empty", ...}``
+    """
+    objects = list(objects)
+    if not objects:
+        return {}, {"type": "empty"}
+    from .molecules import Molecule
+    from .spectra import Spectrum
+    if all(isinstance(o, Molecule) for o in objects):
+        return {}, {"type": "molecule", "smiles": [m.smiles for m in objects]}
+    if all(isinstance(o, str) for o in objects):
+        return {}, {"type": "text", "strings": [str(s) for s in objects]}
+    if all(isinstance(o, Spectrum) for o in objects):
+        from .io.arrays import spectra_to_arrays
+        arrays, meta = spectra_to_arrays(objects)
+        return {f"{prefix}.{k}": v for k, v in arrays.items()}, {"type": "spectrum", "spectra": meta}
+    try:
+        matrix = np.stack([np.asarray(o, dtype=np.float64) for o in objects])
+    except (TypeError, ValueError):
+        raise ModelFileError(f"cannot save reference objects of type {type(objects[0]).__name__}") from None
+    return {f"{prefix}.vectors": matrix}, {"type": "vector"}
+
+
+def objects_from_state(arrays: dict[str, np.ndarray], meta: dict[str, Any], prefix: str) -> list[Any]:
+    """Inverse of :func:`objects_to_state`.
+
+    Also reads the layout of IOKR-family files of state version 1 (arrays ``prefix_*``, ``"values"`` for text,
+    type ``"array"`` with the matrix under ``prefix``).
+    """
+    kind = meta.get("type")
+    if kind == "empty":
+        return []
+    if kind == "molecule":
+        from .molecules import Molecule
+        return [Molecule.from_smiles(s) for s in meta["smiles"]]
+    if kind == "text":
+        return list(meta["strings"] if "strings" in meta else meta["values"])
+    if kind == "spectrum":
+        from .io.arrays import spectra_from_arrays
+        for sep in (".", "_"):
+            sub = {k[len(prefix) + 1:]: v for k, v in arrays.items() if k.startswith(prefix + sep)}
+            if sub:
+                return spectra_from_arrays(sub, meta["spectra"])
+        raise ModelFileError(f"model state lacks the spectra arrays {prefix}.*")
+    if kind in ("vector", "array"):
+        name = f"{prefix}.vectors" if kind == "vector" else prefix
+        if name not in arrays:
+            raise ModelFileError(f"model state lacks array {name}")
+        return list(np.asarray(arrays[name], dtype=np.float64))
+    raise ModelFileError(f"unknown reference object type {kind!r} in model state ({prefix})")
+
+
+def create_component(kind: str, spec: Any, **overrides: Any) -> Any:
+    """A registered component from a spec (nested specs with ``;`` accepted); an instance is copied as given."""
+    if not isinstance(spec, (str, ComponentSpec)):
+        return copy.deepcopy(spec)
+    from .registry import create
+    return create(kind, parse_spec(nested_spec(spec)), **overrides)
+
+
+def restrict_kernel(kernel: Any, index: np.ndarray, objects: Sequence[Any] | None = None) -> Any:
+    """A kernel equal to a fitted one whose reference objects are the rows ``index`` of its own.
+
+    The fitted kernel is copied with its features sliced, keeping parameters (and vocabularies) resolved on all
+    reference objects. A kernel whose ``pairwise`` does not work on sliced features (GraKeL graph kernels
+    compare with the graphs their own fit saw: a wrong shape or a ``ValueError``) is instead rebuilt with its
+    resolved parameters (:func:`frozen_spec` values) and fitted on ``objects``, the reference objects at
+    ``index``.
+    """
+    kernel._check_fitted()
+    index = np.asarray(index, dtype=np.int64)
+    restricted = copy.copy(kernel)
+    restricted.fit_features_ = kernel.take(kernel.fit_features_, index)
+    restricted.fit_diag_ = np.asarray(kernel.fit_diag_)[index]
+    restricted.n_fit_ = int(index.shape[0])
+    if objects is None or not len(index):
+        return restricted
+    try:
+        probe = restricted.pairwise(kernel.take(kernel.fit_features_, index[:1]), restricted.fit_features_)
+        if np.shape(probe) == (1, len(index)):
+            return restricted
+    except ValueError:
+        pass
+    params = kernel.get_params()
+    params.update({k: v for k, v in frozen_spec(kernel).params.items() if k in params})
+    return type(kernel)(**params).fit(list(objects))
+
+
+def _no_stage(name: str, shape: tuple[int, int, int] | None = None, kind: str = "gemm"):
+    return contextlib.nullcontext()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the feature map
+# ----------------------------------------------------------------------------------------------------------
+
+class Nystrom:
+    """The (whitened) Nystrom feature map of a kernel on landmarks chosen by a registered sketch.
+
+    Parameters
+    ----------
+    kernel : str or Kernel
+        Kernel spec (registry name and parameters; inside another spec written with ``;``) or an unfitted
+        kernel instance (copied).
+    sketch : str or Sketch or None
+        Sketch spec (``subsample:m=2000``, ``p-sparsified-rademacher:m=800``) or instance; None / ``identity``
+        for all objects. A spec without a seed gets ``seed``.
+    rel_cutoff : float
+        Relative eigenvalue cut-off of K~ (sets the rank p).
+    seed : int or None
+    kernel_kind : {"input_kernel", "output_kernel"}
+        Registry kind of the kernel spec.
+    whiten : bool
+        False: the raw kernel values k(x, landmarks) (dimension n'), the landmarks still chosen by the sketch.
+    fit_kernel_on : {"all", "landmarks"}
+        See the module docstring.
+
+    Fitted attributes
+    -----------------
+    kernel_ : Kernel, fitted on the landmarks
+    kernel_spec_ : str, the kernel's spec with resolved parameters
+    sketch_ : Sketch (None after :meth:`from_state`)
+    landmarks_ : list of the n' landmarks
+    landmark_index_ : ndarray of shape (n',), int64, their positions among the fitted objects
+    eigenvalues_ : ndarray of shape (p,), D (largest first; empty when not whitened)
+    whitening_ : Tensor of shape (p, m), D^-1/2 U^T, on the fit's device and dtype (fit only)
+    projection_ : ndarray of shape (n', p) or None (not whitened), W = A^T U D^-1/2
+    rank_ : int, p (n' when not whitened)
+    train_features_ : Tensor of shape (p, n) or None, f of the fitted objects (``fit_kernel_on="all"`` and
+        whitened), on the fit's device and dtype; the caller may delete it
+    """
+
+    def __init__(self, kernel: Any, sketch: Any = "subsample:m=2000", rel_cutoff: float = 1e-10,
+                 seed: int | None = None, kernel_kind: str = "input_kernel", whiten: bool = True,
+                 fit_kernel_on: str = "all") -> None:
+        self.kernel = kernel
+        self.sketch = sketch
+        self.rel_cutoff = rel_cutoff
+        self.seed = seed
+        self.kernel_kind = kernel_kind
+        self.whiten = whiten
+        self.fit_kernel_on = fit_kernel_on
+
+    # -- fitting -----------------------------------------------------------------------------------------
+    def _make_sketch(self) -> Any:
+        from .sketches import Sketch, make_sketch
+        if isinstance(self.sketch, Sketch):
+            return copy.deepcopy(self.sketch)
+        spec = self.sketch if self.sketch is None or isinstance(self.sketch, ComponentSpec) else \
+            nested_spec(self.sketch)
+        return make_sketch(spec, seed=self.seed)
+
+    def fit(self, objects: Sequence[Any], device: torch.device | None = None, dtype: torch.dtype = torch.float64,
+            stage: Callable[..., Any] | None = None) -> "Nystrom":
+        """Choose the landmarks among ``objects`` (length n) and build the map.
+
+        Parameters
+        ----------
+        objects : sequence of what the kernel takes
+        device, dtype
+            Where the whitening and the training features are computed (eigendecompositions in float64).
+        stage : callable, optional
+            ``stage(name, shape=None, kind="gemm")`` returning a context manager that times a step
+            (the IOKR engine's profile); names: kernel_fit, sketch_fit, sketch_rows, landmark_kernel_fit, eigh,
+            whiten.
+        """
+        objects = list(objects)
+        if not objects:
+            raise SpecError("Nystrom features: no objects to choose landmarks from")
+        if self.fit_kernel_on not in ("all", "landmarks"):
+            raise SpecError(f"Nystrom features: fit_kernel_on must be all or landmarks, got {self.fit_kernel_on!r}")
+        stage = stage or _no_stage
+        device = device or torch.device("cpu")
+        n = len(objects)
+        sketch = self._make_sketch()
+        B = None
+        if self.fit_kernel_on == "all":
+            with stage("kernel_fit"):
+                kernel = create_component(self.kernel_kind, self.kernel).fit(objects)
+            with stage("sketch_fit"):
+                sketch.fit(n, kernel)
+            if self.whiten:
+                with stage("sketch_rows"):
+                    B = sketch.sketch_rows(kernel)  # (m, n) = R K
+        else:
+            if sketch.needs_kernel:
+                raise SpecError(f"Nystrom features on the landmarks only need a sketch that draws without the "
+                                f"kernel, not {sketch.to_spec()}")
+            sketch.fit(n)
+            kernel = None
+        used = np.asarray(sketch.used_, dtype=np.int64)
+        self.landmark_index_ = used
+        self.landmarks_ = [objects[i] for i in used]
+        with stage("landmark_kernel_fit"):
+            if kernel is None:
+                self.kernel_ = create_component(self.kernel_kind, self.kernel).fit(self.landmarks_)
+            elif isinstance(self.kernel, (str, ComponentSpec)):
+                self.kernel_ = create_component(self.kernel_kind, str(frozen_spec(kernel))).fit(self.landmarks_)
+            else:  # an instance need not be registered: keep its fit, restricted to the landmarks
+                self.kernel_ = restrict_kernel(kernel, used, self.landmarks_)
+        del kernel
+        self.kernel_spec_ = str(frozen_spec(self.kernel_))
+        self.sketch_ = sketch
+        self.train_features_ = None
+        if not self.whiten:
+            self.eigenvalues_ = np.zeros(0)
+            self.whitening_ = self.projection_ = None
+            self.rank_ = len(used)
+            return self
+        K_tilde = sketch.apply_right((B[:, used] if B is not None else sketch.apply(self.kernel_.gram())))
+        with stage("eigh"):
+            s, V = truncated_eigh(torch.as_tensor(K_tilde, dtype=torch.float64, device=device),
+                                  float(self.rel_cutoff))
+        if s.numel() == 0:
+            raise SpecError("the sketched kernel matrix is zero (no direction to regress on): check the kernel "
+                            "and the sketch")
+        self.eigenvalues_ = s.cpu().numpy()
+        self.rank_ = int(s.shape[0])
+        self.whitening_ = (V.T * (1.0 / torch.sqrt(s))[:, None]).to(dtype)  # (p, m)
+        self.projection_ = np.ascontiguousarray(
+            sketch.apply_transpose(self.whitening_.to(torch.float64).cpu().numpy().T), dtype=np.float64)
+        if B is not None:
+            Bt = torch.as_tensor(B, dtype=dtype, device=device)
+            del B
+            with stage("whiten", (self.rank_, Bt.shape[0], Bt.shape[1])):
+                self.train_features_ = self.whitening_ @ Bt  # (p, n)
+        return self
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "kernel_"):
+            raise RuntimeError("Nystrom features are not fitted: call fit(objects) first")
+
+    # -- features ----------------------------------------------------------------------------------------
+    @property
+    def dim_(self) -> int:
+        """The number of features (p whitened, else the number of landmarks)."""
+        self._check_fitted()
+        return int(self.rank_)
+
+    def transform(self, objects: Sequence[Any]) -> np.ndarray:
+        """f of any objects: k(x, landmarks) W, shape (len(objects), dim_), float64."""
+        self._check_fitted()
+        objects = list(objects)
+        if not objects:
+            return np.zeros((0, self.dim_))
+        values = self.kernel_.transform(objects)
+        return values if self.projection_ is None else values @ self.projection_
+
+    def transform_features(self, features: Any) -> np.ndarray:
+        """f of objects already featurised by ``kernel_.featurize``, shape (len(features), dim_)."""
+        self._check_fitted()
+        values = self.kernel_.transform_features(features)
+        return values if self.projection_ is None else values @ self.projection_
+
+    # -- state -------------------------------------------------------------------------------------------
+    def get_state(self, prefix: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Arrays named ``prefix.*`` (landmarks, projection, eigenvalues) and JSON metadata."""
+        self._check_fitted()
+        arrays, landmarks = objects_to_state(self.landmarks_, f"{prefix}.landmarks")
+        if self.projection_ is not None:
+            arrays[f"{prefix}.projection"] = self.projection_
+            arrays[f"{prefix}.eigenvalues"] = self.eigenvalues_
+        sketch = self.sketch_.to_spec() if self.sketch_ is not None else self.sketch
+        meta = {"kernel": self.kernel_spec_, "sketch": str(sketch), "rel_cutoff": float(self.rel_cutoff),
+                "kernel_kind": self.kernel_kind, "whiten": bool(self.whiten), "rank": self.rank_,
+                "landmarks": landmarks}
+        return arrays, meta
+
+    @classmethod
+    def from_state(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any], prefix: str) -> "Nystrom":
+        """Rebuild a map that gives the same :meth:`transform` (the kernel refitted on the landmarks).
+
+        Also reads the landmark features of ``kernel-mlp`` / ``mlp`` encoders saved before this component
+        (no projection saved: the whitening is recomputed from the landmarks, as it was then).
+        """
+        try:
+            nys = cls(meta["kernel"], meta.get("sketch"), float(meta.get("rel_cutoff", 1e-10)),
+                      kernel_kind=meta.get("kernel_kind", "input_kernel"), whiten=bool(meta.get("whiten", True)))
+            landmarks_meta = meta["landmarks"]
+        except (KeyError, TypeError) as exc:
+            raise ModelFileError(f"Nystrom features state ({prefix}) lacks {exc}") from None
+        nys.landmarks_ = objects_from_state(arrays, landmarks_meta, f"{prefix}.landmarks")
+        nys.landmark_index_ = np.arange(len(nys.landmarks_))
+        nys.kernel_ = create_component(nys.kernel_kind, meta["kernel"]).fit(nys.landmarks_)
+        nys.kernel_spec_ = str(meta["kernel"])
+        nys.sketch_ = nys.whitening_ = nys.train_features_ = None
+        if not nys.whiten:
+            nys.projection_, nys.eigenvalues_, nys.rank_ = None, np.zeros(0), len(nys.landmarks_)
+            return nys
+        if f"{prefix}.projection" in arrays:
+            nys.projection_ = np.asarray(arrays[f"{prefix}.projection"], dtype=np.float64)
+            nys.eigenvalues_ = np.asarray(arrays.get(f"{prefix}.eigenvalues", np.zeros(0)), dtype=np.float64)
+        else:  # saved before the projection was: whiten K_LL of the landmarks
+            s, V = truncated_eigh(nys.kernel_.gram(), nys.rel_cutoff)
+            nys.projection_, nys.eigenvalues_ = V / np.sqrt(s), s
+        nys.rank_ = int(nys.projection_.shape[1])
+        if nys.projection_.shape[0] != len(nys.landmarks_):
+            raise ModelFileError(f"Nystrom features state ({prefix}): {len(nys.landmarks_)} landmarks for a "
+                                 f"projection with {nys.projection_.shape[0]} rows")
+        return nys
