@@ -1,34 +1,40 @@
-"""The on-disk cache of candidate coordinates: one memory-mapped float64 matrix per model output side.
+"""The candidate-coordinates store: compact, chunked (Zarr v3) coordinates of candidate structures per model output
+side, keyed by molecule, safe for concurrent writers on a shared filesystem or object storage.
 
 A model scores a candidate by ``predict_coordinates(x) . candidate_coordinates(c)``; the candidate side depends
 only on the fitted output side (``Model.coordinates_key()``), so each molecule is featurised once per model and
 kept here, keyed by its InChIKey (or SMILES when it has none).
 
-Layout of ``<root>/<coordinates key>/``
----------------------------------------
-``meta.json``
-    key, dimension d, dtype (float64), layout version.
-``data.f64``
-    append-only raw float64 rows of length d (row r = bytes [r d 8, (r + 1) d 8)).
-``index/seg-<seq>.json``
-    one file per appended block: ``{"seq", "start", "keys"}``, the molecule keys of rows start..start+len-1.
-``index/all-<seq>.json``
-    a consolidation of every segment up to ``seq`` (written when segments pile up; segments it covers are
-    then deleted).
-``lock``
-    an advisory ``flock`` serialising writers; readers take no lock.
+Layout of ``<root>/<coordinates key>/`` (``root``: a directory or an fsspec URL, e.g. ``s3://bucket/coords``)
+------------------------------------------------------------------------------------------------------------
+``store.json``
+    ``{"layout_version": 2, "key", "dim", "encoding"}``.
+``segments/<name>/codes``, ``segments/<name>/scale``
+    one Zarr array pair per committed block, written by one writer under a name no other writer uses (time,
+    process, random), so concurrent writers (Dask workers on several machines) never share a file. ``codes``
+    is one shard file of (rows, d) values with zstd-compressed, CRC32C-checksummed inner chunks of 128 rows
+    (a read touches only the inner chunks it needs); ``scale`` holds the per-row scale of ``int8`` codes.
+``commits/<name>.json``
+    ``{"keys": [...]}``: the commit record of a segment, written after its arrays (atomically on a local disk;
+    an object store's put is atomic). A segment without its index file is an interrupted write and is ignored.
 
-Crash safety: a block is appended to ``data.f64`` and fsync'ed *before* its segment file is written (to a temp
-name, fsync'ed, then renamed into place, which is atomic). Rows beyond the last committed segment are garbage
-from an interrupted write and are truncated by the next writer. So an interrupt loses at most the block being
-written, never a finished one.
+Encodings: ``int8`` (default; per-row scale ``max|x| / 127``, so d + 4 bytes per structure: 2,004 bytes at
+m_y = 2000 against 16,000 for float64; ranking accuracy is measured in ``benchmarks/scale.py``), ``float16``,
+``float32`` or ``float64`` (exact). An existing store keeps the encoding it was created with.
+
+Damage: a corrupted chunk fails its checksum and a missing chunk file reads as the fill value (-128 for int8,
+NaN otherwise, values the encoder never writes); either way :meth:`CoordinatesCache.read` drops the segment
+(its index file and arrays) and raises :class:`CorruptedSegment`; :meth:`CoordinatesCache.coordinates` then
+recomputes the molecules it held. Caches of the old memory-mapped layout (``meta.json``, ``data.f64``, ``index/``) are
+migrated into the new layout on first open and their files removed; they are never read as the new layout.
 """
 from __future__ import annotations
 
 import fcntl
 import json
 import os
-import re
+import time
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -37,13 +43,14 @@ import numpy as np
 
 from .errors import ModelFileError
 
-__all__ = ["CoordinatesCache", "molecule_key", "default_cache_root", "cached_candidate_coordinates"]
+__all__ = ["CoordinatesCache", "CorruptedSegment", "molecule_key", "default_cache_root",
+           "cached_candidate_coordinates", "ENCODINGS", "encode", "decode"]
 
-LAYOUT_VERSION = 1
-_SEG_RE = re.compile(r"^seg-(\d+)\.json$")
-_ALL_RE = re.compile(r"^all-(\d+)\.json$")
-#: consolidate the index once this many segment files exist
-CONSOLIDATE_AFTER = 64
+LAYOUT_VERSION = 2
+ENCODINGS = ("int8", "float16", "float32", "float64")
+DEFAULT_ENCODING = "int8"
+#: rows per checksummed inner chunk of a segment (a read decodes only the inner chunks it touches)
+INNER_ROWS = 128
 
 
 def default_cache_root() -> Path:
@@ -70,6 +77,28 @@ def molecule_key(molecule: Any) -> str:
     raise ValueError(f"molecule {molecule!r} has neither an InChIKey nor a SMILES: cannot be cached")
 
 
+def encode(coordinates: np.ndarray, encoding: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(codes, scale)`` of coordinates (n, d): int8 codes in [-127, 127] with a float32 per-row scale
+    ``max|x| / 127``, or the values cast to a float type with scale 1."""
+    x = np.asarray(coordinates, dtype=np.float64)
+    if encoding == "int8":
+        peak = np.abs(x).max(axis=1) if x.shape[1] else np.zeros(len(x))
+        scale = (peak / 127.0).astype(np.float32)
+        safe = np.where(scale > 0, scale, 1.0).astype(np.float64)
+        codes = np.clip(np.rint(x / safe[:, None]), -127, 127).astype(np.int8)
+        return codes, scale
+    return x.astype(encoding), np.ones(len(x), dtype=np.float32)
+
+
+def decode(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Coordinates (n, d), float64, from :func:`encode`'s output."""
+    return codes.astype(np.float64) * scale.astype(np.float64)[:, None]
+
+
+class CorruptedSegment(Exception):
+    """A stored segment failed its checksum or lost a chunk; it has been dropped (recompute its molecules)."""
+
+
 def _fsync_dir(path: Path) -> None:
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -84,89 +113,128 @@ def _fsync_dir(path: Path) -> None:
 
 
 class CoordinatesCache:
-    """Cached candidate coordinates of one model (one ``coordinates_key``).
+    """Stored candidate coordinates of one model (one ``coordinates_key``).
 
     Parameters
     ----------
-    root : str or Path
-        The cache root (default :func:`default_cache_root`); this model's files go to ``root / key``.
+    root : str or Path or None
+        The store root, a directory or an fsspec URL (default :func:`default_cache_root`); this model's
+        store is ``root / key``.
     key : str
         ``model.coordinates_key()``.
+    encoding : {"int8", "float16", "float32", "float64"}, optional
+        For a new store (default ``int8``); an existing store keeps its own.
 
     Attributes
     ----------
-    directory : Path
+    directory : Path or str
     dim : int or None
         Coordinate dimension d (None until the first block is written).
+    encoding : str
     """
 
-    def __init__(self, root: str | os.PathLike | None, key: str) -> None:
+    def __init__(self, root: str | os.PathLike | None, key: str, encoding: str | None = None) -> None:
         if not key or "/" in key or key.startswith("."):
             raise ValueError(f"invalid coordinates key {key!r}")
-        self.root = Path(root) if root is not None else default_cache_root()
+        if encoding is not None and encoding not in ENCODINGS:
+            raise ValueError(f"unknown coordinates encoding {encoding!r} (expected one of {', '.join(ENCODINGS)})")
+        import fsspec
+
+        root = default_cache_root() if root is None else root
+        self.root = root
         self.key = key
-        self.directory = self.root / key
+        url = str(root).rstrip("/") + "/" + key
+        self._fs, self._path = fsspec.core.url_to_fs(url)
+        self._local = "file" in (self._fs.protocol if isinstance(self._fs.protocol, tuple) else (self._fs.protocol,))
+        self.directory: Path | str = Path(self._path) if self._local else url
         self.dim: int | None = None
+        self.encoding = encoding or DEFAULT_ENCODING
+        self._store: Any = None
+        self._segments: list[str] = []          # segment names in discovery order
+        self._seen: set[str] = set()
         self._keys: list[str] = []
         self._rows: dict[str, int] = {}
-        self._seq = 0          # highest segment seq read
-        self._mmap: np.ndarray | None = None
+        self._row_segment: list[int] = []       # per row: index into _segments
+        self._row_local: list[int] = []         # per row: row inside its segment
+        self._row_arrays: tuple[np.ndarray, np.ndarray] | None = None  # the two lists above as arrays
+        self._arrays: dict[str, tuple[Any, np.ndarray]] = {}  # open (codes array, scale) per segment
         self._read_meta()
+        if self._local:
+            self._migrate_layout_1()
         self.refresh()
+
+    # -- paths -----------------------------------------------------------------------------------------
+    def _join(self, *parts: str) -> str:
+        return "/".join([self._path.rstrip("/"), *parts])
+
+    def _zarr_store(self) -> Any:
+        if self._store is None:
+            import zarr.storage
+            if self._local:
+                self._store = zarr.storage.LocalStore(self._path)
+            else:
+                self._store = zarr.storage.FsspecStore.from_url(str(self.directory))
+        return self._store
+
+    def _put_json(self, path: str, obj: Any) -> None:
+        data = json.dumps(obj).encode()
+        if self._local:
+            target = Path(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
+            with open(tmp, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, target)
+            _fsync_dir(target.parent)
+        else:
+            self._fs.pipe_file(path, data)
 
     # -- reading ---------------------------------------------------------------------------------------
     def _read_meta(self) -> None:
-        meta_path = self.directory / "meta.json"
-        if not meta_path.is_file():
+        path = self._join("store.json")
+        if not self._fs.exists(path):
             return
         try:
-            meta = json.loads(meta_path.read_text())
+            meta = json.loads(self._fs.cat_file(path))
             self.dim = int(meta["dim"])
+            self.encoding = str(meta["encoding"])
+            if int(meta["layout_version"]) != LAYOUT_VERSION or self.encoding not in ENCODINGS:
+                raise ValueError(f"layout {meta['layout_version']}, encoding {self.encoding}")
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ModelFileError(f"{meta_path}: corrupted coordinates cache metadata ({exc}); delete "
+            raise ModelFileError(f"{path}: unusable coordinates store metadata ({exc}); delete "
                                  f"{self.directory} to rebuild it") from None
 
     def refresh(self) -> None:
-        """Re-read the index (rows other processes committed since)."""
-        index_dir = self.directory / "index"
-        if not index_dir.is_dir():
+        """Read the commit records written since (by this or other processes)."""
+        index_dir = self._join("commits")
+        try:
+            names = self._fs.ls(index_dir, detail=False)
+        except FileNotFoundError:
             return
-        for _attempt in range(5):
-            try:
-                keys, seq = self._read_index(index_dir)
-                break
-            except FileNotFoundError:
-                continue  # a writer consolidated while we listed: read again
-        else:
-            keys, seq = self._read_index(index_dir)
-        if seq == self._seq and len(keys) == len(self._keys):
-            return
-        self._keys = keys
-        self._rows = {k: i for i, k in enumerate(keys)}
-        self._seq = seq
-        self._mmap = None
-
-    @staticmethod
-    def _read_index(index_dir: Path) -> tuple[list[str], int]:
-        names = os.listdir(index_dir)
-        alls = sorted((int(m.group(1)), n) for n in names if (m := _ALL_RE.match(n)))
-        segs = sorted((int(m.group(1)), n) for n in names if (m := _SEG_RE.match(n)))
-        keys: list[str] = []
-        seq = 0
-        if alls:
-            seq, name = alls[-1]
-            with open(index_dir / name, encoding="utf-8") as handle:
-                keys = list(json.load(handle)["keys"])
-        for s, name in segs:
-            if s <= seq:
+        fresh = sorted(n.rsplit("/", 1)[-1][:-5] for n in names if n.endswith(".json")
+                       and not n.rsplit("/", 1)[-1].startswith("."))
+        for name in fresh:
+            if name in self._seen:
                 continue
-            with open(index_dir / name, encoding="utf-8") as handle:
-                seg = json.load(handle)
-            if int(seg["start"]) != len(keys):
-                break  # a gap means a lost segment: everything after it is unusable
-            keys.extend(seg["keys"])
-            seq = s
-        return keys, seq
+            try:
+                record = json.loads(self._fs.cat_file(self._join("commits", name + ".json")))
+                keys = list(record["keys"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # torn or vanished commit record: the segment does not count
+            self._seen.add(name)
+            if self.dim is None:
+                self._read_meta()
+            seg = len(self._segments)
+            self._segments.append(name)
+            self._row_arrays = None
+            for local, k in enumerate(keys):
+                if k not in self._rows:
+                    self._rows[k] = len(self._keys)
+                    self._keys.append(k)
+                    self._row_segment.append(seg)
+                    self._row_local.append(local)
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -179,113 +247,205 @@ class CoordinatesCache:
         get = self._rows.get
         return np.fromiter((get(k, -1) for k in keys), dtype=np.int64, count=len(keys))
 
-    def _matrix(self) -> np.ndarray:
-        n = len(self._keys)
-        if n == 0 or self.dim is None:
-            return np.empty((0, self.dim or 0))
-        if self._mmap is None or self._mmap.shape[0] != n:
-            self._mmap = np.memmap(self.directory / "data.f64", dtype=np.float64, mode="r",
-                                   shape=(n, self.dim))
-        return self._mmap
+    def _open_segment(self, name: str) -> tuple[Any, np.ndarray]:
+        if name not in self._arrays:
+            import zarr
+            store = self._zarr_store()
+            codes = zarr.open_array(store=store, path=f"segments/{name}/codes", mode="r")
+            scale = np.asarray(zarr.open_array(store=store, path=f"segments/{name}/scale", mode="r")[:])
+            self._arrays[name] = (codes, scale)
+        return self._arrays[name]
 
     def read(self, rows: np.ndarray) -> np.ndarray:
-        """Coordinates of committed rows, ndarray of shape (len(rows), d), float64 (a copy)."""
+        """Coordinates of committed rows, ndarray of shape (len(rows), d), float64.
+
+        Raises
+        ------
+        CorruptedSegment
+            A segment holding some of the rows is damaged; it has been dropped (its keys are now absent).
+        """
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size and (rows.min() < 0 or rows.max() >= len(self._keys)):
             raise IndexError("row not in the coordinates cache")
-        return np.array(self._matrix()[rows], dtype=np.float64)
+        out = np.empty((len(rows), self.dim or 0), dtype=np.float64)
+        if not rows.size:
+            return out
+        if self._row_arrays is None or len(self._row_arrays[0]) != len(self._keys):
+            self._row_arrays = (np.asarray(self._row_segment, dtype=np.int64),
+                                np.asarray(self._row_local, dtype=np.int64))
+        segment = self._row_arrays[0][rows]
+        local = self._row_arrays[1][rows]
+        for seg in np.unique(segment):
+            at = np.flatnonzero(segment == seg)
+            name = self._segments[int(seg)]
+            wanted, inverse = np.unique(local[at], return_inverse=True)
+            try:
+                codes_array, scale = self._open_segment(name)
+                codes = np.asarray(codes_array.get_orthogonal_selection((wanted, slice(None))))
+                bad = (codes == -128).any() if codes.dtype == np.int8 else np.isnan(codes).any()
+                bad = bad or not np.isfinite(scale[wanted]).all()
+            except (ValueError, OSError, KeyError, RuntimeError):
+                bad = True
+            if bad:
+                self._drop(int(seg))
+                raise CorruptedSegment(f"{self.directory}: segment {name} is damaged; dropped")
+            out[at] = decode(codes, scale[wanted])[inverse]
+        return out
+
+    def _drop(self, seg: int) -> None:
+        """Forget a damaged segment here and in the store (its molecules will be recomputed)."""
+        name = self._segments[seg]
+        for path in (self._join("commits", name + ".json"), self._join("segments", name)):
+            try:
+                self._fs.rm(path, recursive=True)
+            except (FileNotFoundError, OSError):
+                pass
+        self._arrays.pop(name, None)
+        keep = [i for i, s in enumerate(self._row_segment) if s != seg]
+        self._keys = [self._keys[i] for i in keep]
+        self._row_segment = [self._row_segment[i] for i in keep]
+        self._row_local = [self._row_local[i] for i in keep]
+        self._rows = {k: i for i, k in enumerate(self._keys)}
+        self._row_arrays = None
 
     # -- writing ---------------------------------------------------------------------------------------
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        with open(self.directory / "lock", "a+") as handle:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
     def append(self, keys: Sequence[str], coordinates: np.ndarray) -> int:
-        """Commit a block of coordinates (keys already present are skipped); returns the rows added.
+        """Commit a block of coordinates as one new segment (keys already present are skipped); returns the
+        rows added.
 
         Parameters
         ----------
         keys : sequence of str, length n
         coordinates : ndarray of shape (n, d)
         """
-        coords = np.ascontiguousarray(coordinates, dtype=np.float64)
+        coords = np.asarray(coordinates, dtype=np.float64)
         if coords.ndim != 2 or coords.shape[0] != len(keys):
             raise ValueError(f"coordinates must have shape ({len(keys)}, d), got {coords.shape}")
-        with self._locked():
-            self.refresh()
-            if self.dim is None:
-                self.dim = int(coords.shape[1])
-                self._write_atomic(self.directory / "meta.json", {"key": self.key, "dim": self.dim,
-                                                                   "dtype": "float64",
-                                                                   "layout_version": LAYOUT_VERSION})
-            elif coords.shape[1] != self.dim:
-                raise ValueError(f"coordinates cache {self.directory}: dimension {coords.shape[1]} != {self.dim}")
-            fresh: dict[str, int] = {}
-            for i, k in enumerate(keys):
-                if k not in self._rows and k not in fresh:
-                    fresh[k] = i
-            if not fresh:
-                return 0
-            block = coords[list(fresh.values())]
-            start = len(self._keys)
-            data_path = self.directory / "data.f64"
-            with open(data_path, "ab") as _:
-                pass
-            with open(data_path, "r+b") as handle:
-                # Rows past the committed end are from an interrupted write: overwrite them.
-                handle.truncate(start * self.dim * 8)
-                handle.seek(start * self.dim * 8)
-                handle.write(block.tobytes())
-                handle.flush()
-                os.fsync(handle.fileno())
-            index_dir = self.directory / "index"
-            index_dir.mkdir(exist_ok=True)
-            seq = self._seq + 1
-            self._write_atomic(index_dir / f"seg-{seq:012d}.json",
-                               {"seq": seq, "start": start, "keys": list(fresh)})
-            self._keys.extend(fresh)
-            for offset, k in enumerate(fresh):
-                self._rows[k] = start + offset
-            self._seq = seq
-            self._mmap = None
-            self._maybe_consolidate(index_dir)
-            return len(fresh)
+        self.refresh()
+        if self.dim is None:
+            self.dim = int(coords.shape[1])
+            self._put_json(self._join("store.json"), {"layout_version": LAYOUT_VERSION, "key": self.key,
+                                                      "dim": self.dim, "encoding": self.encoding})
+            self._read_meta()  # a concurrent creator may have won: use what the store says
+        if coords.shape[1] != self.dim:
+            raise ValueError(f"coordinates cache {self.directory}: dimension {coords.shape[1]} != {self.dim}")
+        fresh: dict[str, int] = {}
+        for i, k in enumerate(keys):
+            if k not in self._rows and k not in fresh:
+                fresh[k] = i
+        if not fresh:
+            return 0
+        block = coords[list(fresh.values())]
+        name = f"{time.time_ns():016x}-{os.getpid():x}-{uuid.uuid4().hex[:8]}"
+        self._write_segment(name, block)
+        self._put_json(self._join("commits", name + ".json"), {"keys": list(fresh)})
+        self.refresh()
+        return len(fresh)
 
-    @staticmethod
-    def _write_atomic(path: Path, obj: Any) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as handle:
-            json.dump(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
+    def _write_segment(self, name: str, block: np.ndarray) -> None:
+        import zarr
+        from zarr.codecs import Crc32cCodec, ZstdCodec
 
-    def _maybe_consolidate(self, index_dir: Path) -> None:
-        names = os.listdir(index_dir)
-        segs = [n for n in names if _SEG_RE.match(n)]
-        if len(segs) < CONSOLIDATE_AFTER:
+        codes, scale = encode(block, self.encoding)
+        n, d = codes.shape
+        inner = min(INNER_ROWS, n)
+        store = self._zarr_store()
+        fill = -128 if self.encoding == "int8" else float("nan")
+        array = zarr.create_array(store=store, name=f"segments/{name}/codes", shape=(n, d), dtype=codes.dtype,
+                                  chunks=(inner, d), shards=(-(-n // inner) * inner, d), fill_value=fill,
+                                  compressors=[ZstdCodec(level=3), Crc32cCodec()], overwrite=True)
+        array[:] = codes
+        scales = zarr.create_array(store=store, name=f"segments/{name}/scale", shape=(n,), dtype="float32",
+                                   chunks=(n,), fill_value=float("nan"), compressors=[Crc32cCodec()],
+                                   overwrite=True)
+        scales[:] = scale
+        if self._local:
+            for part in ("codes", "scale"):
+                for dirpath, _, files in os.walk(Path(self._path) / "segments" / name / part):
+                    for f in files:
+                        with open(os.path.join(dirpath, f), "rb+") as handle:
+                            os.fsync(handle.fileno())
+
+    # -- the layout-1 cache (one memory-mapped float64 file) ---------------------------------------------
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        Path(self._path).mkdir(parents=True, exist_ok=True)
+        with open(Path(self._path) / "lock", "a+") as handle:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+    def _migrate_layout_1(self, block_size: int = 8192) -> None:
+        """Move a layout-1 cache (``meta.json``, ``data.f64``, ``index/seg-*.json`` / ``all-*.json``) into this
+        layout, then delete its files; done once, under the old writers' lock."""
+        directory = Path(self._path)
+        if not (directory / "data.f64").exists():
             return
-        self._write_atomic(index_dir / f"all-{self._seq:012d}.json", {"seq": self._seq, "keys": self._keys})
-        for name in os.listdir(index_dir):
-            seg, whole = _SEG_RE.match(name), _ALL_RE.match(name)
-            if (seg and int(seg.group(1)) <= self._seq) or (whole and int(whole.group(1)) < self._seq):
+        with self._locked():
+            if not (directory / "data.f64").exists():
+                return  # another process migrated it meanwhile
+            try:
+                meta = json.loads((directory / "meta.json").read_text())
+                dim = int(meta["dim"])
+                keys = _layout_1_keys(directory / "index")
+            except (OSError, ValueError, KeyError, TypeError):
+                keys, dim = [], 0  # unreadable: nothing to keep, the coordinates are recomputed
+            if keys and dim:
+                data = np.memmap(directory / "data.f64", dtype=np.float64, mode="r", shape=(len(keys), dim))
+                self.refresh()
+                for start in range(0, len(keys), block_size):
+                    self.append(keys[start:start + block_size], np.asarray(data[start:start + block_size]))
+                del data
+            for name in ("data.f64", "meta.json"):
                 try:
-                    os.remove(index_dir / name)
+                    os.remove(directory / name)
                 except FileNotFoundError:
                     pass
+            for name in os.listdir(directory / "index") if (directory / "index").is_dir() else []:
+                if name.startswith(("seg-", "all-")):
+                    os.remove(directory / "index" / name)
 
-    # -- the main entry point --------------------------------------------------------------------------
+    # -- the main entry points ---------------------------------------------------------------------------
+    def coordinates(self, keys: Sequence[str], molecules: Callable[[np.ndarray], Sequence[Any]],
+                    compute: Callable[[list[Any]], np.ndarray], block_size: int = 2048) -> np.ndarray:
+        """Coordinates of ``keys``, computing (and committing) those not stored yet, and again those of a
+        segment found damaged while reading.
+
+        Parameters
+        ----------
+        keys : sequence of str, length n
+        molecules : callable
+            ``molecules(positions)`` -> the molecule records of ``keys[positions]`` (only called for missing ones).
+        compute : callable
+            ``compute(list_of_molecules) -> ndarray (len, d)``, normally ``model.candidate_coordinates``.
+
+        Returns
+        -------
+        ndarray of shape (n, d), float64
+        """
+        for attempt in range(3):
+            rows = self.rows(keys)
+            missing = np.flatnonzero(rows < 0)
+            if missing.size:
+                self.ensure(molecules(missing), compute, keys=[keys[i] for i in missing], block_size=block_size)
+                rows = self.rows(keys)
+                if (rows < 0).any():
+                    raise RuntimeError("coordinates cache: a computed block was not committed")
+            if len(keys) == 0:
+                return np.empty((0, self.dim or 0))
+            try:
+                return self.read(rows)
+            except CorruptedSegment:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
     def get(self, molecules: Sequence[Any], compute: Callable[[list[Any]], np.ndarray],
             keys: Sequence[str] | None = None, block_size: int = 2048,
             progress: Callable[[int], None] | None = None) -> np.ndarray:
-        """Coordinates of ``molecules``, computing (in blocks) and committing only those not yet cached.
+        """Coordinates of ``molecules``, computing (in blocks) and committing only those not yet stored.
 
         Parameters
         ----------
@@ -306,18 +466,15 @@ class CoordinatesCache:
         """
         if keys is None:
             keys = [molecule_key(m) for m in molecules]
-        self.ensure(molecules, compute, keys=keys, block_size=block_size, progress=progress)
-        rows = self.rows(keys)
-        if (rows < 0).any():
-            raise RuntimeError("coordinates cache: a computed block was not committed")
-        if len(keys) == 0:
-            return np.empty((0, self.dim or 0))
-        return self.read(rows)
+        if progress is not None:
+            self.ensure(molecules, compute, keys=keys, block_size=block_size, progress=progress)
+        return self.coordinates(keys, lambda positions: [molecules[i] for i in positions], compute,
+                                block_size=block_size)
 
     def ensure(self, molecules: Sequence[Any], compute: Callable[[list[Any]], np.ndarray],
                keys: Sequence[str] | None = None, block_size: int = 2048,
                progress: Callable[[int], None] | None = None) -> int:
-        """Compute and commit the coordinates of the molecules not cached yet; returns how many were computed."""
+        """Compute and commit the coordinates of the molecules not stored yet; returns how many were computed."""
         if keys is None:
             keys = [molecule_key(m) for m in molecules]
         self.refresh()
@@ -334,11 +491,38 @@ class CoordinatesCache:
                 progress(len(chunk))
         return len(todo)
 
+    def stored_bytes(self) -> int:
+        """Bytes the store takes (segments, commit records, metadata)."""
+        total = 0
+        for path in self._fs.find(self._path):
+            total += int(self._fs.info(path).get("size") or 0)
+        return total
+
+
+def _layout_1_keys(index_dir: Path) -> list[str]:
+    """The committed keys of a layout-1 cache, in row order (consolidated index, then segments without gaps)."""
+    names = os.listdir(index_dir)
+    alls = sorted((int(n[4:-5]), n) for n in names if n.startswith("all-") and n.endswith(".json"))
+    segs = sorted((int(n[4:-5]), n) for n in names if n.startswith("seg-") and n.endswith(".json"))
+    keys: list[str] = []
+    seq = 0
+    if alls:
+        seq, name = alls[-1]
+        keys = list(json.loads((index_dir / name).read_text())["keys"])
+    for s, name in segs:
+        if s <= seq:
+            continue
+        seg = json.loads((index_dir / name).read_text())
+        if int(seg["start"]) != len(keys):
+            break  # a gap means a lost segment: everything after it is unusable
+        keys.extend(seg["keys"])
+    return keys
+
 
 def cached_candidate_coordinates(model: Any, molecules: Sequence[Any], root: str | os.PathLike | None = None,
                                  cache: CoordinatesCache | None = None, keys: Sequence[str] | None = None
                                  ) -> np.ndarray:
-    """``model.candidate_coordinates(molecules)`` through the on-disk cache (shape (n, d)).
+    """``model.candidate_coordinates(molecules)`` through the store (shape (n, d)).
 
     ``root=False``-like use (no caching) is :meth:`Model.candidate_coordinates` itself.
     """

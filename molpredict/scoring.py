@@ -126,16 +126,10 @@ class CandidateCoordinates:
             timings["featurize_s"] += time.perf_counter() - t0
             return coords
         keys = self.source.keys(ids)
-        rows = cache.rows(keys)
-        missing = np.flatnonzero(rows < 0)
-        if missing.size:
-            molecules = self.source.molecules(ids[missing])
-            cache.ensure(molecules, sub.model.candidate_coordinates, keys=[keys[i] for i in missing])
-            rows = cache.rows(keys)
-            timings["featurize_s"] += time.perf_counter() - t0
-        t1 = time.perf_counter()
-        coords = cache.read(rows)
-        timings["cache_read_s"] += time.perf_counter() - t1
+        computing = bool((cache.rows(keys) < 0).any())
+        coords = cache.coordinates(keys, lambda positions: self.source.molecules(ids[positions]),
+                                   sub.model.candidate_coordinates)
+        timings["featurize_s" if computing else "cache_read_s"] += time.perf_counter() - t0
         return coords
 
 

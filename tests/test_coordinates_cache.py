@@ -1,13 +1,15 @@
-"""The on-disk candidate-coordinates cache: lazy computation, persistence, crash safety, consolidation."""
+"""The candidate-coordinates store: lazy computation, persistence, compact int8 encoding, crash safety, damaged
+chunks recomputed, concurrent writers, migration of the old memory-mapped layout."""
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from molpredict import coordinates_cache
-from molpredict.coordinates_cache import CoordinatesCache, molecule_key
+from molpredict.coordinates_cache import CoordinatesCache, decode, encode, molecule_key
 from molpredict.molecules import Molecule
 
 
@@ -37,10 +39,14 @@ def test_molecule_key_never_computes_inchi():
     assert molecule_key(m) == "smiles:CCO" and m._inchikey is None
 
 
+def exact(root, key="k"):
+    return CoordinatesCache(root, key, encoding="float64")
+
+
 def test_second_run_computes_nothing(tmp_path):
     f = Featurizer()
     molecules = mols(10)
-    first = CoordinatesCache(tmp_path, "k1").get(molecules, f, block_size=4)
+    first = exact(tmp_path, "k1").get(molecules, f, block_size=4)
     assert sum(len(a) for a in f.asked) == 10 and [len(a) for a in f.asked] == [4, 4, 2]
     np.testing.assert_array_equal(first, Featurizer()(molecules))
     f2 = Featurizer()
@@ -54,7 +60,7 @@ def test_second_run_computes_nothing(tmp_path):
 
 
 def test_only_missing_and_duplicates_once(tmp_path):
-    cache = CoordinatesCache(tmp_path, "k")
+    cache = exact(tmp_path)
     f = Featurizer()
     cache.get(mols(5), f)
     f.asked.clear()
@@ -65,10 +71,28 @@ def test_only_missing_and_duplicates_once(tmp_path):
     assert len(cache) == 8
 
 
+def test_int8_rows_with_a_scale_each_bound_the_error(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 64)) * rng.uniform(0.01, 100, size=(300, 1))
+    x[7] = 0.0
+    codes, scale = encode(x, "int8")
+    assert codes.dtype == np.int8 and codes.min() >= -127 and scale.dtype == np.float32
+    peak = np.abs(x).max(axis=1)
+    np.testing.assert_allclose(scale, peak / 127, rtol=1e-6)
+    # round to nearest code: error at most half a step (plus the float32 rounding of the scale)
+    assert (np.abs(decode(codes, scale) - x) <= scale[:, None] * 0.5 + peak[:, None] * 1e-6).all()
+    assert (decode(codes, scale)[7] == 0).all()
+    cache = CoordinatesCache(tmp_path, "q")  # int8 is the default
+    keys = [f"m{i}" for i in range(300)]
+    cache.append(keys, x)
+    np.testing.assert_array_equal(CoordinatesCache(tmp_path, "q").read(cache.rows(keys)), decode(codes, scale))
+    assert cache.encoding == "int8" and cache.stored_bytes() < 300 * (64 + 4) + 4096
+
+
 def test_interrupt_keeps_finished_blocks(tmp_path):
     f = Featurizer(fail_after=2)
     with pytest.raises(KeyboardInterrupt):
-        CoordinatesCache(tmp_path, "k").get(mols(10), f, block_size=3)
+        exact(tmp_path).get(mols(10), f, block_size=3)
     cache = CoordinatesCache(tmp_path, "k")
     assert len(cache) == 6
     f2 = Featurizer()
@@ -77,33 +101,47 @@ def test_interrupt_keeps_finished_blocks(tmp_path):
     np.testing.assert_array_equal(out, Featurizer()(mols(10)))
 
 
-def test_garbage_after_committed_rows_is_overwritten(tmp_path):
-    cache = CoordinatesCache(tmp_path, "k")
-    cache.get(mols(4), Featurizer())
-    # an interrupted write left half a row past the committed end, and its segment was never written
-    with open(tmp_path / "k" / "data.f64", "ab") as handle:
-        handle.write(b"\x01" * 20)
-    cache2 = CoordinatesCache(tmp_path, "k")
-    out = cache2.get(mols(7), Featurizer())
-    np.testing.assert_array_equal(out, Featurizer()(mols(7)))
-    assert os.path.getsize(tmp_path / "k" / "data.f64") == 7 * 5 * 8
-    np.testing.assert_array_equal(CoordinatesCache(tmp_path, "k").get(mols(7), Featurizer(fail_after=0)), out)
-
-
-def test_consolidation(tmp_path, monkeypatch):
-    monkeypatch.setattr(coordinates_cache, "CONSOLIDATE_AFTER", 4)
-    cache = CoordinatesCache(tmp_path, "k")
-    for i in range(11):
-        cache.append([f"m{i}"], np.full((1, 3), float(i)))
-    names = sorted(os.listdir(tmp_path / "k" / "index"))
-    assert sum(n.startswith("all-") for n in names) == 1 and sum(n.startswith("seg-") for n in names) < 4
+def test_a_segment_without_its_commit_record_does_not_count(tmp_path):
+    cache = exact(tmp_path)
+    cache.get(mols(4), Featurizer(), block_size=2)
+    commits = sorted((tmp_path / "k" / "commits").iterdir())
+    commits[-1].unlink()  # the writer died between its arrays and its commit record
+    (tmp_path / "k" / "commits" / "torn.json").write_text('{"keys": ["KEY0')  # a torn record
     fresh = CoordinatesCache(tmp_path, "k")
-    assert len(fresh) == 11
-    np.testing.assert_array_equal(fresh.read(fresh.rows([f"m{i}" for i in range(11)]))[:, 0], np.arange(11.0))
+    assert len(fresh) == 2
+    f = Featurizer()
+    np.testing.assert_array_equal(fresh.get(mols(4), f), Featurizer()(mols(4)))
+    assert sum(f.asked, []) == [m.smiles for m in mols(4)[2:]]
+
+
+def chunk_files(root):
+    return sorted(p for p in Path(root).rglob("*") if p.is_file() and "/codes/c/" in str(p))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete"])
+def test_a_damaged_chunk_is_detected_and_recomputed(tmp_path, damage):
+    cache = CoordinatesCache(tmp_path, "k")
+    expected = cache.get(mols(9), Featurizer(), block_size=3)
+    victim = chunk_files(tmp_path / "k")[1]
+    data = bytearray(victim.read_bytes())
+    if damage == "flip":
+        data[len(data) // 3] ^= 0xFF
+        victim.write_bytes(bytes(data))
+    elif damage == "truncate":
+        victim.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        victim.unlink()
+    f = Featurizer()
+    again = CoordinatesCache(tmp_path, "k").get(mols(9), f)
+    np.testing.assert_array_equal(again, expected)
+    assert len(sum(f.asked, [])) == 3  # exactly the damaged block's molecules
+    f2 = Featurizer()
+    np.testing.assert_array_equal(CoordinatesCache(tmp_path, "k").get(mols(9), f2), expected)
+    assert f2.asked == []
 
 
 def test_two_writers_share_the_cache(tmp_path):
-    a, b = CoordinatesCache(tmp_path, "k"), CoordinatesCache(tmp_path, "k")
+    a, b = exact(tmp_path), exact(tmp_path)
     a.append(["x", "y"], np.array([[1.0, 2.0], [3.0, 4.0]]))
     b.append(["y", "z"], np.array([[3.0, 4.0], [5.0, 6.0]]))  # b has not seen a's rows yet
     a.refresh()
@@ -112,3 +150,42 @@ def test_two_writers_share_the_cache(tmp_path):
         np.testing.assert_array_equal(cache.read(cache.rows(["z", "x"])), [[5.0, 6.0], [1.0, 2.0]])
     with pytest.raises(ValueError, match="dimension"):
         a.append(["w"], np.zeros((1, 3)))
+    names = [p.name for p in (tmp_path / "k" / "segments").iterdir() if p.is_dir()]
+    assert len(names) == len(set(names)) == 2  # one segment (its own files) per committed block
+
+
+def test_fsspec_url(tmp_path):
+    cache = CoordinatesCache(f"file://{tmp_path}", "k", encoding="float64")
+    out = cache.get(mols(5), Featurizer())
+    np.testing.assert_array_equal(CoordinatesCache(tmp_path, "k").get(mols(5), Featurizer(fail_after=0)), out)
+
+
+def write_layout_1(directory, keys, data):
+    """A cache as the memory-mapped layout 1 wrote it (meta.json, data.f64, index segments)."""
+    directory.mkdir(parents=True)
+    (directory / "meta.json").write_text(json.dumps({"key": directory.name, "dim": data.shape[1],
+                                                      "dtype": "float64", "layout_version": 1}))
+    (directory / "data.f64").write_bytes(np.ascontiguousarray(data, dtype=np.float64).tobytes())
+    (directory / "index").mkdir()
+    half = len(keys) // 2
+    (directory / "index" / "seg-000000000001.json").write_text(json.dumps({"seq": 1, "start": 0,
+                                                                            "keys": keys[:half]}))
+    (directory / "index" / "seg-000000000002.json").write_text(json.dumps({"seq": 2, "start": half,
+                                                                            "keys": keys[half:]}))
+
+
+def test_old_layout_is_migrated_never_misread(tmp_path):
+    keys = [m.inchikey for m in mols(6)]
+    data = Featurizer()(mols(6))
+    write_layout_1(tmp_path / "k", keys, data)
+    cache = CoordinatesCache(tmp_path, "k", encoding="float64")
+    assert len(cache) == 6
+    np.testing.assert_array_equal(cache.read(cache.rows(keys[::-1])), data[::-1])
+    assert not (tmp_path / "k" / "data.f64").exists() and not (tmp_path / "k" / "meta.json").exists()
+    np.testing.assert_array_equal(CoordinatesCache(tmp_path, "k").get(mols(6), Featurizer(fail_after=0)), data)
+    # an unreadable old cache is dropped and recomputed
+    write_layout_1(tmp_path / "j", keys, data)
+    (tmp_path / "j" / "meta.json").write_text("{not json")
+    f = Featurizer()
+    np.testing.assert_array_equal(CoordinatesCache(tmp_path, "j", encoding="float64").get(mols(6), f), data)
+    assert len(sum(f.asked, [])) == 6
