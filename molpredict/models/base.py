@@ -19,15 +19,24 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from ..component import Component
+from ..errors import InputError
 from ..specs import ComponentSpec
 
-__all__ = ["Model", "TEXT_OUTPUT_KERNEL"]
+__all__ = ["Model", "TEXT_OUTPUT_KERNEL", "check_pairs"]
 
 #: The output kernel of text -> molecule models: the cosine of chirality-aware Morgan counts (a text hit is the
 #: same stereoisomer: plain bits tie every stereoisomer with the truth). On the held-out 10% of ChEBI-20's val.tsv
 #: against all 33,010 molecules SISOKR with it ranks the truth first for 8.8% of the descriptions, MRR 0.149,
 #: where the chiral Gaussian-Tanimoto on bits got 0.0% / 0.055 and on counts 0.0% / 0.059.
 TEXT_OUTPUT_KERNEL = "fingerprint-cosine:chiral=true"
+
+
+def check_pairs(inputs: Sequence[Any], molecules: Sequence[Any], minimum: int = 1, what: str = "training") -> None:
+    """Refuse (InputError) inputs and labels that do not pair one to one, or fewer than ``minimum`` pairs."""
+    if len(inputs) != len(molecules):
+        raise InputError(f"{len(inputs)} {what} inputs but {len(molecules)} molecules: they must pair one to one")
+    if len(inputs) < minimum:
+        raise InputError(f"{len(inputs)} {what} pairs: at least {minimum} needed")
 
 
 class Model(Component, ABC):

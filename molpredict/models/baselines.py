@@ -29,11 +29,11 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import InputError, ModelFileError
+from ..errors import ModelFileError
 from ..device import resolve_device
 from ..features import bin_spectra
 from ..molecules import Molecule, fingerprint_matrix
-from .base import Model
+from .base import Model, check_pairs
 
 __all__ = [
     "RandomBaseline",
@@ -155,13 +155,6 @@ def _check_fitted(model: Model, attribute: str) -> None:
         raise RuntimeError(f"{type(model).__name__} is not fitted: call fit(inputs, molecules) first")
 
 
-def _check_lengths(inputs: Sequence[Any], molecules: Sequence[Any]) -> None:
-    if len(inputs) != len(molecules):
-        raise InputError(f"{len(inputs)} inputs but {len(molecules)} molecules: they must pair one to one")
-    if len(inputs) == 0:
-        raise InputError("no training examples")
-
-
 def _state_params(cls: type[Model], metadata: dict[str, Any]) -> dict[str, Any]:
     params = metadata.get("params")
     if not isinstance(params, dict):
@@ -195,7 +188,7 @@ class RandomBaseline(Model):
         pass
 
     def fit(self, inputs, molecules, val=None) -> "RandomBaseline":
-        _check_lengths(inputs, molecules)
+        check_pairs(inputs, molecules)
         self.n_train_ = len(inputs)
         return self
 
@@ -213,6 +206,8 @@ class RandomBaseline(Model):
 
     @classmethod
     def from_state(cls, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> "RandomBaseline":
+        if metadata.get("output") != {"kind": "constant"}:
+            raise ModelFileError("random baseline state: not a random baseline's")
         model = cls()
         model.n_train_ = int(metadata.get("n_train", 0))
         return model
@@ -262,7 +257,7 @@ class PriorBaseline(_FingerprintMixin, Model):
         self.block_size = block_size
 
     def fit(self, inputs, molecules, val=None) -> "PriorBaseline":
-        _check_lengths(inputs, molecules)
+        check_pairs(inputs, molecules)
         structure_similarity(np.zeros((1, 1)), np.zeros((1, 1)), self.similarity)  # validates the name
         distinct, _ = unique_structures(list(molecules))
         self.train_fingerprints_ = self._fingerprints(distinct)
@@ -431,7 +426,7 @@ class FingerprintFFN(_FingerprintMixin, Model):
         import torch
         import torch.nn.functional as F
 
-        _check_lengths(inputs, molecules)
+        check_pairs(inputs, molecules)
         if self.counts:
             raise ValueError("fingerprint-ffn predicts bits: counts must be false")
         device = resolve_device(self.device)
@@ -587,7 +582,7 @@ class LibraryKNN(_FingerprintMixin, Model):
         return create("input_kernel", self.input_kernel)
 
     def fit(self, inputs, molecules, val=None) -> "LibraryKNN":
-        _check_lengths(inputs, molecules)
+        check_pairs(inputs, molecules)
         if self.k < 1:
             raise ValueError(f"library-knn: k must be >= 1, got {self.k}")
         inputs = list(inputs)

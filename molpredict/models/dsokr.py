@@ -40,7 +40,7 @@ import torch
 from ..decoding import query_metrics, true_rank_counts
 from ..errors import ModelFileError, SpecError
 from ..specs import nested_spec
-from .base import Model
+from .base import Model, check_pairs
 from .basis import SketchedOutputBasis, distinct_objects, output_key
 from .losses import make_loss, squared_distance
 
@@ -309,8 +309,7 @@ class DSOKR(Model):
         """
         self._check_params()
         inputs, molecules = list(inputs), list(molecules)
-        if len(inputs) != len(molecules) or not inputs:
-            raise SpecError(f"dsokr: {len(inputs)} inputs for {len(molecules)} outputs")
+        check_pairs(inputs, molecules)
         if self.member_weights == "fit" and val is None:
             raise SpecError("dsokr: member_weights=fit needs validation data")
         device = self._device()

@@ -70,12 +70,12 @@ import torch
 
 from ..component import frozen_spec
 from ..device import resolve_device, resolve_dtype
-from ..errors import ModelFileError, MolpredictError, ResourceError, SpecError
+from ..errors import InputError, ModelFileError, MolpredictError, ResourceError, SpecError
 from ..registry import create, get_registry
 from ..nystrom import Nystrom, lapack_threads, objects_from_state, objects_to_state
 from ..sketches import Sketch, make_sketch
 from ..specs import ComponentSpec, Grid, parse_spec, parse_values
-from .base import Model
+from .base import Model, check_pairs
 from .distinct import distinct_positions
 
 __all__ = ["IOKR", "SIOKR", "ISOKR", "SISOKR"]
@@ -568,10 +568,7 @@ class _OKRBase(Model):
             all the data with the chosen point.
         """
         inputs, molecules = list(inputs), list(molecules)
-        if len(inputs) != len(molecules):
-            raise ValueError(f"fit: {len(inputs)} inputs but {len(molecules)} labels")
-        if len(inputs) < 2:
-            raise ValueError("fit: need at least two training pairs")
+        check_pairs(inputs, molecules, minimum=2)
         in_specs = parse_spec(self.input_kernel).expand()
         out_specs = parse_spec(self.output_kernel).expand()
         lams = lam_grid(self.lam)
@@ -580,15 +577,14 @@ class _OKRBase(Model):
         profile = _Profile(device)
         if val is not None:
             val_inputs, val_molecules = list(val[0]), list(val[1])
-            if len(val_inputs) != len(val_molecules) or not val_inputs:
-                raise ValueError("fit: val must be two non-empty sequences of the same length")
+            check_pairs(val_inputs, val_molecules, what="validation")
             points, best = self._fit_grid(inputs, molecules, (val_inputs, val_molecules), in_specs, out_specs,
                                           lams, profile)
             source = "val"
         elif n_points > 1:
             train, held = split_by_structure(molecules, float(self.val_fraction), int(self.seed))
             if held.size == 0:
-                raise ValueError("fit: a grid search needs val data or at least two distinct structures")
+                raise InputError("a grid search needs validation data or at least two distinct structures")
             points, best = self._fit_grid([inputs[i] for i in train], [molecules[i] for i in train],
                                           ([inputs[i] for i in held], [molecules[i] for i in held]),
                                           in_specs, out_specs, lams, profile, build=False)
@@ -747,8 +743,7 @@ class _OKRBase(Model):
     def kernel_loss(self, inputs: Sequence[Any], molecules: Sequence[Any]) -> float:
         """Mean kernel loss ||h(x) - psi_y(y)||^2 = c^T K~_y c - 2 c . R_y k_y^y + k_y(y, y) over the pairs."""
         inputs, molecules = list(inputs), list(molecules)
-        if len(inputs) != len(molecules) or not inputs:
-            raise ValueError("kernel_loss: need two non-empty sequences of the same length")
+        check_pairs(inputs, molecules, what="kernel-loss")
         c = self.predict_coordinates(inputs)
         q = self.candidate_coordinates(molecules)
         diag = self.output_kernel_.diagonal(molecules)

@@ -26,7 +26,7 @@ import torch
 
 from ..errors import ModelFileError, SpecError
 from ..specs import nested_spec, parse_spec
-from .base import Model
+from .base import Model, check_pairs
 from ..nystrom import Nystrom
 from .basis import SketchedOutputBasis
 from .losses import make_loss
@@ -127,8 +127,7 @@ class RobustOKR(Model):
             raise SpecError(f"okr-robust: lam must be > 0, got {self.lam}")
         loss_fn = make_loss(nested_spec(self.loss))
         inputs, molecules = list(inputs), list(molecules)
-        if len(inputs) != len(molecules) or not inputs:
-            raise SpecError(f"okr-robust: {len(inputs)} inputs for {len(molecules)} outputs")
+        check_pairs(inputs, molecules)
         from ..device import resolve_device
         device = resolve_device(self.device)
 
