@@ -11,15 +11,50 @@ from .errors import InputError
 if TYPE_CHECKING:
     from .identify import IdentifyOptions
 
-__all__ = ["CandidateSource", "LibrarySource", "SetSource"]
+__all__ = ["CandidateSource", "LibrarySource", "SetSource", "precursor_tolerance", "UNIT_RESOLUTION_DECIMALS",
+           "UNIT_RESOLUTION_TOLERANCE"]
+
+#: A precursor m/z written with this many decimals or fewer is a unit-resolution measurement (ion trap,
+#: quadrupole): in MassBank, such records (RIKEN ReSpect, Keio...) are off by up to 0.4 from the exact m/z.
+UNIT_RESOLUTION_DECIMALS = 2
+#: ... and is matched within half a unit (m/z), the accuracy of a unit-resolution instrument.
+UNIT_RESOLUTION_TOLERANCE = 0.5
+
+
+def precursor_tolerance(precision: float | None) -> float:
+    """The half-width (m/z) that a precursor m/z's written precision allows.
+
+    Parameters
+    ----------
+    precision : float or None
+        ``10**-decimals`` of the written precursor m/z (``Spectrum.precursor_mz_precision``).
+
+    Returns
+    -------
+    float
+        :data:`UNIT_RESOLUTION_TOLERANCE` for at most :data:`UNIT_RESOLUTION_DECIMALS` decimals, else one unit
+        of the last written digit (``0.001`` for ``179.070``), 0 when unknown. Candidate selection uses the
+        larger of this (scaled to the neutral mass) and the ppm window.
+
+    Examples
+    --------
+    >>> precursor_tolerance(0.1), precursor_tolerance(0.01), precursor_tolerance(0.001), precursor_tolerance(None)
+    (0.5, 0.5, 0.001, 0.0)
+    """
+    if not precision or precision <= 0:
+        return 0.0
+    if precision >= 0.5 * 10.0 ** -UNIT_RESOLUTION_DECIMALS:
+        return UNIT_RESOLUTION_TOLERANCE
+    return float(precision)
 
 
 class CandidateSource:
     """Where candidates come from: ids into a table of molecules, with keys and output fields per id."""
 
     def select(self, spectrum: Any, mode: str, adducts: Sequence[Any], formula: str | None
-               ) -> tuple[np.ndarray, np.ndarray | None, str] | str:
-        """``(ids ascending, adduct name per id or None, adduct to report)`` for one query, or a skip reason."""
+               ) -> tuple[np.ndarray, np.ndarray | None, str, str] | str:
+        """``(ids ascending, adduct name per id or None, adduct to report, mass window used or "")`` for one
+        query, or a skip reason."""
         raise NotImplementedError
 
     def keys(self, ids: np.ndarray) -> list[str]:
@@ -59,8 +94,13 @@ class LibrarySource(CandidateSource):
         self.has_id = library.has_column("id")
 
     def select(self, spectrum: Any, mode: str, adducts: Sequence[Any], formula: str | None
-               ) -> tuple[np.ndarray, np.ndarray | None, str] | str:
-        """``(ids, adduct per id or None, reported adduct)`` or the skip reason."""
+               ) -> tuple[np.ndarray, np.ndarray | None, str, str] | str:
+        """``(ids, adduct per id or None, reported adduct, mass window)`` or the skip reason.
+
+        By mass, each adduct's neutral-mass window is the larger of ``options.ppm`` and what the precursor's
+        written precision allows (:func:`precursor_tolerance`, times ``|charge| / multiplier``; unless
+        ``options.precision_window`` is off); the window reported is ``"<ppm> ppm"`` or, when the precision
+        decided, ``"<tolerance> m/z"``."""
         from .molecules import neutral_mass, normalize_formula
 
         if formula and self.options.by is None:
@@ -81,12 +121,19 @@ class LibrarySource(CandidateSource):
                 self._formula_cache[formula] = ids
             adduct_names = None
             reported = adducts[0].name if len(adducts) == 1 else ""
+            window = ""
         else:
             if not spectrum.precursor_mz:
                 return "no precursor m/z (needed to select candidates by mass)"
             parts, names = [], []
-            masses = [neutral_mass(spectrum.precursor_mz, a) for a in adducts]
-            for adduct, ids_a in zip(adducts, self.library.select_by_masses(masses, self.options.ppm)):
+            masses = np.array([neutral_mass(spectrum.precursor_mz, a) for a in adducts], dtype=np.float64)
+            tolerance = 0.0
+            if getattr(self.options, "precision_window", True):
+                tolerance = precursor_tolerance(getattr(spectrum, "precursor_mz_precision", None))
+            floors = np.array([tolerance * abs(a.charge) / a.multiplier for a in adducts], dtype=np.float64)
+            wide = floors > np.abs(masses) * self.options.ppm * 1e-6
+            window = f"{tolerance:g} m/z" if wide.any() else f"{self.options.ppm:g} ppm"
+            for adduct, ids_a in zip(adducts, self.library.select_by_masses(masses, self.options.ppm, floors)):
                 parts.append(ids_a)
                 names.append(np.full(len(ids_a), adduct.name, dtype=object))
             if not parts:
@@ -103,9 +150,9 @@ class LibrarySource(CandidateSource):
             if adduct_names is not None:
                 adduct_names = adduct_names[keep]
         if ids.size == 0:
-            where = f"formula {formula}" if by == "formula" else f"mass within {self.options.ppm:g} ppm"
+            where = f"formula {formula}" if by == "formula" else f"mass within {window}"
             return f"no candidates in the library ({where})"
-        return ids, adduct_names, reported
+        return ids, adduct_names, reported, window
 
     def all_ids(self) -> np.ndarray:
         """Every usable row id (ascending): the whole library, or the rows of the ``sources`` filter."""
@@ -174,7 +221,7 @@ class SetSource(CandidateSource):
         ids = self._set_ids.get(inchikey.split("-", 1)[0])
         if ids is None:
             return "no candidate set for the structure"
-        return ids, None, adducts[0].name if len(adducts) == 1 else ""
+        return ids, None, adducts[0].name if len(adducts) == 1 else "", ""
 
     def keys(self, ids: np.ndarray) -> list[str]:
         return ["smiles:" + s for s in self._smiles[ids]]

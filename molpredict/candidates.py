@@ -467,13 +467,15 @@ class CandidateLibrary:
         selected = parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
         return np.asarray(selected, dtype=np.int64)
 
-    def mass_windows(self, masses: Sequence[float] | np.ndarray, ppm: float = 10.0
-                     ) -> tuple[np.ndarray, np.ndarray]:
+    def mass_windows(self, masses: Sequence[float] | np.ndarray, ppm: float = 10.0,
+                     min_tolerance: Sequence[float] | np.ndarray | float = 0.0) -> tuple[np.ndarray, np.ndarray]:
         """For each neutral mass M, the half-open range ``[start, end)`` of positions in the mass-sorted order
-        with ``|m - M| <= M * ppm * 1e-6``. Vectorised: the building block of :meth:`select_by_mass`."""
+        with ``|m - M| <= max(M * ppm * 1e-6, min_tolerance)`` (``min_tolerance`` in Da, one per mass or one
+        for all: what a precursor's written precision allows). Vectorised: the building block of
+        :meth:`select_by_mass`."""
         masses = np.asarray(masses, dtype=np.float64)
         _, sorted_masses = self._mass_index()
-        tolerance = np.abs(masses) * (float(ppm) * 1e-6)
+        tolerance = np.maximum(np.abs(masses) * (float(ppm) * 1e-6), np.asarray(min_tolerance, dtype=np.float64))
         start = np.searchsorted(sorted_masses, masses - tolerance, side="left")
         end = np.searchsorted(sorted_masses, masses + tolerance, side="right")
         return start, end
@@ -485,10 +487,12 @@ class CandidateLibrary:
         start, end = self.mass_windows(np.array([neutral_mass]), ppm)
         return np.sort(order[int(start[0]):int(end[0])])
 
-    def select_by_masses(self, masses: Sequence[float] | np.ndarray, ppm: float = 10.0) -> list[np.ndarray]:
-        """:meth:`select_by_mass` for many masses at once (one ascending index array per mass)."""
+    def select_by_masses(self, masses: Sequence[float] | np.ndarray, ppm: float = 10.0,
+                         min_tolerance: Sequence[float] | np.ndarray | float = 0.0) -> list[np.ndarray]:
+        """:meth:`select_by_mass` for many masses at once (one ascending index array per mass); see
+        :meth:`mass_windows` for ``min_tolerance``."""
         order, _ = self._mass_index()
-        start, end = self.mass_windows(masses, ppm)
+        start, end = self.mass_windows(masses, ppm, min_tolerance)
         return [np.sort(order[s:e]) for s, e in zip(start.tolist(), end.tolist())]
 
     def select_by_precursor(self, precursor_mz: float, adducts: str | Adduct | Iterable[str | Adduct],

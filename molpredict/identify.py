@@ -31,6 +31,8 @@ within one model.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import itertools
 import os
 import sys
 from collections import Counter
@@ -56,8 +58,14 @@ __all__ = [
     "IdentifierState",
     "identify_block",
     "rank_rows",
+    "unique_ids",
+    "ORIGINAL_ID",
     "read_formula_hints",
 ]
+
+
+#: metadata key of a spectrum's id as read, when the run renamed it to keep query ids unique
+ORIGINAL_ID = "original_id"
 
 
 @dataclass
@@ -70,6 +78,10 @@ class IdentifyOptions:
         None: by formula when the query has one, else by mass.
     ppm : float
         Mass window half-width (relative, parts per million of the neutral mass).
+    precision_window : bool
+        Widen the mass window to what the precursor m/z's written precision allows
+        (:func:`~molpredict.candidate_sources.precursor_tolerance`: half a unit for a precursor written with
+        two decimals or fewer).
     sources : sequence of str or None
         Keep only library rows of these sources.
     top_k : int
@@ -85,6 +97,7 @@ class IdentifyOptions:
 
     by: str | None = None
     ppm: float = 10.0
+    precision_window: bool = True
     sources: Sequence[str] | None = None
     top_k: int = 10
     formulas: dict[str, str] | None = None
@@ -184,16 +197,18 @@ def rank_rows(query: Query, scores: np.ndarray, source: CandidateSource, top_k: 
     top = order[:top_k]
     chosen = query.ids[top]
     fields = source.fields(chosen)
+    origin = getattr(query.spectrum, "file", None) or ""
+    record = getattr(query.spectrum, "record", None)
     rows = []
     for r, (pos, cid) in enumerate(zip(top, chosen)):
         confidence = (conf[0] if r == 0 else scores[pos] - scores[order[0]]) if n >= 2 else float("nan")
         rows.append({
-            "query_id": str(query.spectrum.id) if query_id is None else query_id, "rank": r + 1, "score": float(scores[pos]),
-            "confidence": float(confidence),
+            "query_id": str(query.spectrum.id) if query_id is None else query_id, "file": origin,
+            "record": record, "rank": r + 1, "score": float(scores[pos]), "confidence": float(confidence),
             "smiles": fields["smiles"][r], "inchikey": fields["inchikey"][r],
             "formula": fields["formula"][r],
             "adduct": query.adducts[pos] if query.adducts is not None else query.adduct,
-            "name": fields["name"][r], "id": fields["id"][r], "n_candidates": n,
+            "name": fields["name"][r], "id": fields["id"][r], "n_candidates": n, "mass_window": query.window,
         })
     return rows
 
@@ -255,7 +270,8 @@ class Identifier:
         return self._cleaners[mode]
 
     def _skip(self, spectrum: Any, reason: str) -> None:
-        self.skipped.append(Skipped(str(spectrum.id), reason))
+        self.skipped.append(Skipped(str(spectrum.id), reason, getattr(spectrum, "file", None) or "",
+                                    getattr(spectrum, "record", None)))
 
     def route(self, spectrum: Any, keep_empty: bool = False) -> tuple[str, SubModel, Any] | None:
         """``(ion mode, sub-model, cleaned spectrum)``, or None (with a skip entry) when there is no model for
@@ -271,7 +287,9 @@ class Identifier:
         cleaner = self._cleaner(mode, sub)
         cleaned = cleaner(spectrum) if cleaner is not None else spectrum
         if cleaned is None:
-            self._skip(spectrum, f"MS level {spectrum.ms_level} (the model takes MS{cleaner.ms_level})")
+            kind = spectrum.metadata.get("spectrum_type")
+            what = f"spectrum type {kind!r}, MS level" if kind else "MS level"
+            self._skip(spectrum, f"{what} {spectrum.ms_level} (the model takes MS{cleaner.ms_level})")
             return None
         if cleaned.n_peaks == 0 and not keep_empty:
             self._skip(spectrum, "no peaks after cleaning")
@@ -288,16 +306,18 @@ class Identifier:
         formula = None
         if self.options.formulas is not None:
             formula = self.options.formulas.get(str(spectrum.id))
+            if formula is None and ORIGINAL_ID in spectrum.metadata:  # a repeated id, made unique
+                formula = self.options.formulas.get(str(spectrum.metadata[ORIGINAL_ID]))
         if formula is None:
             formula = spectrum.formula
         selected = self.source.select(cleaned, mode, adducts, formula)
         if isinstance(selected, str):
             self._skip(spectrum, selected)
             return None
-        ids, adduct_names, reported = selected
+        ids, adduct_names, reported, window = selected
         if own:
             reported = adducts[0].name
-        return Query(position, cleaned, mode, sub, ids, adduct_names, reported)
+        return Query(position, cleaned, mode, sub, ids, adduct_names, reported, window=window)
 
     # -- scoring (see molpredict.scoring) ------------------------------------------------------------------
     def candidate_coordinates(self, sub: SubModel, ids: np.ndarray) -> np.ndarray:
@@ -325,18 +345,36 @@ class Identifier:
         """Output rows (dicts with :data:`~molpredict.io.results.OUTPUT_COLUMNS`) for every query, top-k per
         query, in input order; blocks of ``options.block_queries`` spectra go through ``executor`` (default
         in-process) as :func:`identify_block` tasks."""
+        for block in self.run_blocks(spectra, executor):
+            yield from block.rows
+
+    def run_blocks(self, spectra: Iterable[Any], executor: Executor | None = None, start: int = 0
+                   ) -> Iterator[IdentifiedBlock]:
+        """:meth:`run` block by block (the unit a resumable output commits), its accounting absorbed.
+
+        Parameters
+        ----------
+        spectra : iterable of Spectrum
+            The whole input, also when resuming (query ids are made unique over all of it).
+        executor : Executor, optional
+        start : int
+            Skip the first ``start`` spectra (finished by an earlier, interrupted run).
+        """
         executor = executor or InProcessExecutor()
         state = self if executor.in_process else IdentifierState(self)
         bar = None
         if self.progress:
             from tqdm import tqdm
             bar = tqdm(desc="identifying", unit=" spectra", file=sys.stderr)
-        blocks = chunked(enumerate(spectra), max(1, self.options.block_queries))
+        numbered = enumerate(unique_ids(spectra))
+        if start:
+            numbered = itertools.islice(numbered, start, None)
+        blocks = chunked(numbered, max(1, self.options.block_queries))
         try:
             for block in executor.map(identify_block, state, blocks,
                                       on_done=(lambda b: bar.update(b.n_queries)) if bar is not None else None):
                 self._absorb(block)
-                yield from block.rows
+                yield block
         finally:
             if bar is not None:
                 bar.close()
@@ -401,6 +439,27 @@ class IdentifierState(WorkerState):
 
     def load(self) -> Identifier:
         return Identifier(ModelBundle.load(self.bundle_path), self.source, self.options, cache_root=self.cache_root)
+
+
+def unique_ids(spectra: Iterable[Any]) -> Iterator[Any]:
+    """The spectra with ids unique within the stream: a repeated id gets the suffix ``#n`` (its n-th
+    occurrence: ``1``, ``1#2``, ``1#3``; GNPS files give ``SCANS=1`` to every record), the original id kept as
+    ``metadata["original_id"]``. Spectra with unique ids pass unchanged (not copied)."""
+    seen: set[str] = set()
+    counts: Counter = Counter()
+    for spectrum in spectra:
+        original = str(spectrum.id)
+        counts[original] += 1
+        if original not in seen:
+            seen.add(original)
+            yield spectrum
+            continue
+        n = counts[original]
+        while f"{original}#{n}" in seen:
+            n += 1
+        new_id = f"{original}#{n}"
+        seen.add(new_id)
+        yield dataclasses.replace(spectrum, id=new_id, metadata={**spectrum.metadata, ORIGINAL_ID: original})
 
 
 def identify_block(identifier: Identifier, block: Sequence[tuple[int, Any]]) -> IdentifiedBlock:

@@ -59,6 +59,8 @@ class Query:
     adducts: np.ndarray | None = None  # adduct name per candidate (object array) or None
     adduct: str = ""                   # the adduct reported when ``adducts`` is None
     true_key: str | None = None        # for evaluation: the true structure's InChIKey first block
+    window: str = ""                   # the mass window its candidates were selected with ("" by formula)
+    query_id: str | None = None        # its id in the output, unique within a run (default: the spectrum's)
 
 
 @contextmanager

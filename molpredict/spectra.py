@@ -88,6 +88,9 @@ class Spectrum:
     metadata : dict
         Everything else, with matchms-style keys: ``smiles``, ``inchikey``, ``formula``, ``compound_name``,
         ``license``, ``instrument_type``, ``collision_energy``, ...
+    precursor_mz_precision : float or None
+        The precursor m/z's written precision (``10**-decimals``: 0.1 for ``PEPMASS=224.1``); None when
+        unknown (binary formats). Candidate selection by mass widens its window to what it allows.
     file : str or None
         The file the spectrum was read from (set by the readers; None for spectra built in code).
     record : int or None
@@ -105,6 +108,7 @@ class Spectrum:
     ms_level: int = 2
     mz_precision: float | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    precursor_mz_precision: float | None = None
     file: str | None = None
     record: int | None = None
 
@@ -143,7 +147,8 @@ class Spectrum:
             return dataclasses.replace(self, mz=mz, intensities=intensities)
         # Direct construction: dataclasses.replace costs more than the cleaning step itself.
         return Spectrum(self.id, mz, intensities, self.precursor_mz, self.charge, self.ion_mode, self.adduct,
-                        self.ms_level, self.mz_precision, self.metadata, self.file, self.record)
+                        self.ms_level, self.mz_precision, self.metadata, self.precursor_mz_precision, self.file,
+                        self.record)
 
 
 # -- cleaning: pure functions ---------------------------------------------------------------------------------

@@ -234,12 +234,16 @@ def spectra(draw) -> Spectrum:
     adduct = draw(st.sampled_from([None, "[M+H]+", "[M+Na]+", "M+H weird"])) if ion_mode == "positive" else \
         draw(st.sampled_from([None, "[M-H]-"])) if ion_mode == "negative" else None
     metadata = draw(st.dictionaries(st.sampled_from(METADATA_KEYS), VALUE, max_size=4))
-    precursor = draw(st.one_of(st.none(), st.floats(1e-3, 5000)))
+    precursor_decimals = draw(st.integers(0, 6))
+    precursor = draw(st.one_of(st.none(), st.integers(1, 5000 * 10 ** precursor_decimals)))
+    if precursor is not None:
+        precursor /= 10 ** precursor_decimals
     if precursor is not None and draw(st.booleans()):
         metadata["precursor_intensity"] = draw(st.floats(0, 1e9))
     return Spectrum(id=draw(VALUE), mz=mz, intensities=intensities, precursor_mz=precursor, charge=charge,
                     ion_mode=ion_mode, adduct=adduct, ms_level=draw(st.integers(1, 5)),
-                    mz_precision=10.0 ** -decimals, metadata=metadata)
+                    mz_precision=10.0 ** -decimals, metadata=metadata,
+                    precursor_mz_precision=None if precursor is None else 10.0 ** -precursor_decimals)
 
 
 @FUZZ
@@ -259,6 +263,7 @@ def test_fuzz_mgf_round_trip_keeps_every_field(tmp_path, originals, packed):
         # documented: an adduct the file lacks may come from the compound name's last word
         assert y.adduct == (x.adduct or adduct_from_name(x.metadata.get("compound_name"), x.ion_mode))
         assert y.mz_precision == pytest.approx(x.mz_precision)
+        assert y.precursor_mz_precision == pytest.approx(x.precursor_mz_precision)
         assert y.metadata == x.metadata
 
 

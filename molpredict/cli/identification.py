@@ -5,6 +5,7 @@ A thin layer: each command parses options, calls :mod:`molpredict.training`, :mo
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -221,19 +222,31 @@ def _load_library(library: str | None, say, progress: bool, cache: bool | None =
               help="Candidate-coordinates cache (default: $MOLPREDICT_HOME/coordinates).")
 @click.option("--no-cache", is_flag=True, help="Do not read or write the coordinates cache.")
 @_cluster_option
+@click.option("--resume", is_flag=True,
+              help="Continue an interrupted run writing to -o FILE: its finished queries are kept, the rest done.")
+@click.option("--block-queries", default=512, show_default=True, type=click.IntRange(min=1),
+              help="Spectra per block (the unit in which the output is committed, and resumed).")
+@click.option("--ppm-only", is_flag=True,
+              help="Mass window of --ppm only, never widened to what the precursor's written precision allows.")
 @_progress_option
 @_quiet_option
 def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sources, formulas, top_k, output, fmt,
-             skipped_path, report_path, cache_dir, no_cache, cluster, progress, quiet) -> None:
+             skipped_path, report_path, cache_dir, no_cache, cluster, resume, block_queries, ppm_only, progress,
+             quiet) -> None:
     """Rank candidate structures for each spectrum of SPECTRA (.mgf, .msp, .mzML, .mzXML; stdin MGF when absent or -),
     or for each description given with --text / --text-file (a text model).
 
     \b
-    Output columns: query_id, rank, score, confidence, smiles, inchikey, formula, adduct, name, id, n_candidates.
+    Output columns: query_id, file, record, rank, score, confidence, smiles, inchikey, formula, adduct, name, id,
+    n_candidates, mass_window. query_id is the spectrum's id, made unique within the run (a repeated id gets
+    #2, #3...); file and record (1-based) say where it was read. mass_window: the window used by mass
+    ("10 ppm", or "0.5 m/z" for a precursor written with two decimals or fewer).
     Ranking: score descending, ties broken by InChIKey (ascending).
     Confidence: for rank 1, its score minus the runner-up's (the decision margin, >= 0); for the other
     ranks, the score minus the top score (<= 0); empty with a single candidate.
     Every spectrum appears in the output or in the skipped report (stderr summary, --skipped FILE).
+    -o FILE is written in blocks under FILE.partial and renamed when complete; after a kill, --resume
+    continues it.
     Text queries (query_id text1, text2, ...) are ranked against the whole library (or its --source rows);
     --by, --ppm, --formulas and --cluster apply to spectra only.
 
@@ -243,7 +256,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     """
     from ..candidate_sources import LibrarySource
     from ..identify import IdentifyOptions, Identifier, Skipped, read_formula_hints
-    from ..io.results import ResultWriter, output_format, write_skipped
+    from ..io.results import ResultWriter, ResumableOutput, output_format, write_skipped
     from ..spectra import SkipReport, read_spectra
 
     say = _say(quiet)
@@ -257,6 +270,8 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
         _identify_text(list(texts), text_file, model_path, library, sources, top_k, output, out_format,
                        cache_dir, no_cache, show, quiet)
         return
+    if resume and (not output or output == "-"):
+        raise InputError("--resume needs -o FILE (an interrupted run's output file)")
     spool = None
     if spectra_file in (None, "-"):
         if sys.stdin.isatty():
@@ -273,7 +288,8 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
             raise InputError(f"the model takes {bundle.input_type} input, not spectra: give --text or --text-file",
                              path=str(bundle.path))
         lib = _load_library(library, say, show)
-        options = IdentifyOptions(by=by, ppm=ppm, sources=list(sources) or None, top_k=top_k, formulas=hints)
+        options = IdentifyOptions(by=by, ppm=ppm, precision_window=not ppm_only, sources=list(sources) or None,
+                                  top_k=top_k, formulas=hints, block_queries=block_queries)
         identifier = Identifier(bundle, LibrarySource(lib, options), options,
                                 cache_root=_cache_root(cache_dir, no_cache), progress=show)
         html = None
@@ -282,23 +298,48 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
             html = Report(ReportOptions(top_k=min(top_k, 5)))
             spectra = html.watch(spectra)
         t0 = time.perf_counter()
+        stdin_name = "-" if spool else None
+        if output and output != "-":
+            fingerprint = _run_fingerprint(spectra_file, spool, model_path, library, by, ppm, not ppm_only,
+                                           sources, formulas, top_k)
+            sink = ResumableOutput(output, out_format, resume=resume, fingerprint=fingerprint)
+            if sink.done:
+                _restore(identifier, sink.blocks)
+                say(f"resuming {output}: {sink.done} spectra already done")
+        else:
+            sink = None
+            writer = ResultWriter(sys.stdout, out_format)
         executor = _executor(cluster, say)
-        handle = open(output, "w", encoding="utf-8", newline="") if output and output != "-" else sys.stdout
         try:
-            writer = ResultWriter(handle, out_format)
-            for row in identifier.run(spectra, executor=executor):
-                writer.write(row)
-                if html is not None:
-                    html.add_row(row)
-            writer.close()
+            for block in identifier.run_blocks(spectra, executor=executor, start=sink.done if sink else 0):
+                for row in block.rows:
+                    if stdin_name:
+                        row["file"] = stdin_name
+                    (sink or writer).write(row)
+                    if html is not None:
+                        html.add_row(row)
+                if sink:
+                    sink.commit(identifier.n_queries, n_candidates=block.n_candidates,
+                                skipped=[[s.query_id, s.reason, stdin_name or s.file, s.record]
+                                         for s in block.skipped])
+            if sink:
+                sink.finish()
+            else:
+                writer.close()
+        except BaseException:
+            if sink:
+                sink.close()
+            raise
         finally:
             executor.close()
-            if handle is not sys.stdout:
-                handle.close()
     finally:
         if spool:
             os.unlink(spool)
-    skipped = [Skipped("", f"unreadable record: {e.reason}", e.path, e.record) for e in report] + identifier.skipped
+    if stdin_name:
+        for s in identifier.skipped:
+            s.file = stdin_name
+    skipped = [Skipped("", f"unreadable record: {e.reason}", stdin_name or e.path, e.record) for e in report] + \
+        identifier.skipped
     summary = identifier.summary()
     if skipped_path:
         write_skipped(skipped, skipped_path)
@@ -321,12 +362,45 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
             click.echo(f"  skipped {n}: {reason}", err=True)
 
 
+def _run_fingerprint(spectra_file, spool, model_path, library, by, ppm, precision_window, sources, formulas,
+                     top_k) -> dict:
+    """What an interrupted run and its resumption must share: the input (name, size, modification time), the
+    model, the library and the options that change the output."""
+    def describe(path):
+        if not path:
+            return None
+        p = Path(path)
+        stat = p.stat()
+        return [str(p.resolve()), stat.st_size, stat.st_mtime_ns]
+
+    import hashlib
+
+    digest = None
+    if spool:  # stdin has no name: its content identifies it
+        digest = hashlib.sha256(Path(spool).read_bytes()).hexdigest()
+    return {"input": digest or describe(spectra_file), "model": str(Path(model_path).resolve()) if model_path else None,
+            "library": describe(library), "by": by, "ppm": ppm, "precision_window": precision_window,
+            "sources": sorted(sources), "formulas": describe(formulas), "top_k": top_k}
+
+
+def _restore(identifier, blocks: list[dict]) -> None:
+    """The accounting of the blocks an interrupted run finished (from the resumable output's journal)."""
+    from ..identify import Skipped
+
+    for block in blocks:
+        identifier.n_candidates.extend(block.get("n_candidates", []))
+        identifier.skipped.extend(Skipped(q, reason, f or "", r) for q, reason, f, r in block.get("skipped", []))
+    identifier.n_queries = blocks[-1]["done"] if blocks else 0
+    identifier.n_identified = len(identifier.n_candidates)
+
+
 def _identify_text(texts: list[str], text_file: str | None, model_path: str | None, library: str | None,
                    sources, top_k: int, output: str | None, out_format: str, cache_dir: str | None,
                    no_cache: bool, show: bool, quiet: bool) -> None:
     """``identify --text``: every description against the whole library (or its --source rows)."""
     from ..candidate_sources import LibrarySource
     from ..identify import IdentifyOptions, Identifier
+    from ..io.atomic import atomic_write
     from ..io.results import ResultWriter
     from ..text_pairs import read_text_lines
 
@@ -347,15 +421,12 @@ def _identify_text(texts: list[str], text_file: str | None, model_path: str | No
     identifier = Identifier(bundle, LibrarySource(lib, options), options,
                             cache_root=_cache_root(cache_dir, no_cache), progress=show)
     t0 = time.perf_counter()
-    handle = open(output, "w", encoding="utf-8", newline="") if output and output != "-" else sys.stdout
-    try:
+    with (atomic_write(output, newline="") if output and output != "-" else contextlib.nullcontext(sys.stdout)
+          ) as handle:
         writer = ResultWriter(handle, out_format)
         for row in identifier.run_text([(f"text{i + 1}", t) for i, t in enumerate(texts)]):
             writer.write(row)
         writer.close()
-    finally:
-        if handle is not sys.stdout:
-            handle.close()
     summary = identifier.summary()
     say(f"{summary['n_queries']} descriptions identified against {summary['candidates_max']} candidates "
         f"({time.perf_counter() - t0:.1f} s)")

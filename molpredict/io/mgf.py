@@ -75,7 +75,8 @@ def read_mgf(path: str | os.PathLike, report: SkipReport | None = None) -> Itera
         With ``id`` from TITLE, else SPECTRUMID (GNPS), else FEATURE_ID, else SCANS, else
         ``"<file stem>:<record number>"`` (ids need not be unique: identification makes them so);
         ``precursor_mz`` from PEPMASS, else PRECURSOR_MZ / PRECURSORMZ (matchms exports) (PEPMASS's optional
-        intensity goes to ``metadata["precursor_intensity"]``);
+        intensity goes to ``metadata["precursor_intensity"]``; ``precursor_mz_precision`` is ``10**-d`` with
+        ``d`` its written decimals);
         signed ``charge`` from CHARGE (``1+``, ``+1``, ``1``, ``2-``, ``-1``; an unsigned charge takes the
         sign of a negative IONMODE); ``ion_mode`` from IONMODE, else the charge's sign, else the adduct's;
         ``adduct`` from ADDUCT or PRECURSOR_TYPE, else the compound name's last word when it is an adduct
@@ -305,7 +306,7 @@ def _build_spectrum(keys: dict[str, str], peaks: tuple[np.ndarray, np.ndarray, f
     """A Spectrum from one record's keys and parsed peaks, or the reason the record is skipped."""
     mz, intensities, precision = peaks
     metadata: dict = {}
-    precursor_mz = None
+    precursor_mz = precursor_precision = None
     for key in _PRECURSOR_KEYS:  # the first given and non-zero one
         text = keys.get(key)
         if not text:
@@ -320,6 +321,7 @@ def _build_spectrum(keys: dict[str, str], peaks: tuple[np.ndarray, np.ndarray, f
         if not math.isfinite(precursor_mz):
             return f"non-numeric {key}"
         if precursor_mz > 0:
+            precursor_precision = 10.0 ** -_decimals(parts[0])
             break
         precursor_mz = None  # some exporters write PEPMASS=0 for "unknown"
     try:
@@ -348,7 +350,7 @@ def _build_spectrum(keys: dict[str, str], peaks: tuple[np.ndarray, np.ndarray, f
     spectrum_id = next((keys[k] for k in _ID_KEYS if keys.get(k)), None) or f"{stem}:{record}"
     return Spectrum(id=spectrum_id, mz=mz, intensities=intensities, precursor_mz=precursor_mz,
                     charge=charge, ion_mode=ion_mode, adduct=adduct, ms_level=ms_level,
-                    mz_precision=precision, metadata=metadata)
+                    mz_precision=precision, metadata=metadata, precursor_mz_precision=precursor_precision)
 
 
 def _explicit_sign(text: str) -> bool:
@@ -378,7 +380,7 @@ def write_mgf(spectra: Iterable[Spectrum], path_or_file: str | os.PathLike | IO[
     CHARGE (``1+``/``1-``), IONMODE, ADDUCT, MSLEVEL, then metadata (``compound_name`` as NAME, other keys
     upper-cased; values on one line). Numbers are written in Python's shortest round-trip form, so
     ``read_mgf(write_mgf(x))`` restores m/z and intensities bit for bit; m/z values are padded with zeros to
-    the spectrum's ``mz_precision`` so that it survives too. Metadata values come back as strings (except
+    the spectrum's ``mz_precision`` (PEPMASS to ``precursor_mz_precision``) so that it survives too. Metadata values come back as strings (except
     ``precursor_intensity``), and an absent ion mode comes back inferred from the charge or adduct.
     """
     if isinstance(path_or_file, (str, os.PathLike)):
@@ -408,12 +410,16 @@ def _format_mz(value: float, decimals: int | None) -> str:
     return text
 
 
+def _decimals_of(precision: float | None) -> int | None:
+    return None if not precision else max(0, round(-math.log10(precision)))
+
+
 def _write_mgf(spectra: Iterable[Spectrum], handle: IO[str]) -> int:
     n = 0
     for spectrum in spectra:
         lines = ["BEGIN IONS", f"TITLE={_one_line(spectrum.id)}"]
         if spectrum.precursor_mz is not None:
-            pepmass = repr(float(spectrum.precursor_mz))
+            pepmass = _format_mz(float(spectrum.precursor_mz), _decimals_of(spectrum.precursor_mz_precision))
             if spectrum.metadata.get("precursor_intensity") is not None:
                 pepmass += f" {float(spectrum.metadata['precursor_intensity'])!r}"
             lines.append(f"PEPMASS={pepmass}")
@@ -431,9 +437,7 @@ def _write_mgf(spectra: Iterable[Spectrum], handle: IO[str]) -> int:
             if text:
                 mgf_key = _METADATA_TO_MGF.get(key) or key.upper()
                 lines.append(f"{mgf_key}={text}")
-        decimals = None
-        if spectrum.mz_precision:
-            decimals = max(0, round(-math.log10(spectrum.mz_precision)))
+        decimals = _decimals_of(spectrum.mz_precision)
         for m, i in zip(spectrum.mz.tolist(), spectrum.intensities.tolist()):
             lines.append(f"{_format_mz(m, decimals)} {i!r}")
         lines.append("END IONS\n")

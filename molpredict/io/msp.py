@@ -242,11 +242,12 @@ def _build_spectrum(keys: dict[str, str], peaks: list[str], record: int, stem: s
     mz, intensities, precision = parsed
     if n_declared is not None and n_declared != mz.shape[0]:
         return "Num Peaks differs from the peaks found"
-    precursor_mz = None
+    precursor_mz = precursor_precision = None
     text = _first(keys, _PRECURSOR_KEYS)
     if text:
         try:
             precursor_mz = float(text.split()[0])
+            precursor_precision = 10.0 ** -_decimals(text.split()[0])
         except ValueError:
             return "non-numeric PrecursorMZ"
         if not math.isfinite(precursor_mz):
@@ -288,4 +289,4 @@ def _build_spectrum(keys: dict[str, str], peaks: list[str], record: int, stem: s
     spectrum_id = _first(keys, _ID_KEYS) or f"{stem}:{record}"
     return Spectrum(id=spectrum_id, mz=mz, intensities=intensities, precursor_mz=precursor_mz, charge=charge,
                     ion_mode=ion_mode, adduct=adduct, ms_level=ms_level, mz_precision=precision,
-                    metadata=metadata)
+                    metadata=metadata, precursor_mz_precision=precursor_precision if precursor_mz else None)

@@ -1,8 +1,9 @@
-"""Identification result files: the output columns, the TSV / CSV / JSON row writer and reader, and the skipped-queries
-report (written and read)."""
+"""Identification result files: the output columns, the TSV / CSV / JSON row writer and reader, the resumable
+block-wise output (``identify --resume``) and the skipped-queries report (written and read)."""
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
@@ -10,16 +11,21 @@ from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
 
 from ..errors import InputError
+from .atomic import atomic_write, replace_atomically
 
-__all__ = ["OUTPUT_COLUMNS", "OUTPUT_FORMATS", "output_format", "ResultWriter", "write_skipped", "read_result_rows",
-           "read_skipped"]
+__all__ = ["OUTPUT_COLUMNS", "OUTPUT_FORMATS", "output_format", "ResultWriter", "ResumableOutput", "write_skipped",
+           "read_result_rows", "read_skipped"]
 
 #: columns read back as numbers (the optional ones only when a results file has them)
 _NUMERIC_COLUMNS = {"rank", "score", "confidence", "n_candidates", "record", "probability", "spectrum_score",
                     "prior_score"}
 
-OUTPUT_COLUMNS = ("query_id", "rank", "score", "confidence", "smiles", "inchikey", "formula", "adduct", "name", "id",
-                  "n_candidates")
+#: The identification output's columns, in order (the one place that lists them). ``file`` and ``record``
+#: say where the query came from (its 1-based record number in that file); ``mass_window`` the window its
+#: candidates were selected with (``10 ppm``, or ``0.5 m/z`` from the precursor's written precision; empty
+#: when selected by formula).
+OUTPUT_COLUMNS = ("query_id", "file", "record", "rank", "score", "confidence", "smiles", "inchikey", "formula",
+                  "adduct", "name", "id", "n_candidates", "mass_window")
 OUTPUT_FORMATS = ("tsv", "csv", "json")
 
 
@@ -49,6 +55,15 @@ def _cell(value: Any) -> str:
     return str(value).replace("\t", " ").replace("\n", " ")
 
 
+def _json_value(value: Any) -> Any:
+    """A JSON-safe cell: numpy scalars as Python numbers, NaN and infinities as null (strict JSON has neither)."""
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
 class ResultWriter:
     """Streams output rows as TSV, CSV or a JSON array of objects.
 
@@ -57,15 +72,21 @@ class ResultWriter:
     handle : text stream
     fmt : {"tsv", "csv", "json"}
     columns : sequence of str
+    n_rows : int
+        Rows already in ``handle`` (continuing a resumed output: no header is written then).
     """
 
-    def __init__(self, handle: IO[str], fmt: str, columns: Sequence[str] = OUTPUT_COLUMNS) -> None:
+    def __init__(self, handle: IO[str], fmt: str, columns: Sequence[str] = OUTPUT_COLUMNS, n_rows: int = 0,
+                 header: bool = True) -> None:
         self.handle = handle
         self.fmt = fmt
         self.columns = list(columns)
-        self.n_rows = 0
+        self.n_rows = n_rows
         if fmt == "csv":
             self._csv = csv.writer(handle, lineterminator="\n")
+        if not header:
+            return
+        if fmt == "csv":
             self._csv.writerow(self.columns)
         elif fmt == "tsv":
             handle.write("\t".join(self.columns) + "\n")
@@ -74,9 +95,8 @@ class ResultWriter:
 
     def write(self, row: dict[str, Any]) -> None:
         if self.fmt == "json":
-            obj = {c: (None if isinstance(row.get(c), float) and math.isnan(row[c]) else row.get(c))
-                   for c in self.columns}
-            self.handle.write(("\n" if self.n_rows == 0 else ",\n") + json.dumps(obj))
+            obj = {c: _json_value(row.get(c)) for c in self.columns}
+            self.handle.write(("\n" if self.n_rows == 0 else ",\n") + json.dumps(obj, allow_nan=False))
         elif self.fmt == "csv":
             self._csv.writerow([_cell(row.get(c)) for c in self.columns])
         else:
@@ -89,9 +109,128 @@ class ResultWriter:
         self.handle.flush()
 
 
+class ResumableOutput:
+    """An output file written in committed blocks, so that a killed run resumes where it stopped.
+
+    Rows go to ``<path>.partial``; after each block, :meth:`commit` syncs it and appends one JSON line to the
+    journal ``<path>.partial.journal``: the byte length of the output so far, the spectra finished and
+    whatever the caller needs to restore (the block's skipped queries...). :meth:`finish` completes the file
+    and renames it to ``path`` (atomically: a killed run never leaves a half file under the final name).
+    Opened with ``resume=True``, the partial output is cut back to its last committed block (a block written
+    but not journalled, or a torn journal line, is redone) and :attr:`done` says how many spectra to skip.
+
+    Parameters
+    ----------
+    path : str or path-like
+    fmt : {"tsv", "csv", "json"}
+    columns : sequence of str
+    resume : bool
+        Continue ``<path>.partial`` when its journal matches ``fingerprint``; else start afresh.
+    fingerprint : dict
+        What must not change between the run and its resumption (input file, model, options).
+
+    Raises
+    ------
+    InputError
+        ``resume=True`` but the journal was written for another input or other settings.
+    """
+
+    def __init__(self, path: str | os.PathLike, fmt: str, columns: Sequence[str] = OUTPUT_COLUMNS,
+                 resume: bool = False, fingerprint: dict | None = None) -> None:
+        self.path = Path(path)
+        self.partial = self.path.with_name(self.path.name + ".partial")
+        self.journal_path = self.path.with_name(self.path.name + ".partial.journal")
+        self.fingerprint = {"format": fmt, "columns": list(columns), **(fingerprint or {})}
+        self.done = 0
+        self.blocks: list[dict] = []
+        entries = self._read_journal() if resume else []
+        if entries:
+            head, self.blocks = entries[0], entries[1:]
+            if head.get("fingerprint") != self.fingerprint:
+                raise InputError("cannot resume: the interrupted run had another input, model or settings "
+                                 "(run without --resume to start again)", path=str(self.partial))
+            last = self.blocks[-1] if self.blocks else {"offset": head["offset"], "n_rows": 0, "done": 0}
+            if self.partial.stat().st_size < last["offset"]:
+                raise InputError("cannot resume: the partial output is shorter than its journal says (run "
+                                 "without --resume to start again)", path=str(self.partial))
+            raw = open(self.partial, "r+b")
+            raw.truncate(last["offset"])  # rows written after the last commit are redone
+            raw.seek(last["offset"])
+            self.done = last["done"]
+            self.handle = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+            self.writer = ResultWriter(self.handle, fmt, columns, n_rows=last["n_rows"], header=False)
+            self._journal = open(self.journal_path, "r+b")
+            self._journal.truncate(self._journal_end)  # a torn last line
+            self._journal.seek(self._journal_end)
+        else:
+            self.handle = io.TextIOWrapper(open(self.partial, "w+b"), encoding="utf-8", newline="")
+            self.writer = ResultWriter(self.handle, fmt, columns)
+            self._journal = open(self.journal_path, "wb")
+            self._sync()
+            self._append({"fingerprint": self.fingerprint}, offset=self.handle.buffer.tell())
+
+    def _read_journal(self) -> list[dict]:
+        """The journal's complete lines (a torn last line is dropped); empty when there is nothing to resume."""
+        self._journal_end = 0
+        if not (self.partial.is_file() and self.journal_path.is_file()):
+            return []
+        entries: list[dict] = []
+        with open(self.journal_path, "rb") as handle:
+            for line in handle:
+                if not line.endswith(b"\n"):
+                    break
+                try:
+                    entry = json.loads(line)
+                except ValueError:
+                    break
+                if not isinstance(entry, dict) or not isinstance(entry.get("offset"), int):
+                    break
+                entries.append(entry)
+                self._journal_end += len(line)
+        if entries and "fingerprint" not in entries[0]:
+            return []
+        return entries
+
+    def _sync(self) -> None:
+        self.handle.flush()
+        os.fsync(self.handle.buffer.fileno())
+
+    def _append(self, entry: dict, offset: int) -> None:
+        line = json.dumps({**entry, "offset": offset}, allow_nan=False) + "\n"
+        self._journal.write(line.encode("utf-8"))
+        self._journal.flush()
+        os.fsync(self._journal.fileno())
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.writer.write(row)
+
+    def commit(self, done: int, **state: Any) -> None:
+        """Record that the first ``done`` spectra are finished and their rows written; ``state`` (JSON) is
+        kept for :attr:`blocks` of a resumed run."""
+        self._sync()
+        entry = {"done": int(done), "n_rows": self.writer.n_rows, **state}
+        self._append(entry, offset=self.handle.buffer.tell())
+        self.blocks.append({**entry, "offset": self.handle.buffer.tell()})
+        self.done = int(done)
+
+    def finish(self) -> None:
+        """Complete the file (JSON's closing bracket), sync it and rename it to ``path``; drop the journal."""
+        self.writer.close()
+        self._sync()
+        self.handle.close()
+        self._journal.close()
+        replace_atomically(self.partial, self.path)
+        self.journal_path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Stop without finishing (the partial output and its journal stay, for ``--resume``)."""
+        self.handle.close()
+        self._journal.close()
+
+
 def write_skipped(skipped: Sequence[Any], path: str | os.PathLike) -> None:
-    """The skipped-queries report: TSV with columns query_id, file, record, reason."""
-    with open(path, "w", encoding="utf-8") as handle:
+    """The skipped-queries report: TSV with columns query_id, file, record, reason (written atomically)."""
+    with atomic_write(path) as handle:
         handle.write("query_id\tfile\trecord\treason\n")
         for s in skipped:
             handle.write(f"{_cell(s.query_id)}\t{_cell(s.file)}\t{'' if s.record is None else s.record}\t"
