@@ -1,0 +1,723 @@
+"""In-silico fragmentation and peak explanation: break a candidate structure's bonds, match the fragment ions to
+a spectrum's peaks, and score the explained intensity (a MetFrag-style, candidate-specific rescoring term).
+
+Fragments
+---------
+A fragment is a connected set of heavy atoms of the structure, with the hydrogens those atoms carry in the
+intact molecule. It is produced by *cleavages*: one cleavage breaks either one chain bond (a bond in no ring) or
+two bonds of the same ring (a ring opens only when two of its bonds break). ``depth`` is the least number of
+cleavages that detach the fragment (MetFrag's tree depth, 0 for the intact structure), ``bonds_broken`` the
+number of bonds between the fragment and the rest of the molecule. Fragments of depth ``d`` are the connected
+components of the intersections of ``d`` cleavage sides, so the set is enumerated with array operations over all
+cleavages at once.
+
+Ions and peaks
+--------------
+A singly charged fragment ion has ``m/z = fragment mass + h * m(H) + carrier`` with a hydrogen shift ``h`` in
+``-max_h_shift..max_h_shift`` (rearrangements and radical cleavages move hydrogens) and a charge carrier taken
+from the precursor type: ``+H`` (mass of H minus an electron) in positive mode, ``-H`` (plus an electron) in
+negative mode, and the adduct's own carrier (``+Na``, ``+K``, ``+NH4``, ``+Cl``, none for ``[M]+``) when the
+precursor is such an adduct. A peak is explained when an ion lies within ``max(tolerance_ppm * m/z * 1e-6,
+min_tolerance_da, the spectrum's m/z precision)``; its weight is ``depth_penalty ** bonds_broken *
+h_shift_penalty ** |h|`` of its best explanation. The score of a candidate is
+
+    sum_p weight_p * w_p / sum_p w_p,   w_p = mz_p ** mz_power * intensity_p ** intensity_power
+
+over the peaks below the precursor m/z (plus the tolerance): the fraction of the (transformed) intensity the
+structure explains, in [0, 1], invariant to peak order and to the intensity scale.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rdkit import Chem
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+from .component import Component
+from .errors import InputError, SpecError
+from .molecules import ELECTRON_MASS, Adduct, Molecule, parse_adduct, parse_formula
+from .spectra import Spectrum
+
+__all__ = [
+    "FragmentSet",
+    "FragmentScorer",
+    "fragment_structure",
+    "ion_carriers",
+    "Carrier",
+    "save_fragment_sets",
+    "load_fragment_sets",
+    "HYDROGEN_MASS",
+]
+
+_PERIODIC_TABLE = Chem.GetPeriodicTable()
+#: Mass of a hydrogen atom (Da), as RDKit's most common isotope.
+HYDROGEN_MASS = float(_PERIODIC_TABLE.GetMostCommonIsotopeMass("H"))
+_STORE_FORMAT = "molpredict-fragments"
+_STORE_VERSION = 1
+# Fragment masks of one cleavage level are intersected in blocks of at most this many booleans (memory bound).
+_BLOCK_BOOLS = 4_000_000
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Fragment sets
+# ----------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FragmentSet:
+    """The fragments of one structure (the intact structure first), sorted by mass after it.
+
+    Attributes
+    ----------
+    masses : ndarray of shape (n_fragments,), float64
+        Neutral monoisotopic mass of each fragment (its heavy atoms and the hydrogens they carry in the intact
+        structure).
+    depth : ndarray of shape (n_fragments,), int8
+        Least number of cleavages detaching the fragment (0 for the intact structure).
+    bonds_broken : ndarray of shape (n_fragments,), int8
+        Bonds between the fragment and the rest of the structure.
+    counts : ndarray of shape (n_fragments, n_elements), int16
+        Element counts (hydrogen included) per fragment, columns in the order of ``elements``.
+    elements : tuple of str
+        Element symbols naming the columns of ``counts``.
+    atoms : ndarray of shape (n_fragments, n_heavy_atoms), bool, or None
+        Which heavy atoms of the structure (RDKit indices, hydrogens removed) each fragment holds; only kept
+        when asked for (:func:`fragment_structure` with ``keep_atoms=True``), never stored.
+    """
+
+    masses: np.ndarray
+    depth: np.ndarray
+    bonds_broken: np.ndarray
+    counts: np.ndarray
+    elements: tuple[str, ...]
+    atoms: np.ndarray | None = None
+
+    @property
+    def n_fragments(self) -> int:
+        return int(self.masses.shape[0])
+
+    def formula(self, index: int, extra: Mapping[str, int] | None = None) -> str:
+        """Formula of fragment ``index`` (C, H, then alphabetical, as RDKit writes it), plus ``extra`` atoms."""
+        counts = {el: int(n) for el, n in zip(self.elements, self.counts[index])}
+        for el, n in (extra or {}).items():
+            counts[el] = counts.get(el, 0) + n
+        return format_formula(counts)
+
+    def up_to_depth(self, max_depth: int) -> FragmentSet:
+        """The fragments of depth at most ``max_depth`` (the same object when nothing is dropped)."""
+        keep = self.depth <= max_depth
+        if keep.all():
+            return self
+        return FragmentSet(self.masses[keep], self.depth[keep], self.bonds_broken[keep], self.counts[keep],
+                           self.elements, None if self.atoms is None else self.atoms[keep])
+
+
+def format_formula(counts: Mapping[str, int]) -> str:
+    """A formula string from element counts: C, H, then the other elements alphabetically (Hill-like, as
+    RDKit's CalcMolFormula); zero counts left out, negative counts written as they are."""
+    order = [el for el in ("C", "H") if counts.get(el)] + sorted(el for el in counts if el not in ("C", "H"))
+    return "".join(el + (str(counts[el]) if counts[el] != 1 else "") for el in order if counts[el] != 0)
+
+
+def _component_labels(alive: np.ndarray, u: np.ndarray, v: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+    """Connected-component labels of many subgraphs of one graph at once (one sparse block-diagonal graph).
+
+    Parameters
+    ----------
+    alive : ndarray of shape (n_graphs, n_edges), bool
+        Which edges each subgraph keeps.
+    u, v : ndarray of shape (n_edges,), int
+        Edge end points.
+    nodes : ndarray of shape (n_graphs, n_nodes), bool
+        Which nodes each subgraph keeps (edges need both ends kept).
+
+    Returns
+    -------
+    ndarray of shape (n_graphs, n_nodes), int64
+        Labels unique over all subgraphs (two nodes share one iff same subgraph and connected); -1 for dropped
+        nodes.
+    """
+    n_graphs = alive.shape[0]
+    n_nodes = nodes.shape[1]
+    alive = alive & nodes[:, u] & nodes[:, v]
+    graph_of, edge = np.nonzero(alive)
+    src = graph_of * n_nodes + u[edge]
+    dst = graph_of * n_nodes + v[edge]
+    size = n_graphs * n_nodes
+    adjacency = coo_matrix((np.ones(src.shape[0], dtype=np.int8), (src, dst)), shape=(size, size))
+    _, labels = connected_components(adjacency, directed=False)
+    labels = labels.reshape(n_graphs, n_nodes).astype(np.int64)
+    labels[~nodes] = -1
+    return labels
+
+
+def _unique_rows(masks: np.ndarray) -> np.ndarray:
+    """Indices of the first occurrence of each distinct row of a boolean matrix (in first-occurrence order)."""
+    if masks.shape[0] == 0:
+        return np.zeros(0, dtype=np.intp)
+    packed = np.ascontiguousarray(np.packbits(masks, axis=1))
+    keys = packed.view(np.dtype((np.void, packed.shape[1]))).ravel()
+    _, first = np.unique(keys, return_index=True)
+    return np.sort(first)
+
+
+def _split_components(masks: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """The connected components (as node masks) of each node mask's induced subgraph; empty masks dropped."""
+    masks = masks[masks.any(axis=1)]
+    if masks.shape[0] == 0:
+        return masks
+    labels = _component_labels(np.ones((masks.shape[0], u.shape[0]), dtype=bool), u, v, masks)
+    _, atom = np.nonzero(masks)
+    _, piece = np.unique(labels[masks], return_inverse=True)
+    out = np.zeros((int(piece.max()) + 1, masks.shape[1]), dtype=bool)
+    out[piece, atom] = True
+    return out
+
+
+def _cleavage_sides(mol: Chem.Mol, u: np.ndarray, v: np.ndarray, n_atoms: int) -> tuple[np.ndarray, np.ndarray]:
+    """One side (the part holding the first end of the first bond) of every cleavage of the structure.
+
+    A cleavage is a chain bond, or a pair of bonds of the same smallest ring whose removal disconnects the
+    structure (two bonds of one ring of a fused system may not). Returns the sides, ndarray of shape
+    (n_cleavages, n_atoms), bool, and whether each cleavage is a chain bond, ndarray of shape (n_cleavages,).
+    """
+    n_bonds = u.shape[0]
+    chain = [b.GetIdx() for b in mol.GetBonds() if not b.IsInRing()]
+    pairs: set[tuple[int, int]] = set()
+    for ring in mol.GetRingInfo().BondRings():
+        ring = sorted(ring)
+        pairs.update((a, b) for i, a in enumerate(ring) for b in ring[i + 1:])
+    cuts = [(b, b) for b in chain] + sorted(pairs)
+    if not cuts:
+        return np.zeros((0, n_atoms), dtype=bool), np.zeros(0, dtype=bool)
+    first = np.array([c[0] for c in cuts])
+    second = np.array([c[1] for c in cuts])
+    alive = np.ones((len(cuts), n_bonds), dtype=bool)
+    rows = np.arange(len(cuts))
+    alive[rows, first] = False
+    alive[rows, second] = False
+    labels = _component_labels(alive, u, v, np.ones((len(cuts), n_atoms), dtype=bool))
+    side_label = labels[rows, u[first]]
+    separated = side_label != labels[rows, v[first]]
+    return (labels == side_label[:, None])[separated], (first == second)[separated]
+
+
+def fragment_structure(molecule: Molecule | Chem.Mol | str, max_depth: int = 2, keep_atoms: bool = False
+                       ) -> FragmentSet:
+    """All fragments of a structure up to ``max_depth`` cleavages (see the module docstring).
+
+    Parameters
+    ----------
+    molecule : Molecule, RDKit Mol or SMILES
+    max_depth : int, default 2
+        Cleavages per fragment (0: the intact structure only).
+    keep_atoms : bool, default False
+        Keep each fragment's heavy-atom mask (for :meth:`FragmentScorer.explain_peaks`).
+
+    Returns
+    -------
+    FragmentSet
+        The intact structure first, then the fragments by increasing mass; each distinct atom set once, with
+        the least depth that reaches it.
+    """
+    if max_depth < 0:
+        raise SpecError(f"max_depth must be >= 0, got {max_depth}")
+    if isinstance(molecule, str):
+        molecule = Molecule(molecule)
+    mol = molecule.rdkit_mol if isinstance(molecule, Molecule) else molecule
+    if mol.GetNumAtoms() and any(a.GetAtomicNum() == 1 for a in mol.GetAtoms()):
+        mol = Chem.RemoveHs(mol, sanitize=False)
+    n_atoms = mol.GetNumAtoms()
+    if n_atoms == 0:
+        raise InputError("a structure without atoms cannot be fragmented", field="smiles")
+    symbols = [a.GetSymbol() for a in mol.GetAtoms()]
+    elements = tuple(sorted(set(symbols) | {"H"}, key=lambda s: (s != "C", s != "H", s)))
+    element_index = {el: i for i, el in enumerate(elements)}
+    atom_counts = np.zeros((n_atoms, len(elements)), dtype=np.int64)
+    atom_mass = np.zeros(n_atoms)
+    for atom in mol.GetAtoms():
+        i = atom.GetIdx()
+        n_h = atom.GetTotalNumHs()
+        atom_counts[i, element_index[atom.GetSymbol()]] += 1
+        atom_counts[i, element_index["H"]] += n_h
+        isotope = atom.GetIsotope()
+        heavy = (_PERIODIC_TABLE.GetMassForIsotope(atom.GetAtomicNum(), isotope) if isotope
+                 else _PERIODIC_TABLE.GetMostCommonIsotopeMass(atom.GetAtomicNum()))
+        atom_mass[i] = heavy + n_h * HYDROGEN_MASS
+    bonds = mol.GetBonds()
+    u = np.array([b.GetBeginAtomIdx() for b in bonds], dtype=np.int64)
+    v = np.array([b.GetEndAtomIdx() for b in bonds], dtype=np.int64)
+
+    whole = np.ones((1, n_atoms), dtype=bool)
+    found = [whole]
+    found_depth = [np.zeros(1, dtype=np.int8)]
+    if max_depth >= 1 and u.size:
+        sides, is_chain = _cleavage_sides(mol, u, v, n_atoms)
+        # A connected fragment meets a chain-bond side in one connected piece (or none): only intersections with
+        # the sides of ring openings (two bonds) need their components found.
+        chain_sides = np.concatenate([sides[is_chain], ~sides[is_chain]])
+        ring_sides = np.concatenate([sides[~is_chain], ~sides[~is_chain]])
+        frontier = whole
+        seen = whole
+        for depth in range(1, max_depth + 1):
+            if frontier.shape[0] == 0 or sides.shape[0] == 0:
+                break
+            parts = []
+            for group, split in ((chain_sides, False), (ring_sides, True)):
+                if group.shape[0] == 0:
+                    continue
+                produced = []
+                block = max(1, _BLOCK_BOOLS // max(1, group.shape[0] * n_atoms))
+                for start in range(0, frontier.shape[0], block):
+                    inter = (frontier[start:start + block, None, :] & group[None, :, :]).reshape(-1, n_atoms)
+                    produced.append(inter[_unique_rows(inter)])
+                inter = np.concatenate(produced)
+                inter = inter[_unique_rows(inter)]
+                parts.append(_split_components(inter, u, v) if split else inter[inter.any(axis=1)])
+            pieces = np.concatenate(parts)
+            pieces = pieces[_unique_rows(pieces)]
+            # Keep only atom sets not reached at a lower depth.
+            stacked = np.concatenate([seen, pieces])
+            first = _unique_rows(stacked)
+            new = pieces[first[first >= seen.shape[0]] - seen.shape[0]]
+            if new.shape[0] == 0:
+                break
+            found.append(new)
+            found_depth.append(np.full(new.shape[0], depth, dtype=np.int8))
+            seen = np.concatenate([seen, new])
+            frontier = new
+    atoms = np.concatenate(found)
+    depth = np.concatenate(found_depth)
+    masses = atoms @ atom_mass
+    counts = (atoms.astype(np.int64) @ atom_counts).astype(np.int16)
+    bonds_broken = (atoms[:, u] != atoms[:, v]).sum(axis=1).astype(np.int8) if u.size else np.zeros(
+        atoms.shape[0], dtype=np.int8)
+    order = np.concatenate([[0], 1 + np.argsort(masses[1:], kind="stable")])
+    return FragmentSet(masses[order], depth[order], bonds_broken[order], counts[order], elements,
+                       atoms[order] if keep_atoms else None)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Charge carriers
+# ----------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Carrier:
+    """How a fragment ion carries its charge: ``m/z = fragment mass + mass_shift`` (single charge).
+
+    Attributes
+    ----------
+    label : str
+        E.g. ``"+H"``, ``"-H"``, ``"+Na"``, ``""`` (the structure's own charge, ``[M]+``).
+    mass_shift : float
+        Atoms gained minus atoms lost, minus ``charge`` electron masses.
+    atoms : dict
+        The atoms gained (positive) or lost (negative), for formulas.
+    charge : int
+        +1 or -1.
+    """
+
+    label: str
+    mass_shift: float
+    atoms: tuple[tuple[str, int], ...]
+    charge: int
+
+
+_PROTON = Carrier("+H", HYDROGEN_MASS - ELECTRON_MASS, (("H", 1),), 1)
+_DEPROTON = Carrier("-H", -HYDROGEN_MASS + ELECTRON_MASS, (("H", -1),), -1)
+_SINGLE_TERM = re.compile(r"^\[M([+-])([A-Z][A-Za-z0-9]*)?\]([+-])$")
+
+
+def ion_carriers(adduct: str | Adduct | None, ion_mode: str | None = None) -> list[Carrier]:
+    """The charge carriers of singly charged fragment ions of a precursor of type ``adduct``.
+
+    ``+H`` in positive mode and ``-H`` in negative mode always; besides, a precursor that holds its charge on
+    one added (or no) group keeps it in fragments: ``[M+Na]+`` -> ``+Na``, ``[M+NH4]+`` -> ``+NH4``,
+    ``[M+Cl]-`` -> ``+Cl``, ``[M]+`` -> none. Precursors that lost a neutral (``[M-H2O+H]+``) or hold
+    several charges give only the mode's proton carrier. With no adduct, ``ion_mode`` decides.
+
+    Raises
+    ------
+    InputError
+        When neither an adduct nor an ion mode is known, or the adduct is not understood.
+    """
+    if adduct is None or (isinstance(adduct, str) and not adduct.strip()):
+        if ion_mode not in ("positive", "negative"):
+            raise InputError("neither the adduct nor the ion mode is known: cannot form fragment ions",
+                             field="adduct")
+        return [_PROTON if ion_mode == "positive" else _DEPROTON]
+    parsed = parse_adduct(adduct)
+    default = _PROTON if parsed.charge > 0 else _DEPROTON
+    carriers = [default]
+    match = _SINGLE_TERM.match(parsed.name) if parsed.multiplier == 1 and abs(parsed.charge) == 1 else None
+    if parsed.name in ("[M]+", "[M]-") or (parsed.multiplier == 1 and abs(parsed.charge) == 1
+                                           and parsed.name.startswith("[M]")):
+        carriers.append(Carrier("", -parsed.charge * ELECTRON_MASS, (), parsed.charge))
+    elif match and match.group(1) == "+" and match.group(2):
+        try:
+            atoms, _ = parse_formula(match.group(2))
+        except InputError:
+            atoms = None
+        if atoms is not None and atoms != {"H": 1}:
+            carriers.append(Carrier("+" + match.group(2), parsed.mass_shift, tuple(sorted(atoms.items())),
+                                    parsed.charge))
+    return carriers
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Storage
+# ----------------------------------------------------------------------------------------------------------
+
+def save_fragment_sets(path: str | os.PathLike, fragment_sets: Mapping[str, FragmentSet], max_depth: int) -> Path:
+    """Write fragment sets keyed by InChIKey first block to one ``.npz`` of ragged arrays.
+
+    Layout: ``keys`` (n,), ``offsets`` (n + 1,) int64 into the concatenated ``masses`` (float64), ``depth`` and
+    ``bonds_broken`` (int8), ``counts`` (total, n_elements) int16 over the union ``elements``, and ``meta``
+    (a JSON string: format, version, max_depth). Every array is fixed-width, so the file converts to zarr or
+    Arrow column by column. Atom masks are not stored.
+    """
+    keys = list(fragment_sets)
+    elements = sorted({el for fs in fragment_sets.values() for el in fs.elements},
+                      key=lambda s: (s != "C", s != "H", s))
+    column = {el: i for i, el in enumerate(elements)}
+    sizes = np.array([fragment_sets[k].n_fragments for k in keys], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    counts = np.zeros((int(offsets[-1]), len(elements)), dtype=np.int16)
+    for k, start in zip(keys, offsets[:-1].tolist()):
+        fs = fragment_sets[k]
+        counts[start:start + fs.n_fragments, [column[el] for el in fs.elements]] = fs.counts
+
+    def cat(name: str, dtype: Any) -> np.ndarray:
+        parts = [getattr(fragment_sets[k], name) for k in keys]
+        return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
+
+    meta = {"format": _STORE_FORMAT, "version": _STORE_VERSION, "max_depth": int(max_depth)}
+    path = Path(path)
+    with open(path, "wb") as handle:
+        np.savez_compressed(handle, keys=np.array(keys, dtype=str), offsets=offsets, masses=cat("masses", np.float64),
+                            depth=cat("depth", np.int8), bonds_broken=cat("bonds_broken", np.int8), counts=counts,
+                            elements=np.array(elements, dtype=str), meta=np.array(json.dumps(meta)))
+    return path
+
+
+def load_fragment_sets(path: str | os.PathLike) -> tuple[dict[str, FragmentSet], int]:
+    """Read what :func:`save_fragment_sets` wrote: ``(fragment sets by InChIKey first block, max_depth)``.
+
+    Raises ``InputError`` naming the file when it is not such a file (or a newer version).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError("fragment store not found", path=str(path))
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+        meta = json.loads(str(arrays["meta"]))
+    except (OSError, ValueError, KeyError) as exc:
+        raise InputError(f"not a fragment store ({type(exc).__name__})", path=str(path)) from None
+    if meta.get("format") != _STORE_FORMAT or int(meta.get("version", 0)) > _STORE_VERSION:
+        raise InputError(f"not a fragment store of version <= {_STORE_VERSION}", path=str(path))
+    offsets = arrays["offsets"]
+    elements = tuple(str(e) for e in arrays["elements"])
+    out = {}
+    for i, key in enumerate(arrays["keys"].tolist()):
+        a, b = int(offsets[i]), int(offsets[i + 1])
+        counts = arrays["counts"][a:b]
+        used = np.flatnonzero(counts.any(axis=0))
+        out[key] = FragmentSet(arrays["masses"][a:b], arrays["depth"][a:b], arrays["bonds_broken"][a:b],
+                               counts[:, used], tuple(elements[j] for j in used))
+    return out, int(meta["max_depth"])
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The scorer
+# ----------------------------------------------------------------------------------------------------------
+
+class FragmentScorer(Component):
+    """Scores candidate structures by the spectrum intensity their in-silico fragments explain.
+
+    Parameters
+    ----------
+    max_depth : int, default 2
+        Cleavages per fragment (a chain bond, or two bonds of one ring).
+    max_h_shift : int, default 2
+        Hydrogen shifts ``-max_h_shift..max_h_shift`` tried on every fragment ion.
+    tolerance_ppm : float, default 10.0
+    min_tolerance_da : float, default 0.005
+        Floor of the m/z tolerance; the spectrum's reported m/z precision raises it further.
+    intensity_power : float, default 0.5
+        Peak weight ``mz ** mz_power * intensity ** intensity_power`` (0.5: square root).
+    mz_power : float, default 0.0
+        Weighs heavier peaks more (their explanations are more specific; MetFrag weighs by m/z too).
+    depth_penalty : float, default 0.5
+        Multiplies an explanation's weight once per bond broken (MetFrag penalises by bond dissociation
+        energy); 1.0 disables it.
+    h_shift_penalty : float, default 1.0
+        Multiplies an explanation's weight once per hydrogen shifted.
+    h_shift_per_bond : bool, default False
+        Allow at most one hydrogen shift per broken bond (as MetFrag does; none for the intact structure).
+    cache_size : int, default 8192
+        Fragment sets kept in memory (least recently used dropped first).
+
+    Attributes
+    ----------
+    store_ : dict
+        Precomputed fragment sets by InChIKey first block (:meth:`load_fragments`), consulted before computing.
+    """
+
+    def __init__(self, max_depth: int = 2, max_h_shift: int = 2, tolerance_ppm: float = 10.0,
+                 min_tolerance_da: float = 0.005, intensity_power: float = 0.5, mz_power: float = 0.0,
+                 depth_penalty: float = 0.5, h_shift_penalty: float = 1.0, h_shift_per_bond: bool = False,
+                 cache_size: int = 8192) -> None:
+        self.max_depth = max_depth
+        self.max_h_shift = max_h_shift
+        self.tolerance_ppm = tolerance_ppm
+        self.min_tolerance_da = min_tolerance_da
+        self.intensity_power = intensity_power
+        self.mz_power = mz_power
+        self.depth_penalty = depth_penalty
+        self.h_shift_penalty = h_shift_penalty
+        self.h_shift_per_bond = h_shift_per_bond
+        self.cache_size = cache_size
+
+    # -- fragments -----------------------------------------------------------------------------------------
+    def _check_params(self) -> None:
+        checks = [("max_depth", self.max_depth >= 0), ("max_h_shift", self.max_h_shift >= 0),
+                  ("tolerance_ppm", self.tolerance_ppm >= 0), ("min_tolerance_da", self.min_tolerance_da >= 0),
+                  ("intensity_power", self.intensity_power >= 0), ("mz_power", self.mz_power >= 0),
+                  ("depth_penalty", 0 <= self.depth_penalty <= 1),
+                  ("h_shift_penalty", 0 <= self.h_shift_penalty <= 1), ("cache_size", self.cache_size >= 0)]
+        for name, ok in checks:
+            if not ok:
+                raise SpecError(f"FragmentScorer: bad {name}={getattr(self, name)!r}")
+
+    def _cache(self) -> OrderedDict:
+        cache = getattr(self, "cache_", None)
+        if cache is None:
+            cache = self.cache_ = OrderedDict()
+        return cache
+
+    def fragments(self, molecule: Molecule | str) -> FragmentSet:
+        """The fragment set of a structure up to ``max_depth`` (from the store, the cache, or computed now).
+
+        Raises ``InputError`` for a SMILES RDKit cannot parse.
+        """
+        self._check_params()
+        if isinstance(molecule, str):
+            molecule = Molecule(molecule)
+        cache = self._cache()
+        key = molecule.smiles
+        hit = cache.get(key)
+        if hit is not None:
+            cache.move_to_end(key)
+            return hit
+        store = getattr(self, "store_", None)
+        stored = store.get(molecule.inchikey14) if store else None
+        result = stored.up_to_depth(self.max_depth) if stored is not None else fragment_structure(
+            molecule, self.max_depth)
+        if self.cache_size:
+            cache[key] = result
+            while len(cache) > self.cache_size:
+                cache.popitem(last=False)
+        return result
+
+    def save_fragments(self, path: str | os.PathLike, molecules: Iterable[Molecule | str]) -> Path:
+        """Fragment every structure (once per InChIKey first block) and write them with
+        :func:`save_fragment_sets`, so that a library is fragmented once."""
+        sets: dict[str, FragmentSet] = {}
+        for molecule in molecules:
+            molecule = Molecule(molecule) if isinstance(molecule, str) else molecule
+            if molecule.inchikey14 not in sets:
+                sets[molecule.inchikey14] = self.fragments(molecule)
+        return save_fragment_sets(path, sets, self.max_depth)
+
+    def load_fragments(self, path: str | os.PathLike) -> FragmentScorer:
+        """Use the fragment sets stored at ``path`` (made with at least this ``max_depth``) before computing."""
+        sets, depth = load_fragment_sets(path)
+        if depth < self.max_depth:
+            raise InputError(f"fragment store holds depth <= {depth}, this scorer needs {self.max_depth}",
+                             path=str(path))
+        store = getattr(self, "store_", None) or {}
+        store.update(sets)
+        self.store_ = store
+        return self
+
+    # -- ions and peaks ------------------------------------------------------------------------------------
+    def _shifts(self, carriers: Sequence[Carrier]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(mass shifts, weights, h shift, carrier index) of every (carrier, hydrogen shift) combination."""
+        h = np.arange(-self.max_h_shift, self.max_h_shift + 1)
+        shifts = np.array([c.mass_shift for c in carriers])[:, None] + h[None, :] * HYDROGEN_MASS
+        weights = np.broadcast_to(float(self.h_shift_penalty) ** np.abs(h), shifts.shape)
+        carrier_index = np.broadcast_to(np.arange(len(carriers))[:, None], shifts.shape)
+        return (shifts.ravel(), weights.ravel(), np.broadcast_to(h, shifts.shape).ravel(), carrier_index.ravel())
+
+    def _peaks(self, spectrum: Spectrum) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(m/z, intensity weight, tolerance) of the peaks scored, sorted by m/z."""
+        if not isinstance(spectrum, Spectrum):
+            raise TypeError(f"expected a Spectrum, got {type(spectrum).__name__}")
+        mz, intensity = spectrum.mz, spectrum.intensities
+        if not (np.all(np.isfinite(mz)) and np.all(np.isfinite(intensity))) or np.any(intensity < 0):
+            raise InputError("peaks must have finite m/z and non-negative intensities", record=spectrum.id,
+                             field="peaks")
+        floor = max(float(self.min_tolerance_da), float(spectrum.mz_precision or 0.0))
+        tolerance = np.maximum(mz * (self.tolerance_ppm * 1e-6), floor)
+        keep = intensity > 0
+        if spectrum.precursor_mz is not None:
+            keep &= mz <= spectrum.precursor_mz + tolerance
+        order = np.argsort(mz[keep], kind="stable")
+        mz, intensity, tolerance = mz[keep][order], intensity[keep][order], tolerance[keep][order]
+        return mz, mz ** float(self.mz_power) * intensity ** float(self.intensity_power), tolerance
+
+    def _carriers(self, spectrum: Spectrum, adduct: str | Adduct | None) -> list[Carrier]:
+        if not isinstance(spectrum, Spectrum):
+            raise TypeError(f"expected a Spectrum, got {type(spectrum).__name__}")
+        try:
+            return ion_carriers(adduct if adduct is not None else spectrum.adduct, spectrum.ion_mode)
+        except InputError as exc:
+            raise InputError(exc.message, record=spectrum.id, field="adduct") from None
+
+    def _peak_weights(self, spectrum: Spectrum, fragment_sets: Sequence[FragmentSet], carriers: Sequence[Carrier]
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """Best explanation weight of every (candidate, peak), shape (n_candidates, n_peaks), and the peaks'
+        intensity weights (n_peaks,)."""
+        mz, peak_weight, tolerance = self._peaks(spectrum)
+        n_cand, n_peaks = len(fragment_sets), mz.shape[0]
+        if n_cand == 0 or n_peaks == 0:
+            return np.zeros((n_cand, n_peaks)), peak_weight
+        shifts, shift_weight, h_of, _ = self._shifts(carriers)
+        # All candidates' (mass-sorted) fragments in one array, candidate c offset by c * spacing so that one
+        # searchsorted finds every (candidate, shift, peak) window at once.
+        sizes = np.array([fs.n_fragments for fs in fragment_sets])
+        masses = np.concatenate([fs.masses for fs in fragment_sets])
+        bonds = np.concatenate([fs.bonds_broken for fs in fragment_sets])
+        spacing = 2.0 * (max(float(masses.max()), float(mz.max())) + float(np.abs(shifts).max())
+                         + float(tolerance.max())) + 1.0
+        owner = np.repeat(np.arange(n_cand), sizes)
+        keys = masses + owner * spacing
+        # The intact structure sits first in each block, out of mass order: sort once (cheap, nearly sorted).
+        order = np.argsort(keys, kind="stable")
+        keys = keys[order]
+        bonds = bonds[order].astype(np.float64)
+        target = mz[None, :] - shifts[:, None]                                    # (n_shifts, n_peaks)
+        base = (np.arange(n_cand) * spacing)[:, None, None]
+        lo = np.searchsorted(keys, (base + target - tolerance), side="left")    # (n_cand, n_shifts, n_peaks)
+        hi = np.searchsorted(keys, (base + target + tolerance), side="right")
+        window_max = np.zeros(lo.shape)
+        h_size = np.abs(h_of)
+        for size in np.unique(h_size):
+            # Max fragment weight over each window [lo, hi): reduceat over interleaved bounds (the appended 0 is
+            # the sentinel for windows ending at the array's end; empty windows are masked out). A shift of
+            # |h| hydrogens needs |h| broken bonds when ``h_shift_per_bond``.
+            weight = float(self.depth_penalty) ** bonds
+            if self.h_shift_per_bond:
+                weight = np.where(bonds >= size, weight, 0.0)
+            weight = np.append(weight, 0.0)
+            sel = h_size == size
+            group_lo, group_hi = lo[:, sel, :].ravel(), hi[:, sel, :].ravel()
+            bounds = np.empty(2 * group_lo.shape[0], dtype=np.intp)
+            bounds[0::2] = group_lo
+            bounds[1::2] = group_hi
+            group = np.maximum.reduceat(weight, bounds)[0::2]
+            window_max[:, sel, :] = np.where(group_hi > group_lo, group, 0.0).reshape(n_cand, -1, n_peaks)
+        return (window_max * shift_weight[None, :, None]).max(axis=1), peak_weight
+
+    def score(self, spectrum: Spectrum, molecules: Sequence[Molecule | str], adduct: str | Adduct | None = None
+              ) -> np.ndarray:
+        """Fraction of the spectrum's (transformed) intensity each candidate's fragments explain.
+
+        Parameters
+        ----------
+        spectrum : Spectrum
+        molecules : sequence of Molecule or SMILES, length n_candidates
+        adduct : str or Adduct, optional
+            The precursor type; the spectrum's ``adduct`` (else its ion mode) when None.
+
+        Returns
+        -------
+        ndarray of shape (n_candidates,), float64, in [0, 1]
+            0 for every candidate when no peak is scored.
+        """
+        self._check_params()
+        carriers = self._carriers(spectrum, adduct)
+        fragment_sets = [self.fragments(m) for m in molecules]
+        weights, peak_weight = self._peak_weights(spectrum, fragment_sets, carriers)
+        total = float(peak_weight.sum())
+        if total <= 0:
+            return np.zeros(len(fragment_sets))
+        return weights @ peak_weight / total
+
+    def explain_peaks(self, spectrum: Spectrum, molecule: Molecule | str, adduct: str | Adduct | None = None
+                      ) -> list[dict[str, Any]]:
+        """The peaks a structure explains, with the fragment that explains each best (for reports).
+
+        Parameters
+        ----------
+        spectrum : Spectrum
+        molecule : Molecule or SMILES
+        adduct : str or Adduct, optional
+            As in :meth:`score`.
+
+        Returns
+        -------
+        list of dict, by increasing m/z, one per explained peak:
+            ``mz`` (float), ``intensity`` (float, as in the spectrum), ``formula`` (the ion's formula with its
+            charge, e.g. ``"C7H7O+"``), ``fragment_formula`` (the neutral substructure as cut), ``smiles`` (the
+            substructure's SMILES), ``bonds_broken`` (int), ``depth`` (int), ``h_shift`` (int), ``carrier``
+            (e.g. ``"+H"``), ``ion_mz`` (float, the fragment ion's m/z), ``error_ppm`` (float),
+            ``weight`` (float: the explanation's weight in the score).
+        """
+        self._check_params()
+        molecule = Molecule(molecule) if isinstance(molecule, str) else molecule
+        carriers = self._carriers(spectrum, adduct)
+        fragments = fragment_structure(molecule, self.max_depth, keep_atoms=True)
+        mol = molecule.rdkit_mol
+        if any(a.GetAtomicNum() == 1 for a in mol.GetAtoms()):
+            mol = Chem.RemoveHs(mol, sanitize=False)
+        mz, _, tolerance = self._peaks(spectrum)
+        shifts, shift_weight, h_of, carrier_of = self._shifts(carriers)
+        ion_mz = fragments.masses[:, None] + shifts[None, :]                      # (n_fragments, n_shifts)
+        bonds = fragments.bonds_broken.astype(np.float64)[:, None]
+        weight = float(self.depth_penalty) ** bonds * shift_weight[None, :]
+        if self.h_shift_per_bond:
+            weight = np.where(bonds >= np.abs(h_of)[None, :], weight, 0.0)
+        intensity_of = dict(zip(spectrum.mz.tolist(), spectrum.intensities.tolist()))
+        out = []
+        for peak_mz, tol in zip(mz.tolist(), tolerance.tolist()):
+            error = ion_mz - peak_mz
+            match = (np.abs(error) <= tol) & (weight > 0)
+            if not match.any():
+                continue
+            # Best weight first, then the smallest mass error.
+            candidates = np.argwhere(match)
+            score = np.array([(-weight[f, s], abs(error[f, s])) for f, s in candidates],
+                             dtype=[("w", float), ("e", float)])
+            f, s = candidates[np.argsort(score, order=("w", "e"))[0]]
+            carrier = carriers[int(carrier_of[s])]
+            h = int(h_of[s])
+            extra: dict[str, int] = {"H": h}
+            for el, n in carrier.atoms:
+                extra[el] = extra.get(el, 0) + n
+            atoms = np.flatnonzero(fragments.atoms[f]).tolist()
+            out.append({
+                "mz": float(peak_mz),
+                "intensity": float(intensity_of.get(peak_mz, 0.0)),
+                "formula": fragments.formula(int(f), extra) + ("+" if carrier.charge > 0 else "-"),
+                "fragment_formula": fragments.formula(int(f)),
+                "smiles": Chem.MolFragmentToSmiles(mol, atoms, canonical=True),
+                "bonds_broken": int(fragments.bonds_broken[f]),
+                "depth": int(fragments.depth[f]),
+                "h_shift": h,
+                "carrier": carrier.label,
+                "ion_mz": float(ion_mz[f, s]),
+                "error_ppm": float(error[f, s] / peak_mz * 1e6),
+                "weight": float(weight[f, s]),
+            })
+        return out
