@@ -253,6 +253,7 @@ class Report:
         self._pending: dict[str, deque] = {}
         self._group: list[dict[str, Any]] = []
         self._extra_columns: list[str] = []
+        self._files: dict[str, int] = {}
         self.drawing_count = 0
 
     # -- input -----------------------------------------------------------------------------------------------
@@ -327,9 +328,14 @@ class Report:
         probability = _number(rows[0].get("probability"))
         if probability is not None:
             query["p"] = probability
-        for key in ("file", "record"):
-            if _text(rows[0].get(key)):
-                query[key] = _text(rows[0].get(key))
+        file, record = _text(rows[0].get("file")), _text(rows[0].get("record"))
+        if spectrum is not None:
+            file = file or _text(getattr(spectrum, "file", None))
+            record = record or _text(getattr(spectrum, "record", None))
+        if file:
+            query["f"] = self._files.setdefault(file, len(self._files))
+        if record:
+            query["record"] = record.removesuffix(".0")
         if spectrum is not None:
             meta = getattr(spectrum, "metadata", {}) or {}
             query["name"] = _text(meta.get("compound_name") or meta.get("name"))
@@ -366,7 +372,7 @@ class Report:
         self.finish()
         return {"version": 1, "title": self.options.title, "top_k": self.options.top_k,
                 "extra": self._extra_columns,
-                "molecules": self._molecule_rows, "queries": self.queries,
+                "molecules": self._molecule_rows, "files": list(self._files), "queries": self.queries,
                 "n_skipped": len(self.skipped)}
 
     def html(self) -> str:

@@ -258,6 +258,9 @@ def test_identify_report_and_report_command_agree(identify_setup, tmp_path):
     assert {q["id"] for q in data["queries"]} == identified and len(identified) == len(queries) - 2
     assert all(len(q["c"]) == min(3, q["n"]) and q["pk"][0] for q in data["queries"])
     assert any(q["n"] >= 3 for q in data["queries"])
+    # where each query came from: the file (once, in a table) and its record number
+    assert data["files"] == [str(mgf)] and all(q["f"] == 0 for q in data["queries"])
+    assert [int(q["record"]) for q in data["queries"]] == list(range(1, len(identified) + 1))
     # the synthetic model ranks the truth first for these spectra
     assert sum(q["tr"] == 1 for q in data["queries"]) >= len(identified) - 2
     doc = _parse(page)
@@ -348,3 +351,24 @@ def test_chromium_renders_index_structures_and_spectrum(tmp_path, gzip_above, mo
     # the index's first row (within the top 300 px) shows a drawn structure: RDKit draws oxygen in pure red
     red = (rgb[..., 0] > 200) & (rgb[..., 1] < 90) & (rgb[..., 2] < 90)
     assert red[:300].sum() > 20
+
+
+def test_chromium_sorts_and_filters_from_the_address(tmp_path):
+    """The index sorts by a column and filters by text (set through the address: #sort=..., #filter=...)."""
+    report = _small_report()
+    path = tmp_path / "r.html"
+    report.write(path)
+
+    def order(fragment: str) -> list[str]:
+        binary = _chromium()
+        if binary is None:
+            pytest.skip("no Chromium: `apt-get install chromium` (Debian/Ubuntu) to run the browser check")
+        done = subprocess.run([binary, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=5000",
+                               "--dump-dom", path.as_uri() + fragment], capture_output=True, text=True, timeout=120)
+        dom = html5lib.parse(done.stdout, namespaceHTMLElements=False)
+        assert dom.find(".//body").get("data-ready") == "true"
+        return [tr.get("data-q") for tr in dom.find(".//table[@id='index']/tbody") if tr.get("data-q")]
+
+    assert order("#sort=score") == ["2", "1", "0"]                 # top scores 0.9, 0.7, 0.3
+    assert order("#sort=margin") == ["1", "0", "2"]                # margins 0.1, 0.4, none (empty last)
+    assert order("#filter=gsasjowncIINEK") == ["1"]               # q1's top hit (ISOMERS[2]), any case
