@@ -44,7 +44,11 @@ SEARCH_SPACE = {
     "intensity_power": [0.0, 0.25, 0.5, 1.0],
     "mz_power": [0.0, 0.5, 1.0, 2.0],
     "depth_penalty": [1.0, 0.75, 0.5, 0.25],
+    "carbon_bond_penalty": [1.0, 0.75, 0.5],
+    "aromatic_bond_penalty": [1.0, 0.5, 0.25],
+    "multiple_bond_penalty": [1.0, 0.5, 0.25],
     "h_shift_penalty": [1.0, 0.75, 0.5],
+    "h_shift_per_bond": [False, True],
 }
 
 

@@ -18,8 +18,9 @@ A singly charged fragment ion has ``m/z = fragment mass + h * m(H) + carrier`` w
 from the precursor type: ``+H`` (mass of H minus an electron) in positive mode, ``-H`` (plus an electron) in
 negative mode, and the adduct's own carrier (``+Na``, ``+K``, ``+NH4``, ``+Cl``, none for ``[M]+``) when the
 precursor is such an adduct. A peak is explained when an ion lies within ``max(tolerance_ppm * m/z * 1e-6,
-min_tolerance_da, the spectrum's m/z precision)``; its weight is ``depth_penalty ** bonds_broken *
-h_shift_penalty ** |h|`` of its best explanation. The score of a candidate is
+min_tolerance_da, the spectrum's m/z precision)``; its weight is that of its best explanation:
+``depth_penalty ** bonds_broken * h_shift_penalty ** |h|``, times a factor per broken bond of a harder kind
+(C-C, aromatic, multiple; :data:`BOND_KINDS`). The score of a candidate is
 
     sum_p weight_p * w_p / sum_p w_p,   w_p = mz_p ** mz_power * intensity_p ** intensity_power
 
@@ -57,13 +58,16 @@ __all__ = [
     "save_fragment_sets",
     "load_fragment_sets",
     "HYDROGEN_MASS",
+    "BOND_KINDS",
 ]
 
 _PERIODIC_TABLE = Chem.GetPeriodicTable()
 #: Mass of a hydrogen atom (Da), as RDKit's most common isotope.
 HYDROGEN_MASS = float(_PERIODIC_TABLE.GetMostCommonIsotopeMass("H"))
 _STORE_FORMAT = "molpredict-fragments"
-_STORE_VERSION = 1
+_STORE_VERSION = 2
+#: Kinds of broken bonds counted per fragment (cleaving them costs increasingly more energy, roughly).
+BOND_KINDS = ("single-heteroatom", "single-carbon", "aromatic", "multiple")
 # Fragment masks of one cleavage level are intersected in blocks of at most this many booleans (memory bound).
 _BLOCK_BOOLS = 4_000_000
 
@@ -83,8 +87,10 @@ class FragmentSet:
         structure).
     depth : ndarray of shape (n_fragments,), int8
         Least number of cleavages detaching the fragment (0 for the intact structure).
-    bonds_broken : ndarray of shape (n_fragments,), int8
-        Bonds between the fragment and the rest of the structure.
+    broken_by_type : ndarray of shape (n_fragments, 4), int8
+        Bonds between the fragment and the rest of the structure, by kind (columns as :data:`BOND_KINDS`:
+        single bonds to a heteroatom, single C-C bonds, aromatic bonds, double or triple bonds);
+        ``bonds_broken`` is their sum.
     counts : ndarray of shape (n_fragments, n_elements), int16
         Element counts (hydrogen included) per fragment, columns in the order of ``elements``.
     elements : tuple of str
@@ -96,7 +102,7 @@ class FragmentSet:
 
     masses: np.ndarray
     depth: np.ndarray
-    bonds_broken: np.ndarray
+    broken_by_type: np.ndarray
     counts: np.ndarray
     elements: tuple[str, ...]
     atoms: np.ndarray | None = None
@@ -104,6 +110,11 @@ class FragmentSet:
     @property
     def n_fragments(self) -> int:
         return int(self.masses.shape[0])
+
+    @property
+    def bonds_broken(self) -> np.ndarray:
+        """Bonds between each fragment and the rest, ndarray of shape (n_fragments,), int64."""
+        return self.broken_by_type.sum(axis=1, dtype=np.int64)
 
     def formula(self, index: int, extra: Mapping[str, int] | None = None) -> str:
         """Formula of fragment ``index`` (C, H, then alphabetical, as RDKit writes it), plus ``extra`` atoms."""
@@ -117,7 +128,7 @@ class FragmentSet:
         keep = self.depth <= max_depth
         if keep.all():
             return self
-        return FragmentSet(self.masses[keep], self.depth[keep], self.bonds_broken[keep], self.counts[keep],
+        return FragmentSet(self.masses[keep], self.depth[keep], self.broken_by_type[keep], self.counts[keep],
                            self.elements, None if self.atoms is None else self.atoms[keep])
 
 
@@ -211,6 +222,16 @@ def _cleavage_sides(mol: Chem.Mol, u: np.ndarray, v: np.ndarray, n_atoms: int) -
     return (labels == side_label[:, None])[separated], (first == second)[separated]
 
 
+def _bond_kind(bond: Chem.Bond) -> int:
+    """Column of :data:`BOND_KINDS` for an RDKit bond."""
+    if bond.GetIsAromatic() or bond.GetBondType() == Chem.BondType.AROMATIC:
+        return 2
+    if bond.GetBondType() != Chem.BondType.SINGLE:
+        return 3
+    carbon = bond.GetBeginAtom().GetAtomicNum() == 6 and bond.GetEndAtom().GetAtomicNum() == 6
+    return 1 if carbon else 0
+
+
 def fragment_structure(molecule: Molecule | Chem.Mol | str, max_depth: int = 2, keep_atoms: bool = False
                        ) -> FragmentSet:
     """All fragments of a structure up to ``max_depth`` cleavages (see the module docstring).
@@ -299,10 +320,11 @@ def fragment_structure(molecule: Molecule | Chem.Mol | str, max_depth: int = 2, 
     depth = np.concatenate(found_depth)
     masses = atoms @ atom_mass
     counts = (atoms.astype(np.int64) @ atom_counts).astype(np.int16)
-    bonds_broken = (atoms[:, u] != atoms[:, v]).sum(axis=1).astype(np.int8) if u.size else np.zeros(
-        atoms.shape[0], dtype=np.int8)
+    kind = np.zeros((u.shape[0], len(BOND_KINDS)), dtype=np.int64)
+    kind[np.arange(u.shape[0]), [_bond_kind(b) for b in bonds]] = 1
+    broken_by_type = ((atoms[:, u] != atoms[:, v]).astype(np.int64) @ kind).astype(np.int8)
     order = np.concatenate([[0], 1 + np.argsort(masses[1:], kind="stable")])
-    return FragmentSet(masses[order], depth[order], bonds_broken[order], counts[order], elements,
+    return FragmentSet(masses[order], depth[order], broken_by_type[order], counts[order], elements,
                        atoms[order] if keep_atoms else None)
 
 
@@ -381,7 +403,7 @@ def save_fragment_sets(path: str | os.PathLike, fragment_sets: Mapping[str, Frag
     """Write fragment sets keyed by InChIKey first block to one ``.npz`` of ragged arrays.
 
     Layout: ``keys`` (n,), ``offsets`` (n + 1,) int64 into the concatenated ``masses`` (float64), ``depth`` and
-    ``bonds_broken`` (int8), ``counts`` (total, n_elements) int16 over the union ``elements``, and ``meta``
+    ``broken_by_type`` (total, 4) int8, ``counts`` (total, n_elements) int16 over the union ``elements``, and ``meta``
     (a JSON string: format, version, max_depth). Every array is fixed-width, so the file converts to zarr or
     Arrow column by column. Atom masks are not stored.
     """
@@ -400,11 +422,15 @@ def save_fragment_sets(path: str | os.PathLike, fragment_sets: Mapping[str, Frag
         parts = [getattr(fragment_sets[k], name) for k in keys]
         return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype=dtype)
 
+    def cat2(name: str) -> np.ndarray:
+        parts = [getattr(fragment_sets[k], name) for k in keys]
+        return np.concatenate(parts).astype(np.int8) if parts else np.zeros((0, len(BOND_KINDS)), dtype=np.int8)
+
     meta = {"format": _STORE_FORMAT, "version": _STORE_VERSION, "max_depth": int(max_depth)}
     path = Path(path)
     with open(path, "wb") as handle:
         np.savez_compressed(handle, keys=np.array(keys, dtype=str), offsets=offsets, masses=cat("masses", np.float64),
-                            depth=cat("depth", np.int8), bonds_broken=cat("bonds_broken", np.int8), counts=counts,
+                            depth=cat("depth", np.int8), broken_by_type=cat2("broken_by_type"), counts=counts,
                             elements=np.array(elements, dtype=str), meta=np.array(json.dumps(meta)))
     return path
 
@@ -423,8 +449,8 @@ def load_fragment_sets(path: str | os.PathLike) -> tuple[dict[str, FragmentSet],
         meta = json.loads(str(arrays["meta"]))
     except (OSError, ValueError, KeyError) as exc:
         raise InputError(f"not a fragment store ({type(exc).__name__})", path=str(path)) from None
-    if meta.get("format") != _STORE_FORMAT or int(meta.get("version", 0)) > _STORE_VERSION:
-        raise InputError(f"not a fragment store of version <= {_STORE_VERSION}", path=str(path))
+    if meta.get("format") != _STORE_FORMAT or int(meta.get("version", 0)) != _STORE_VERSION:
+        raise InputError(f"not a fragment store of version {_STORE_VERSION}", path=str(path))
     offsets = arrays["offsets"]
     elements = tuple(str(e) for e in arrays["elements"])
     out = {}
@@ -432,7 +458,7 @@ def load_fragment_sets(path: str | os.PathLike) -> tuple[dict[str, FragmentSet],
         a, b = int(offsets[i]), int(offsets[i + 1])
         counts = arrays["counts"][a:b]
         used = np.flatnonzero(counts.any(axis=0))
-        out[key] = FragmentSet(arrays["masses"][a:b], arrays["depth"][a:b], arrays["bonds_broken"][a:b],
+        out[key] = FragmentSet(arrays["masses"][a:b], arrays["depth"][a:b], arrays["broken_by_type"][a:b],
                                counts[:, used], tuple(elements[j] for j in used))
     return out, int(meta["max_depth"])
 
@@ -460,6 +486,9 @@ class FragmentScorer(Component):
     depth_penalty : float, default 0.5
         Multiplies an explanation's weight once per bond broken (MetFrag penalises by bond dissociation
         energy); 1.0 disables it.
+    carbon_bond_penalty, aromatic_bond_penalty, multiple_bond_penalty : float, default 1.0
+        Further factors per broken single C-C, aromatic, and double or triple bond (a single bond to a
+        heteroatom, the easiest to cleave, has none): a rough bond-energy scale.
     h_shift_penalty : float, default 1.0
         Multiplies an explanation's weight once per hydrogen shifted.
     h_shift_per_bond : bool, default False
@@ -475,7 +504,8 @@ class FragmentScorer(Component):
 
     def __init__(self, max_depth: int = 2, max_h_shift: int = 2, tolerance_ppm: float = 10.0,
                  min_tolerance_da: float = 0.005, intensity_power: float = 0.5, mz_power: float = 0.0,
-                 depth_penalty: float = 0.5, h_shift_penalty: float = 1.0, h_shift_per_bond: bool = False,
+                 depth_penalty: float = 0.5, carbon_bond_penalty: float = 1.0, aromatic_bond_penalty: float = 1.0,
+                 multiple_bond_penalty: float = 1.0, h_shift_penalty: float = 1.0, h_shift_per_bond: bool = False,
                  cache_size: int = 8192) -> None:
         self.max_depth = max_depth
         self.max_h_shift = max_h_shift
@@ -484,6 +514,9 @@ class FragmentScorer(Component):
         self.intensity_power = intensity_power
         self.mz_power = mz_power
         self.depth_penalty = depth_penalty
+        self.carbon_bond_penalty = carbon_bond_penalty
+        self.aromatic_bond_penalty = aromatic_bond_penalty
+        self.multiple_bond_penalty = multiple_bond_penalty
         self.h_shift_penalty = h_shift_penalty
         self.h_shift_per_bond = h_shift_per_bond
         self.cache_size = cache_size
@@ -494,6 +527,9 @@ class FragmentScorer(Component):
                   ("tolerance_ppm", self.tolerance_ppm >= 0), ("min_tolerance_da", self.min_tolerance_da >= 0),
                   ("intensity_power", self.intensity_power >= 0), ("mz_power", self.mz_power >= 0),
                   ("depth_penalty", 0 <= self.depth_penalty <= 1),
+                  ("carbon_bond_penalty", 0 <= self.carbon_bond_penalty <= 1),
+                  ("aromatic_bond_penalty", 0 <= self.aromatic_bond_penalty <= 1),
+                  ("multiple_bond_penalty", 0 <= self.multiple_bond_penalty <= 1),
                   ("h_shift_penalty", 0 <= self.h_shift_penalty <= 1), ("cache_size", self.cache_size >= 0)]
         for name, ok in checks:
             if not ok:
@@ -550,6 +586,13 @@ class FragmentScorer(Component):
         self.store_ = store
         return self
 
+    def fragment_weights(self, fragments: FragmentSet) -> np.ndarray:
+        """Weight of each fragment's explanations before hydrogen shifts: the product over its broken bonds of
+        ``depth_penalty`` times the bond kind's factor. ndarray of shape (n_fragments,)."""
+        per_kind = float(self.depth_penalty) * np.array(
+            [1.0, self.carbon_bond_penalty, self.aromatic_bond_penalty, self.multiple_bond_penalty], dtype=float)
+        return np.prod(per_kind[None, :] ** fragments.broken_by_type.astype(np.float64), axis=1)
+
     # -- ions and peaks ------------------------------------------------------------------------------------
     def _shifts(self, carriers: Sequence[Carrier]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(mass shifts, weights, h shift, carrier index) of every (carrier, hydrogen shift) combination."""
@@ -598,6 +641,7 @@ class FragmentScorer(Component):
         sizes = np.array([fs.n_fragments for fs in fragment_sets])
         masses = np.concatenate([fs.masses for fs in fragment_sets])
         bonds = np.concatenate([fs.bonds_broken for fs in fragment_sets])
+        base_weight = np.concatenate([self.fragment_weights(fs) for fs in fragment_sets])
         spacing = 2.0 * (max(float(masses.max()), float(mz.max())) + float(np.abs(shifts).max())
                          + float(tolerance.max())) + 1.0
         owner = np.repeat(np.arange(n_cand), sizes)
@@ -605,7 +649,8 @@ class FragmentScorer(Component):
         # The intact structure sits first in each block, out of mass order: sort once (cheap, nearly sorted).
         order = np.argsort(keys, kind="stable")
         keys = keys[order]
-        bonds = bonds[order].astype(np.float64)
+        bonds = bonds[order]
+        base_weight = base_weight[order]
         target = mz[None, :] - shifts[:, None]                                    # (n_shifts, n_peaks)
         base = (np.arange(n_cand) * spacing)[:, None, None]
         lo = np.searchsorted(keys, (base + target - tolerance), side="left")    # (n_cand, n_shifts, n_peaks)
@@ -616,7 +661,7 @@ class FragmentScorer(Component):
             # Max fragment weight over each window [lo, hi): reduceat over interleaved bounds (the appended 0 is
             # the sentinel for windows ending at the array's end; empty windows are masked out). A shift of
             # |h| hydrogens needs |h| broken bonds when ``h_shift_per_bond``.
-            weight = float(self.depth_penalty) ** bonds
+            weight = base_weight
             if self.h_shift_per_bond:
                 weight = np.where(bonds >= size, weight, 0.0)
             weight = np.append(weight, 0.0)
@@ -684,8 +729,8 @@ class FragmentScorer(Component):
         mz, _, tolerance = self._peaks(spectrum)
         shifts, shift_weight, h_of, carrier_of = self._shifts(carriers)
         ion_mz = fragments.masses[:, None] + shifts[None, :]                      # (n_fragments, n_shifts)
-        bonds = fragments.bonds_broken.astype(np.float64)[:, None]
-        weight = float(self.depth_penalty) ** bonds * shift_weight[None, :]
+        bonds = fragments.bonds_broken[:, None]
+        weight = self.fragment_weights(fragments)[:, None] * shift_weight[None, :]
         if self.h_shift_per_bond:
             weight = np.where(bonds >= np.abs(h_of)[None, :], weight, 0.0)
         intensity_of = dict(zip(spectrum.mz.tolist(), spectrum.intensities.tolist()))

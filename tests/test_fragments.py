@@ -61,6 +61,21 @@ def test_ring_needs_two_cuts():
     }
 
 
+def test_broken_bond_kinds_by_hand():
+    # Acetaldehyde oxime O-methyl ether CC=NOC: atoms C0 C1 N2 O3 C4; bonds C0-C1 (single C-C), C1=N2
+    # (double), N2-O3 and O3-C4 (single to a heteroatom).
+    fs = fragment_structure("CC=NOC", 1, keep_atoms=True)
+    kinds = {frozenset(np.flatnonzero(fs.atoms[i]).tolist()): fs.broken_by_type[i].tolist()
+             for i in range(fs.n_fragments)}
+    assert kinds[frozenset({0})] == [0, 1, 0, 0]
+    assert kinds[frozenset({0, 1})] == [0, 0, 0, 1]
+    assert kinds[frozenset({0, 1, 2})] == [1, 0, 0, 0]
+    assert kinds[frozenset({4})] == [1, 0, 0, 0]
+    # Benzene ring opening: two aromatic bonds.
+    phenol = fragment_structure("Oc1ccccc1", 1)
+    assert {tuple(row) for row in phenol.broken_by_type.tolist()} == {(0, 0, 0, 0), (1, 0, 0, 0), (0, 0, 2, 0)}
+
+
 def test_fused_rings_cut_only_where_they_separate():
     # Naphthalene: two bonds of one ring separate only if the fusion bond is not one of them and the arc cut
     # off is on the other side of the fusion; every fragment is connected and its formula adds up.
@@ -138,7 +153,10 @@ def naive_score(scorer: FragmentScorer, spec: Spectrum, smiles: str) -> float:
                     if scorer.h_shift_per_bond and abs(h) > fs.bonds_broken[f]:
                         continue
                     if abs(ion - mz) <= tol:
-                        w = scorer.depth_penalty ** fs.bonds_broken[f] * scorer.h_shift_penalty ** abs(h)
+                        kinds = fs.broken_by_type[f]
+                        w = (scorer.depth_penalty ** fs.bonds_broken[f] * scorer.h_shift_penalty ** abs(h)
+                             * scorer.carbon_bond_penalty ** kinds[1] * scorer.aromatic_bond_penalty ** kinds[2]
+                             * scorer.multiple_bond_penalty ** kinds[3])
                         best = max(best, w)
         total += peak
         explained += best * peak
@@ -154,6 +172,7 @@ CANDIDATES = ["CC(=O)Nc1ccc(O)cc1", "CC(=O)Nc1cccc(O)c1", "COC(=O)c1ccc(N)cc1", 
     {"max_depth": 1, "max_h_shift": 0, "depth_penalty": 1.0},
     {"max_h_shift": 1, "h_shift_penalty": 0.5, "intensity_power": 1.0, "mz_power": 1.0, "tolerance_ppm": 30.0},
     {"max_h_shift": 3, "h_shift_per_bond": True, "depth_penalty": 0.7},
+    {"carbon_bond_penalty": 0.6, "aromatic_bond_penalty": 0.3, "multiple_bond_penalty": 0.2},
 ])
 def test_score_matches_naive_loop(params):
     rng = np.random.default_rng(7)
@@ -242,7 +261,7 @@ def test_store_round_trip(tmp_path):
     for m in molecules:
         fresh = fragment_structure(m, 2)
         np.testing.assert_array_equal(sets[m.inchikey14].masses, fresh.masses)
-        np.testing.assert_array_equal(sets[m.inchikey14].bonds_broken, fresh.bonds_broken)
+        np.testing.assert_array_equal(sets[m.inchikey14].broken_by_type, fresh.broken_by_type)
         assert [sets[m.inchikey14].formula(i) for i in range(fresh.n_fragments)] == [
             fresh.formula(i) for i in range(fresh.n_fragments)]
     spec = spectrum([65.0386, 93.0335, 110.0600, 152.0706], [10, 20, 100, 50])
