@@ -41,6 +41,7 @@ import numpy as np
 from . import __version__
 from .errors import ModelFileError, PluginError, SpecError
 from .specs import ComponentSpec, Grid, parse_spec
+from .spectrum import ION_MODES  # the bundle is keyed by ion mode (re-exported)
 
 __all__ = [
     "FORMAT_NAME",
@@ -62,7 +63,6 @@ FORMAT_NAME = "molpredict-model-bundle"
 #: 2: a bundle may hold a "text" sub-model (version-1 readers would reject its ion_modes with a confusing
 #: message; with the bump they say "upgrade molpredict"). Version-1 bundles load unchanged.
 FORMAT_VERSION = 2
-ION_MODES = ("positive", "negative")
 #: the sub-model key of a text -> molecule model (inputs are descriptions, not spectra)
 TEXT_MODE = "text"
 #: every sub-model key a bundle may hold, in the order they are listed

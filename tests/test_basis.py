@@ -9,7 +9,7 @@ from molpredict.kernels.base import OutputKernel
 from molpredict.component import frozen_spec
 from molpredict.models.basis import SketchedOutputBasis, distinct_objects
 from molpredict.nystrom import objects_from_state, objects_to_state
-from molpredict.nystrom import truncated_eigh as eigh_truncated
+from molpredict.linalg import truncated_eigh as eigh_truncated
 from molpredict.registry import Registry, reset_registry
 
 

@@ -12,7 +12,7 @@ from molpredict.registry import create, get_registry
 from molpredict.sketches import (AccumulationSketch, AdaptiveSketch, GaussianSketch, IdentitySketch,
                                  PSparsifiedGaussianSketch, PSparsifiedRademacherSketch, Sketch, SubsampleSketch,
                                  bernoulli_positions, leverage_scores, make_sketch)
-from molpredict.nystrom import truncated_eigh as pinv_factor
+from molpredict.linalg import truncated_eigh as pinv_factor
 from molpredict.testing import check_sketch
 from molpredict.testing.sketches import RBFKernel
 

@@ -10,41 +10,10 @@ import sys
 
 import click
 
-from .. import __version__
 from ..errors import MolpredictError
+from .group import cli
 
 __all__ = ["cli", "main"]
-
-
-class MolpredictGroup(click.Group):
-    """A click group that turns library errors into one-line messages and exit codes."""
-
-    def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except MolpredictError as exc:
-            click.echo(f"molpredict: error: {exc}", err=True)
-            ctx.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            click.echo("molpredict: interrupted", err=True)
-            ctx.exit(130)
-
-
-@click.group(cls=MolpredictGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="molpredict")
-@click.option("--plugins-dir", type=click.Path(file_okay=False), envvar="MOLPREDICT_PLUGINS_DIR",
-              help="Directory of *.py plugin files to load (env MOLPREDICT_PLUGINS_DIR).")
-def cli(plugins_dir: str | None) -> None:
-    """Identify molecules from MS/MS spectra by (sketched) output kernel regression.
-
-    \b
-    Typical use:
-      molpredict train train.mgf -o mymodel        # fit a model bundle
-      molpredict identify query.mgf --model mymodel --library lib.tsv
-      molpredict plugins list                       # kernels, sketches, models available
-    """
-    if plugins_dir:
-        os.environ["MOLPREDICT_PLUGINS_DIR"] = plugins_dir
 
 
 def _preset_plugins_dir(argv: list[str]) -> None:
@@ -56,7 +25,7 @@ def _preset_plugins_dir(argv: list[str]) -> None:
             os.environ["MOLPREDICT_PLUGINS_DIR"] = arg.split("=", 1)[1]
 
 
-# Command modules attach their commands to ``cli`` on import.
+# Command modules attach their commands to ``cli`` (from .group) on import.
 from . import plugins  # noqa: E402,F401
 from . import spectra  # noqa: E402,F401
 from . import candidates  # noqa: E402,F401

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from . import cli
+from .group import cli
 
 
 @cli.group()

@@ -5,7 +5,7 @@ import json
 
 import click
 
-from . import cli
+from .group import cli
 
 __all__ = ["config_group"]
 

@@ -6,7 +6,7 @@ import json
 import click
 
 from ..errors import InputError, SpecError
-from . import cli
+from .group import cli
 
 __all__ = ["select_sketch_size"]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from ..errors import InputError, ModelFileError
-from . import cli
+from .group import cli
 
 __all__ = ["train", "identify", "evaluate", "score_library", "model_group", "data"]
 

@@ -6,7 +6,7 @@ import json
 import click
 
 from ..registry import KINDS, get_registry
-from . import cli
+from .group import cli
 
 
 @cli.group()

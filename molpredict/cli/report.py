@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from . import cli
+from .group import cli
 
 __all__ = ["report"]
 

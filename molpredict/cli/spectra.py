@@ -7,7 +7,7 @@ from collections import Counter
 import click
 import numpy as np
 
-from . import cli
+from .group import cli
 
 __all__ = ["spectra", "spectra_info", "summarize_spectra"]
 

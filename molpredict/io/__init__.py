@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..errors import InputError
-from ..spectra import Spectrum
+from ..spectrum import Spectrum
 from .arrays import spectra_from_arrays, spectra_to_arrays
 from .common import SkipEntry, SkipReport
 from .mgf import read_mgf, write_mgf

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelFileError
-from ..spectra import Spectrum
+from ..spectrum import Spectrum
 
 __all__ = ["spectra_to_arrays", "spectra_from_arrays", "ARRAYS_FORMAT_VERSION"]
 

@@ -13,7 +13,7 @@ from typing import IO, Iterator, NamedTuple
 from ..errors import InputError
 
 __all__ = ["SkipEntry", "SkipReport", "open_text", "file_stem", "parse_charge", "normalize_ion_mode",
-           "ion_mode_from", "parse_ms_level", "adduct_from_name"]
+           "parse_ms_level", "adduct_from_name"]
 
 logger = logging.getLogger("molpredict.io")
 
@@ -196,19 +196,6 @@ def normalize_ion_mode(text: str | None) -> str | None:
     if not text:
         return None
     return _ION_MODES.get(text.strip().lower())
-
-
-def ion_mode_from(charge: int | None, adduct: str | None) -> str | None:
-    """Infer the ion mode from the charge's sign, else from the adduct's trailing sign (``[M+H]+``)."""
-    if charge:
-        return "positive" if charge > 0 else "negative"
-    if adduct:
-        tail = adduct.rstrip().rstrip("*")
-        if tail.endswith("+"):
-            return "positive"
-        if tail.endswith("-"):
-            return "negative"
-    return None
 
 
 # "MS2", "ms2", "MS/MS", "MSMS", "MS-MS", "MS" (a full scan, level 1), or a bare number

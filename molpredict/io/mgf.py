@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import InputError
-from ..spectra import Spectrum
-from .common import (SkipReport, _Skipper, adduct_from_name, file_stem, ion_mode_from, normalize_ion_mode,
+from ..spectrum import Spectrum, ion_mode_from
+from .common import (SkipReport, _Skipper, adduct_from_name, file_stem, normalize_ion_mode,
                      open_text, parse_charge, parse_ms_level)
 
 __all__ = ["read_mgf", "write_mgf", "MGF_KEY_MAP"]

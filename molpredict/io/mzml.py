@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, MolpredictError
-from ..spectra import Spectrum
-from .common import SkipReport, _Skipper, ion_mode_from
+from ..spectrum import Spectrum, ion_mode_from
+from .common import SkipReport, _Skipper
 
 __all__ = ["read_mzml"]
 

@@ -72,7 +72,8 @@ from ..component import frozen_spec
 from ..device import resolve_device, resolve_dtype
 from ..errors import InputError, ModelFileError, MolpredictError, ResourceError, SpecError
 from ..registry import create, get_registry
-from ..nystrom import Nystrom, lapack_threads, objects_from_state, objects_to_state
+from ..linalg import lapack_threads
+from ..nystrom import Nystrom, objects_from_state, objects_to_state
 from ..sketches import Sketch, make_sketch
 from ..specs import ComponentSpec, Grid, parse_spec, parse_values
 from .base import Model, check_pairs
