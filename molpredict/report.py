@@ -53,7 +53,8 @@ class ReportOptions:
     gzip_above : int
         Store the data gzip-compressed once its JSON exceeds this many bytes (0: always; -1: never).
     explain : bool
-        Annotate the top candidate's explained peaks when :mod:`molpredict.fragments` is available.
+        Annotate the peaks the top candidate explains (:meth:`molpredict.fragments.FragmentScorer.explain_peaks`,
+        default settings) when that module is available.
     drawing_size : (int, int)
         Width and height of the structure drawings (the page scales them).
     """
@@ -201,19 +202,31 @@ def _peaks(spectrum: Any, max_peaks: int) -> tuple[list[float], list[int]]:
     return [round(float(x), 4) for x in mz[order]], [int(v) for v in rel]
 
 
-def _explained_peaks(spectrum: Any, smiles: str, adduct: str) -> list[list[Any]] | None:
-    """``[[m/z, relative intensity 0..1000, formula], ...]`` of the peaks the structure explains, or None when
-    fragment annotation is not available (no :mod:`molpredict.fragments`) or not possible for this query."""
+def _fragment_explainer() -> Any:
+    """A callable ``(spectrum, molecule, adduct) -> annotations`` from :mod:`molpredict.fragments`
+    (``FragmentScorer().explain_peaks``), or None when that module is not available."""
+    import importlib
+
     try:
-        from .fragments import explain_peaks  # the accuracy work; optional
+        fragments = importlib.import_module("molpredict.fragments")  # in-silico fragmentation; optional here
     except ImportError:
         return None
+    function = getattr(fragments, "explain_peaks", None)
+    if function is not None:
+        return function
+    scorer_class = getattr(fragments, "FragmentScorer", None)
+    return None if scorer_class is None else scorer_class().explain_peaks
+
+
+def _explained_peaks(explain: Any, spectrum: Any, smiles: str, adduct: str) -> list[list[Any]] | None:
+    """``[[m/z, relative intensity 0..1000, ion formula], ...]`` of the peaks the structure explains (``explain``
+    from :func:`_fragment_explainer`), or None when annotation is not possible for this query."""
     from .errors import MolpredictError
     from .molecules import Molecule
 
     try:
         molecule = Molecule.from_smiles(smiles)
-        annotations = explain_peaks(spectrum, molecule, adduct or spectrum.adduct)
+        annotations = explain(spectrum, molecule, adduct or spectrum.adduct or None)
     except MolpredictError:
         return None
     if not annotations:
@@ -254,6 +267,7 @@ class Report:
         self._group: list[dict[str, Any]] = []
         self._extra_columns: list[str] = []
         self._files: dict[str, int] = {}
+        self._explain: Any = None   # the fragment annotator, looked up on first use (False: not available)
         self.drawing_count = 0
 
     # -- input -----------------------------------------------------------------------------------------------
@@ -351,10 +365,13 @@ class Report:
                          if _text(r.get("inchikey"))[:14] == true_key]
                 query["tr"] = ranks[0] if ranks else None
             if self.options.explain and top_rows:
-                explained = _explained_peaks(spectrum, _text(top_rows[0].get("smiles")),
-                                             _text(top_rows[0].get("adduct")))
-                if explained is not None:
-                    query["ex"] = explained
+                if self._explain is None:
+                    self._explain = _fragment_explainer() or False
+                if self._explain:
+                    explained = _explained_peaks(self._explain, spectrum, _text(top_rows[0].get("smiles")),
+                                                 _text(top_rows[0].get("adduct")))
+                    if explained is not None:
+                        query["ex"] = explained
         self.queries.append(query)
 
     def finish(self) -> None:
@@ -500,26 +517,28 @@ def run_parameters(bundle: Any = None, library: str | None = None, n_library: in
 
 def build_report_from_files(results: str | Path, spectra: str | Path, output: str | Path, *,
                             skipped_path: str | Path | None = None, top_k: int = 5, title: str | None = None,
-                            model_path: str | None = None, library: str | None = None) -> tuple[int, Report]:
+                            model_path: str | None = None, library: str | None = None,
+                            fragments: bool = True) -> tuple[int, Report]:
     """``molpredict report``: the page for a results file and the spectra file it was computed from.
 
-    Spectra are matched to the results by query id (the n-th query with an id to the n-th spectrum with that
-    id). Spectra without rows are listed as skipped, with the reason from ``skipped_path`` when it names them.
+    Spectra are matched to the results by query id, a repeated id numbered as ``identify`` numbers it
+    (``ID#2``, ...). Spectra without rows are listed as skipped, with the reason from ``skipped_path`` when it names them.
 
     Returns
     -------
     (int, Report)
         The page's size in bytes and the report.
     """
+    from .identify import unique_ids
     from .io.results import read_result_rows, read_skipped
     from .spectra import SkipReport, read_spectra
 
-    options = ReportOptions(top_k=top_k)
+    options = ReportOptions(top_k=top_k, explain=fragments)
     if title:
         options.title = title
     report = Report(options)
     unreadable = SkipReport()
-    for spectrum in read_spectra(spectra, report=unreadable):
+    for spectrum in unique_ids(read_spectra(spectra, report=unreadable)):   # the ids identify gave the queries
         report.add_spectrum(spectrum)
     report.add_rows(read_result_rows(results))
     known = read_skipped(skipped_path) if skipped_path else []

@@ -196,6 +196,18 @@ def test_optional_columns_and_explained_peaks(monkeypatch):
     assert "ex" not in report.data()["queries"][0]
 
 
+def test_explained_peaks_from_in_silico_fragments():
+    """With the real molpredict.fragments: Mellein's [M+H]+ spectrum (the MassBank fixture record) has its
+    133.065 peak explained as C9H9O+, as the depositors annotated it (PK$ANNOTATION), and its precursor as the
+    intact ion."""
+    pytest.importorskip("molpredict.fragments")
+    report = Report()
+    report.add_spectrum(_spectrum("mellein"))
+    report.add_rows(_rows("mellein", ISOMERS[:1], [1.0]))
+    explained = {mz: formula for mz, _, formula in report.data()["queries"][0]["ex"]}
+    assert explained[133.065] == "C9H9O+" and explained[179.07] == "C10H11O3+"
+
+
 def test_read_result_rows_all_formats(tmp_path):
     rows = _rows("q0", ISOMERS, [0.9, 0.5, 0.1]) + _rows("q1", ISOMERS[:1], [0.3])
     for fmt in ("tsv", "csv", "json"):
@@ -237,6 +249,11 @@ def identify_setup(tmp_path, monkeypatch):
                             ion_mode="positive", adduct="[M+H]+"))
     queries.append(Spectrum(id="neg", mz=np.array([50.0, 80.0]), intensities=np.array([1.0, 2.0]), precursor_mz=200.0,
                             charge=-1, ion_mode="negative", adduct="[M-H]-"))
+    # a repeated id (identify numbers it "s0-0#2"), with peaks of its own
+    first = queries[0]
+    queries.append(Spectrum(id=first.id, mz=first.mz[:-1], intensities=first.intensities[:-1],
+                            precursor_mz=first.precursor_mz, charge=1, ion_mode="positive", adduct="[M+H]+",
+                            metadata=dict(first.metadata)))
     mgf = tmp_path / "queries.mgf"
     write_mgf(queries, mgf)
     return bundle_path, lib, mgf, queries
@@ -256,17 +273,19 @@ def test_identify_report_and_report_command_agree(identify_setup, tmp_path):
     data = decode_report_data(page)
     identified = {r["query_id"] for r in csv.DictReader(open(tmp_path / "hits.tsv"), delimiter="\t")}
     assert {q["id"] for q in data["queries"]} == identified and len(identified) == len(queries) - 2
+    by_id = {q["id"]: q for q in data["queries"]}
+    assert len(by_id["s0-0#2"]["pk"][0]) == len(by_id["s0-0"]["pk"][0]) - 1   # each its own spectrum
     assert all(len(q["c"]) == min(3, q["n"]) and q["pk"][0] for q in data["queries"])
     assert any(q["n"] >= 3 for q in data["queries"])
     # where each query came from: the file (once, in a table) and its record number
     assert data["files"] == [str(mgf)] and all(q["f"] == 0 for q in data["queries"])
-    assert [int(q["record"]) for q in data["queries"]] == list(range(1, len(identified) + 1))
+    assert [int(q["record"]) for q in data["queries"]] == list(range(1, len(identified))) + [len(queries)]
     # the synthetic model ranks the truth first for these spectra
     assert sum(q["tr"] == 1 for q in data["queries"]) >= len(identified) - 2
     doc = _parse(page)
     skipped = [[td.text or "" for td in tr.iter("td")] for tr in doc.find(".//details[@id='skipped-section']")
                .iter("tr")][1:]
-    assert skipped[0] == ["", str(mgf), str(len(queries) - 1), "unreadable record: no peaks"]
+    assert skipped[0] == ["", str(mgf), str(len(queries) - 2), "unreadable record: no peaks"]
     assert skipped[1][0] == "neg" and "negative" in skipped[1][3]
     params = "".join(doc.find(".//table[@class='params']").itertext())
     assert str(model) in params and str(lib) in params and "top 3 rows per query" in params
@@ -291,6 +310,9 @@ def test_identify_report_and_report_command_agree(identify_setup, tmp_path):
     result = runner.invoke(cli, ["identify", "--text", "a molecule", "--model", str(model), "--library", str(lib),
                                  "--report", str(tmp_path / "e.html")])
     assert result.exit_code == 2 and "not available for text" in result.stderr
+    result = runner.invoke(cli, ["identify", str(mgf), "--model", str(model), "--library", str(lib), "--resume",
+                                 "-o", str(tmp_path / "hits.tsv"), "--report", str(tmp_path / "e.html")])
+    assert result.exit_code == 2 and "molpredict report" in result.stderr
 
 
 # -- a real browser ----------------------------------------------------------------------------------------------

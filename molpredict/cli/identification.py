@@ -272,6 +272,9 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
         return
     if resume and (not output or output == "-"):
         raise InputError("--resume needs -o FILE (an interrupted run's output file)")
+    if resume and report_path:
+        raise InputError("--report would show only the resumed part: finish with --resume, then run "
+                         "`molpredict report OUTPUT SPECTRA -o REPORT.html`")
     spool = None
     if spectra_file in (None, "-"):
         if sys.stdin.isatty():
@@ -294,9 +297,10 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
                                 cache_root=_cache_root(cache_dir, no_cache), progress=show)
         html = None
         if report_path:
+            from ..identify import unique_ids
             from ..report import Report, ReportOptions
             html = Report(ReportOptions(top_k=min(top_k, 5)))
-            spectra = html.watch(spectra)
+            spectra = html.watch(unique_ids(spectra))   # the ids the rows will carry
         t0 = time.perf_counter()
         stdin_name = "-" if spool else None
         if output and output != "-":
