@@ -30,7 +30,7 @@ import sys
 import time
 import warnings
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -106,11 +106,17 @@ class RankedBlock:
     n_queries: int
     skipped: list[Any]
     timings: dict[str, float]
+    probability: list[float] = field(default_factory=list)
+    views: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
 
 
 def evaluate_block(identifier: Identifier, block: Sequence[tuple[int, Any, str]]) -> RankedBlock:
-    """Rank the true structure of each ``(position, spectrum, true inchikey14)`` in its candidate set (the
-    raw model scores come from :mod:`molpredict.scoring`). Leaves ``identifier``'s accounting untouched."""
+    """Rank the true structure of each ``(position, spectrum, true inchikey14)`` in its candidate set by the
+    identifier's ranking score (the fusion of the bundle's terms, see :mod:`molpredict.evidence`), and in the same
+    pass by each term alone and by the fusion without the prior (``views``). Leaves ``identifier``'s accounting
+    untouched."""
+    from .evidence import WITHOUT_PRIOR, ScoringVariant
+
     worker = identifier.fresh()
     source = worker.source
     prepared: list[Query] = []
@@ -124,8 +130,25 @@ def evaluate_block(identifier: Identifier, block: Sequence[tuple[int, Any, str]]
     with warnings.catch_warnings():
         # Spectra cleaned down to no peaks are kept on purpose (and counted in ``n_empty_spectra``).
         warnings.simplefilter("ignore", DegenerateObjectWarning)
-        for query, scores in worker.scored(prepared):
-            a, b, f = true_rank_counts(scores, source.inchikey14(query.ids) == query.true_key)
+        without: dict[int, Any] = {}
+        for query, result in worker.fused(prepared):
+            is_true = source.inchikey14(query.ids) == query.true_key
+            a, b, f = true_rank_counts(result.score, is_true)
+            out.probability.append(result.probability)
+            alternatives = {f"{name}_alone": values for name, values in result.terms.items()}
+            key = id(query.sub)
+            if key not in without:
+                settings = (query.sub.scoring or {}).get(WITHOUT_PRIOR)
+                without[key] = ScoringVariant.from_dict(settings).fusion if settings and len(result.terms) > 1 \
+                    else None
+            if without[key] is not None:
+                alternatives["without_prior"] = without[key].combine(
+                    {k: v for k, v in result.terms.items() if k != "prior"})
+            for name, values in alternatives.items():
+                va, vb, _ = true_rank_counts(values, is_true)
+                lists = out.views.setdefault(name, ([], []))
+                lists[0].append(va)
+                lists[1].append(vb)
             out.positions.append(query.position)
             out.modes.append(query.mode)
             out.n_greater.append(a)
@@ -149,7 +172,9 @@ def rank_queries(identifier: Identifier, queries: Sequence[LabelledQuery], execu
     -------
     dict
         ``n_greater``, ``n_ties``, ``found``, ``n_candidates`` (arrays over evaluated queries), ``groups`` (true
-        first blocks), ``ids`` (query ids), ``modes``, and ``routed``: (spectrum as read, smiles, mode) of each
+        first blocks), ``ids`` (query ids), ``modes``, ``probability`` (estimated P(rank 1 is right), NaN without a
+        calibration), ``views``: {name: (n_greater, n_ties)} for each term alone (``spectrum_alone``,
+        ``prior_alone``, ...) and ``without_prior``, and ``routed``: (spectrum as read, smiles, mode) of each
         query for the kernel loss.
     """
     source = identifier.source
@@ -162,7 +187,8 @@ def rank_queries(identifier: Identifier, queries: Sequence[LabelledQuery], execu
     if identifier.progress:
         from tqdm import tqdm
         bar = tqdm(total=len(queries), desc="evaluating", unit=" spectra", file=sys.stderr)
-    g, t, found, n_c, groups, ids, modes, positions = [], [], [], [], [], [], [], []
+    g, t, found, n_c, groups, ids, modes, positions, probability = [], [], [], [], [], [], [], [], []
+    views: dict[str, tuple[list[int], list[int]]] = {}
     n_empty = 0
     try:
         for block in executor.map(evaluate_block, state, blocks,
@@ -177,6 +203,11 @@ def rank_queries(identifier: Identifier, queries: Sequence[LabelledQuery], execu
             modes += block.modes
             n_empty += sum(block.empty)
             positions += block.positions
+            probability += block.probability
+            for name, (va, vb) in block.views.items():
+                lists = views.setdefault(name, ([], []))
+                lists[0].extend(va)
+                lists[1].extend(vb)
     finally:
         if bar is not None:
             bar.close()
@@ -186,7 +217,31 @@ def rank_queries(identifier: Identifier, queries: Sequence[LabelledQuery], execu
     return {"n_greater": np.asarray(g, dtype=np.int64), "n_ties": np.asarray(t, dtype=np.int64),
             "found": np.asarray(found, dtype=bool), "n_candidates": np.asarray(n_c, dtype=np.int64),
             "groups": groups, "ids": ids, "modes": modes, "n_empty_spectra": n_empty,
+            "probability": np.asarray(probability, dtype=np.float64),
+            # a view present for only some queries (e.g. a mode without a prior) is not comparable: dropped
+            "views": {k: (np.asarray(v[0], dtype=np.int64), np.asarray(v[1], dtype=np.int64))
+                      for k, v in views.items() if len(v[0]) == len(g)},
             "routed": [(queries[p].spectrum, queries[p].smiles, mode) for p, mode in zip(positions, modes)]}
+
+
+def calibration_report(ranks: dict[str, Any], max_fdr: float = 0.1, n_bins: int = 10) -> dict[str, Any] | None:
+    """ECE, the reliability curve and the queries confident at an estimated FDR <= ``max_fdr``, from
+    :func:`rank_queries` output (None when no query has a probability)."""
+    from .calibration import confident_at_fdr, expected_calibration_error, reliability_curve
+
+    p = ranks.get("probability")
+    known = np.isfinite(p) if p is not None else None
+    if known is None or not known.any():
+        return None
+    correct = (ranks["n_greater"] == 0) & (ranks["n_ties"] == 0) & ranks["found"]
+    n_confident, threshold = confident_at_fdr(p[known], max_fdr)
+    return {"ece": round(expected_calibration_error(p[known], correct[known], n_bins), 4), "n_bins": n_bins,
+            "n_queries": int(known.sum()), "mean_probability": round(float(p[known].mean()), 4),
+            "accuracy": round(float(correct[known].mean()), 4),
+            "confident_at_fdr": {"max_fdr": max_fdr, "n_queries": n_confident,
+                                 "observed_fdr": round(float(1 - correct[known][p[known] >= threshold].mean()), 4)
+                                 if n_confident else None, "threshold": round(threshold, 4)},
+            "reliability": reliability_curve(p[known], correct[known], n_bins)}
 
 
 def _rounded(x: float) -> float:
@@ -269,7 +324,8 @@ def _kernel_loss(identifier: Identifier, routed: list[tuple[Any, str | None, str
 
 def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, ModelBundle]],
              sets: dict[str, list[tuple[str, str]]], cache_root: Any = None, n_boot: int = 1000, seed: int = 0,
-             kernel_loss: bool = True, progress: bool = False, executor: Executor | None = None) -> dict[str, Any]:
+             kernel_loss: bool = True, progress: bool = False, executor: Executor | None = None,
+             prior: bool = True) -> dict[str, Any]:
     """Evaluate bundles on labelled spectra against candidate sets.
 
     Parameters
@@ -287,6 +343,8 @@ def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, M
         Also compute the models' kernel loss on the queries.
     executor : Executor, optional
         Where the blocks of spectra are scored (default in-process; see :mod:`molpredict.scoring`).
+    prior : bool
+        ``--prior on|off``: rank by the fusion with the bundle's structure prior (when it has one), or without.
 
     Returns
     -------
@@ -304,9 +362,16 @@ def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, M
     results: dict[str, Any] = {}
     for label, bundle in bundles:
         t0 = time.perf_counter()
-        identifier = Identifier(bundle, source, IdentifyOptions(), cache_root=cache_root, progress=progress)
+        identifier = Identifier(bundle, source, IdentifyOptions(prior=prior), cache_root=cache_root,
+                                progress=progress)
         ranks = rank_queries(identifier, queries, executor)
         metrics = summarize_ranks(ranks, n_boot=n_boot, seed=seed)
+        calibration = calibration_report(ranks)
+        if calibration is not None:
+            metrics["calibration"] = calibration
+        if ranks.get("views"):
+            metrics["views"] = {name: _view_summary(ranks, counts, n_boot, seed)
+                                for name, counts in ranks["views"].items()}
         model_skipped = Counter(skipped)
         for s in identifier.skipped:
             model_skipped[s.reason] += 1
@@ -319,6 +384,18 @@ def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, M
         metrics["timings"] = {k: round(v, 3) for k, v in identifier.timings.items()}
         results[label] = metrics
     return results
+
+
+def _view_summary(ranks: dict[str, Any], counts: tuple[np.ndarray, np.ndarray], n_boot: int,
+                  seed: int) -> dict[str, Any]:
+    """Headline metrics of one alternative ranking of the same queries (a term alone, the fusion without the
+    prior): hit@k, MRR and their bootstrap intervals."""
+    alt = dict(ranks)
+    alt["n_greater"], alt["n_ties"] = counts
+    full = summarize_ranks(alt, n_boot=n_boot, seed=seed)
+    out = {k: full[k] for k in ("hit@1", "hit@5", "hit@10", "hit@20", "mrr")}
+    out["ci95"] = {k: full["ci95"][k] for k in ("hit@1", "hit@10", "mrr")}
+    return out
 
 
 def _canonical_lookup(smiles: Sequence[str], cache: dict[str, str | None]) -> list[str | None]:
@@ -501,6 +578,15 @@ def format_report(results: dict[str, Any]) -> str:
                      + f", MRR {rnd['mrr']:.4f}; median candidates {m['candidates']['median']}")
         if m.get("kernel_loss") is not None:
             lines.append(f"  kernel loss {m['kernel_loss']:.4f}")
+        for name, v in m.get("views", {}).items():
+            lines.append(f"  {name.replace('_', ' ')}: " + ", ".join(f"hit@{k} {100 * v[f'hit@{k}']:.2f}%" for k in KS)
+                         + f", MRR {v['mrr']:.4f}")
+        cal = m.get("calibration")
+        if cal:
+            fdr = cal["confident_at_fdr"]
+            lines.append(f"  calibration: ECE {cal['ece']:.4f} ({cal['n_bins']} bins), mean probability "
+                         f"{cal['mean_probability']:.3f} vs hit@1 {cal['accuracy']:.3f}; {fdr['n_queries']} queries "
+                         f"confident at estimated FDR <= {fdr['max_fdr']:.0%} (p >= {fdr['threshold']:.3f})")
     return "\n".join(lines)
 
 
@@ -528,6 +614,24 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title("Identification: true structure within the top k")
-    fig.tight_layout()
+    calibrated = {label: m["calibration"] for label, m in results.items() if m.get("calibration")}
+    if calibrated:  # a reliability diagram beside the curves
+        ax.figure.set_size_inches(11, 4)
+        ax.set_position([0.07, 0.13, 0.4, 0.77])
+        rel = fig.add_axes([0.57, 0.13, 0.4, 0.77])
+        rel.plot([0, 1], [0, 1], linestyle="--", color="grey", label="perfect calibration")
+        for label, cal in calibrated.items():
+            curve = cal["reliability"]
+            rel.plot([b["mean_probability"] for b in curve], [b["accuracy"] for b in curve], marker="o",
+                     markersize=3, label=f"{label} (ECE {cal['ece']:.3f})")
+        rel.set_xlabel("estimated P(rank 1 is right)")
+        rel.set_ylabel("observed hit@1")
+        rel.set_xlim(0, 1)
+        rel.set_ylim(0, 1)
+        rel.grid(alpha=0.3)
+        rel.legend(fontsize=8)
+        rel.set_title("Reliability of the probability column")
+    else:
+        fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import math
 import os
 import sys
 from collections import Counter
@@ -45,6 +46,8 @@ import numpy as np
 from .candidate_sources import CandidateSource
 from .decoding import margins, rank_candidates
 from .errors import InputError, MolpredictError
+from .evidence import Evidence, QueryScores
+from .fusion import FRAGMENTS, PRIOR, SPECTRUM
 from .modelfile import ModelBundle, SubModel
 from .scoring import (CandidateCoordinates, Executor, InProcessExecutor, Query, WorkerState, chunked,
                       require_bundle_path, resolved_cache_root, score_queries, scored, shared_candidate_scores)
@@ -93,6 +96,8 @@ class IdentifyOptions:
     max_block_candidates : int
         A block is flushed early once the union of its candidates reaches this size (bounds memory:
         the block holds at most this many candidate coordinate rows).
+    prior : bool
+        ``--prior on|off``: fuse the bundle's structure prior into the score (when the bundle has one).
     """
 
     by: str | None = None
@@ -103,6 +108,7 @@ class IdentifyOptions:
     formulas: dict[str, str] | None = None
     block_queries: int = 512
     max_block_candidates: int = 16384
+    prior: bool = True
 
 
 @dataclass
@@ -170,15 +176,15 @@ def _usable_adducts(spectrum: Any, mode: str, sub: SubModel) -> tuple[list[Any],
     return out, False
 
 
-def rank_rows(query: Query, scores: np.ndarray, source: CandidateSource, top_k: int,
+def rank_rows(query: Query, scores: np.ndarray | QueryScores, source: CandidateSource, top_k: int,
               query_id: str | None = None) -> list[dict[str, Any]]:
-    """The output rows of one query from the model's raw scores of its candidates.
+    """The output rows of one query from the scores of its candidates.
 
     Parameters
     ----------
     query : Query
-    scores : ndarray of shape (len(query.ids),), float64
-        Aligned with ``query.ids``.
+    scores : QueryScores, or ndarray of shape (len(query.ids),), float64
+        Aligned with ``query.ids``: the ranking score with its terms and probability, or a bare score vector.
     source : CandidateSource
         Supplies the tie-breaking keys and the output fields of the candidates.
     top_k : int
@@ -191,6 +197,9 @@ def rank_rows(query: Query, scores: np.ndarray, source: CandidateSource, top_k: 
         The top ``top_k`` candidates (score descending, ties by the source's tie key), with the columns of
         :data:`~molpredict.io.results.OUTPUT_COLUMNS`.
     """
+    if not isinstance(scores, QueryScores):
+        scores = QueryScores(np.asarray(scores, dtype=np.float64), {SPECTRUM: np.asarray(scores, dtype=np.float64)})
+    terms, probability, scores = scores.terms, scores.probability, scores.score
     n = len(query.ids)
     order = rank_candidates(scores, source.tie_keys(query.ids))
     conf = margins(scores[order[:2]] if n >= 2 else scores[order])
@@ -209,6 +218,10 @@ def rank_rows(query: Query, scores: np.ndarray, source: CandidateSource, top_k: 
             "formula": fields["formula"][r],
             "adduct": query.adducts[pos] if query.adducts is not None else query.adduct,
             "name": fields["name"][r], "id": fields["id"][r], "n_candidates": n, "mass_window": query.window,
+            "spectrum_score": float(terms[SPECTRUM][pos]) if SPECTRUM in terms else math.nan,
+            "prior_score": float(terms[PRIOR][pos]) if PRIOR in terms else math.nan,
+            "fragment_score": float(terms[FRAGMENTS][pos]) if FRAGMENTS in terms else math.nan,
+            "probability": probability if r == 0 else math.nan,
         })
     return rows
 
@@ -247,6 +260,7 @@ class Identifier:
         self.cache_root = cache_root
         self.progress = progress
         self.coordinates = CandidateCoordinates(source, cache_root)
+        self.evidence = Evidence(self.coordinates, use_prior=self.options.prior)
         self._cleaners: dict[str, Any] = {}
         self.skipped: list[Skipped] = []
         self.n_queries = 0
@@ -332,6 +346,21 @@ class Identifier:
         """``(query, raw scores)`` in input order, scoring block by block (grouped by sub-model inside a block)."""
         return scored(queries, self.candidate_coordinates, self.timings, self.options.block_queries,
                       self.options.max_block_candidates)
+
+    def fused(self, queries: Iterable[Query]) -> Iterator[tuple[Query, QueryScores]]:
+        """``(query, QueryScores)`` in input order: the model's scores with the bundle's other terms (prior,
+        fragments) fused and the rank-1 probability (see :mod:`molpredict.evidence`)."""
+        for block in chunked(self.scored(queries), max(1, self.options.block_queries)):
+            out: list[QueryScores | None] = [None] * len(block)
+            by_sub: dict[int, list[int]] = {}
+            for i, (q, _) in enumerate(block):
+                by_sub.setdefault(id(q.sub), []).append(i)
+            for members in by_sub.values():
+                results = self.evidence.scores([block[i][0] for i in members], [block[i][1] for i in members],
+                                               self.timings)
+                for i, result in zip(members, results):
+                    out[i] = result
+            yield from ((q, r) for (q, _), r in zip(block, out))  # type: ignore[misc]
 
     # -- the identification run ----------------------------------------------------------------------------
     def _absorb(self, block: IdentifiedBlock) -> None:
@@ -469,7 +498,7 @@ def identify_block(identifier: Identifier, block: Sequence[tuple[int, Any]]) -> 
     queries = [q for q in (worker.prepare(position, spectrum) for position, spectrum in block) if q is not None]
     rows: list[dict[str, Any]] = []
     n_candidates: list[int] = []
-    for query, scores in worker.scored(queries):
+    for query, scores in worker.fused(queries):
         n_candidates.append(len(query.ids))
         rows.extend(rank_rows(query, scores, worker.source, worker.options.top_k))
     return IdentifiedBlock(rows, worker.skipped, len(block), n_candidates, dict(worker.timings))

@@ -70,6 +70,7 @@ MODES = ION_MODES + (TEXT_MODE,)
 BUNDLE_FILE = "bundle.json"
 METADATA_FILE = "metadata.json"
 TENSORS_FILE = "tensors.safetensors"
+PRIOR_DIR = "prior"
 
 #: model parameter name -> registry kind, for the parameters that name components by spec
 _COMPONENT_PARAMS = {
@@ -172,6 +173,15 @@ class SubModel:
         Training record: hashes, counts, licences, selection, validation metrics, timings.
     metadata : dict
         The full ``metadata.json`` as loaded (empty before saving).
+    prior : Model or None
+        The structure prior (a fitted ``prior`` model: similarity to a reference set of structures), saved in
+        the sub-model's ``prior/`` directory in the same format.
+    scoring : dict or None
+        How the terms are fused and the confidence calibrated, per variant (``with_prior``, ``without_prior``):
+        ``{variant: {"fusion": ScoreFusion.to_dict(), "calibration": Calibrator.to_dict()}}``
+        (see :mod:`molpredict.evidence`). None: the model's own score, no probability.
+    fragments : dict or None
+        Parameters of the candidate fragmentation scorer when the fusion uses one.
     """
 
     model: Any
@@ -180,6 +190,9 @@ class SubModel:
     adducts: list[str] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    prior: Any = None
+    scoring: dict[str, Any] | None = None
+    fragments: dict[str, Any] | None = None
 
     def cleaning_pipeline(self):
         """The :class:`~molpredict.spectra.CleaningPipeline` to apply to queries (None: no cleaning)."""
@@ -289,6 +302,13 @@ class ModelBundle:
                         "n_bytes": tensor_path.stat().st_size, "names": sorted(tensors)},
             **json_ready(sub.info),
         }
+        if sub.prior is not None:
+            ModelBundle._save_submodel(SubModel(model=sub.prior, ion_mode=sub.ion_mode), directory / PRIOR_DIR,
+                                       created)
+            metadata["prior"] = {"directory": PRIOR_DIR, "model": sub.prior.registry_name}
+        for key in ("scoring", "fragments"):
+            if getattr(sub, key) is not None:
+                metadata[key] = json_ready(getattr(sub, key))
         _write_json(directory / METADATA_FILE, metadata)
         sub.metadata = metadata
 
@@ -381,9 +401,23 @@ class ModelBundle:
             raise ModelFileError(f"{directory}: model state is inconsistent ({type(exc).__name__}: "
                                  f"{' '.join(str(exc).split())})") from None
         info_keys = ("training", "validation", "selection", "timings", "summary")
+        prior = None
+        if metadata.get("prior") is not None:
+            prior_dir = metadata["prior"].get("directory") if isinstance(metadata["prior"], dict) else None
+            if prior_dir != PRIOR_DIR:
+                raise ModelFileError(f"{meta_path}: field prior.directory must be {PRIOR_DIR!r}")
+            prior = ModelBundle._load_submodel(directory / PRIOR_DIR, mode, registry).model
+        extras = {}
+        for key in ("scoring", "fragments"):
+            value = metadata.get(key)
+            if value is not None and not isinstance(value, dict):
+                raise ModelFileError(f"{meta_path}: field {key} must be an object")
+            extras[key] = value
+        _check_scoring(extras, meta_path)
         return SubModel(model=model, ion_mode=metadata.get("ion_mode", mode),
                         cleaning=metadata.get("cleaning"), adducts=list(metadata.get("default_adducts") or []),
-                        info={k: metadata[k] for k in info_keys if k in metadata}, metadata=metadata)
+                        info={k: metadata[k] for k in info_keys if k in metadata}, metadata=metadata,
+                        prior=prior, **extras)
 
     def describe(self) -> dict[str, Any]:
         """A JSON-ready summary: per ion mode, the model spec, training counts and validation metrics."""
@@ -392,7 +426,27 @@ class ModelBundle:
             meta = sub.metadata
             out[mode] = {"model": meta.get("model"), "created": meta.get("created"),
                          **{k: v for k, v in sub.info.items()}}
+            if sub.prior is not None:
+                out[mode]["prior"] = {"model": sub.prior.registry_name, "params": json_ready(sub.prior.get_params())}
+            if sub.scoring:
+                out[mode]["scoring"] = {variant: {"weights": v["fusion"]["weights"],
+                                                  "temperature": v["fusion"].get("temperature"),
+                                                  "calibrated": "calibration" in v}
+                                        for variant, v in sub.scoring.items()}
+                weights = sub.scoring.get("with_prior", {}).get("fusion", {}).get("weights", {})
+                out[mode]["prior_weight"] = weights.get("prior", 0.0)
         return out
+
+
+def _check_scoring(extras: dict[str, Any], meta_path: Path) -> None:
+    """Refuse scoring settings this version cannot read (a clear error, not a wrong score)."""
+    from .evidence import ScoringVariant
+
+    for variant, settings in (extras.get("scoring") or {}).items():
+        try:
+            ScoringVariant.from_dict(settings)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ModelFileError(f"{meta_path}: field scoring.{variant} is invalid ({exc})") from None
 
 
 def _write_json(path: Path, obj: Any) -> None:

@@ -104,33 +104,39 @@ class CandidateCoordinates:
     def __init__(self, source: Any, cache_root: Any = None) -> None:
         self.source = source
         self.cache_root = cache_root
-        self._caches: dict[str, CoordinatesCache | None] = {}
+        self._caches: dict[int, tuple[Any, CoordinatesCache | None]] = {}
 
     def cache(self, sub: SubModel) -> CoordinatesCache | None:
         """The cache of ``sub``'s model (None when caching is off), opened once."""
-        key = sub.ion_mode
+        return self.model_cache(sub.model)
+
+    def model_cache(self, model: Any) -> CoordinatesCache | None:
+        """The cache of any fitted model's candidate coordinates (a spectrum model, a structure prior), opened
+        once per model object."""
+        key = id(model)
         if key not in self._caches:
-            if self.cache_root is False:
-                self._caches[key] = None
-            else:
-                self._caches[key] = CoordinatesCache(self.cache_root, sub.model.coordinates_key())
-        return self._caches[key]
+            # keep the model alive with its cache: an id() may be reused once its object is gone
+            self._caches[key] = (model, None if self.cache_root is False
+                                 else CoordinatesCache(self.cache_root, model.coordinates_key()))
+        return self._caches[key][1]
 
     def __call__(self, sub: SubModel, ids: np.ndarray, timings: Counter) -> np.ndarray:
-        """Coordinates of candidates ``ids`` (ascending, unique), ndarray of shape (len(ids), d), float64.
+        """Coordinates of candidates ``ids`` (ascending, unique) for ``sub``'s model, ndarray of shape
+        (len(ids), d), float64. Time spent is added to ``timings`` (``featurize_s``, ``cache_read_s``)."""
+        return self.of_model(sub.model, ids, timings)
 
-        Time spent is added to ``timings`` (``featurize_s``, ``cache_read_s``).
-        """
-        cache = self.cache(sub)
+    def of_model(self, model: Any, ids: np.ndarray, timings: Counter) -> np.ndarray:
+        """Like :meth:`__call__` for any fitted model with ``candidate_coordinates``."""
+        cache = self.model_cache(model)
         t0 = time.perf_counter()
         if cache is None:
-            coords = np.asarray(sub.model.candidate_coordinates(self.source.molecules(ids)), dtype=np.float64)
+            coords = np.asarray(model.candidate_coordinates(self.source.molecules(ids)), dtype=np.float64)
             timings["featurize_s"] += time.perf_counter() - t0
             return coords
         keys = self.source.keys(ids)
         computing = bool((cache.rows(keys) < 0).any())
         coords = cache.coordinates(keys, lambda positions: self.source.molecules(ids[positions]),
-                                   sub.model.candidate_coordinates)
+                                   model.candidate_coordinates)
         timings["featurize_s" if computing else "cache_read_s"] += time.perf_counter() - t0
         return coords
 

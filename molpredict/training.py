@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+import numpy as np
+
 from .errors import InputError, SpecError
 from .modelfile import ION_MODES, ModelBundle, SubModel, file_sha256, json_ready
 from .specs import Grid, parse_spec
@@ -68,6 +70,20 @@ class TrainOptions:
     seed : int
     cleaning : dict or None
         ``CleaningPipeline`` settings (None: its defaults).
+    select_by : {"mrr", "hit@K", "kernel-loss"} or None
+        None: the model's default (``mrr`` for the IOKR family). How grid points and the score fusion are chosen on validation data: a ranking metric of the true
+        structures in validation candidate sets (needs ``val_candidates`` or ``library``; otherwise the kernel
+        loss is used), or the kernel loss.
+    val_candidates : path or None
+        MassSpecGym-style candidate sets for the validation structures (e.g. ``val_formula256.json``).
+    library : path or None
+        A candidate library: without ``val_candidates``, same-formula sets for the validation structures are
+        drawn from it (at most 256 each, the truth included).
+    prior : str
+        The structure prior fused with the spectrum score: ``train`` (similarity to the training structures),
+        ``none``, or a candidate library / SMILES file whose structures are the reference set.
+    fragments : bool
+        Also fuse the candidate fragmentation score (:mod:`molpredict.fragments`) when validation sets exist.
     """
 
     model: str = DEFAULT_MODEL
@@ -82,6 +98,11 @@ class TrainOptions:
     seed: int = 0
     cleaning: dict | None = None
     extra_params: dict[str, Any] = field(default_factory=dict)
+    select_by: str | None = None
+    val_candidates: str | None = None
+    library: str | None = None
+    prior: str = "train"
+    fragments: bool = True
 
     def component_params(self, input_type: str = "spectrum", n_inputs: int = 0, n_structures: int = 0,
                          registry: Any = None) -> dict[str, Any]:
@@ -94,6 +115,8 @@ class TrainOptions:
                 params[name] = value
         params["device"] = self.device
         params["seed"] = self.seed
+        if self.select_by is not None:
+            params["select_by"] = self.select_by
         params.update(self.extra_params)
         return params
 
@@ -297,11 +320,16 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
         "val_skipped": dict(val.skipped.most_common()) if val else None,
         "training_sha256": train_hash, "models": {}, "timings": timings,
     }
+    sets = _validation_sets(options, val, modes, say) if val is not None else None
     for mode in modes:
         spectra, molecules = train.spectra[mode], train.molecules[mode]
         val_pair = None
         if val is not None and val.n_used(mode):
-            val_pair = (val.spectra[mode], val.molecules[mode])
+            from .models.base import ValidationData
+            from .ranking_validation import ranking_candidates
+
+            candidates = ranking_candidates(val.molecules[mode], sets) if sets else None
+            val_pair = ValidationData(val.spectra[mode], val.molecules[mode], candidates)
         n_struct = train.n_structures(mode)
         model = build_model(options.model, options.component_params("spectrum", len(spectra), n_struct))
         if model.input_type != "spectrum":
@@ -328,7 +356,28 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
             "timings": {"fit_s": fit_s},
         }
         adducts = [a.name for a in DEFAULT_ADDUCTS[mode]]
-        bundle.models[mode] = SubModel(model=model, ion_mode=mode, cleaning=cleaning, adducts=adducts, info=info)
+        sub = SubModel(model=model, ion_mode=mode, cleaning=cleaning, adducts=adducts, info=info)
+        t0 = time.perf_counter()
+        sub.prior = _fit_prior(options, spectra, molecules)
+        if sets and val_pair is not None and getattr(val_pair, "candidates", None) is not None:
+            from .ranking_validation import fit_submodel_scoring
+
+            if options.fragments:
+                try:
+                    from .fragments import FragmentScorer
+                except ImportError:  # the fragmentation scorer is not part of this build yet
+                    FragmentScorer = None
+                if FragmentScorer is not None:
+                    sub.fragments = FragmentScorer().get_params()
+            say(f"fitting the score fusion and its calibration on {len(val_pair[0])} validation spectra")
+            metric = options.select_by if options.select_by not in (None, "kernel-loss") else "mrr"
+            validation["ranking"] = fit_submodel_scoring(sub, val.spectra[mode], sets, metric=metric,
+                                                         seed=options.seed, log=say)
+            # fragments the fusion gave no weight are not computed at identification
+            if not any(v["fusion"]["weights"].get("fragments") for v in sub.scoring.values()):
+                sub.fragments = None
+        info["timings"]["scoring_s"] = time.perf_counter() - t0
+        bundle.models[mode] = sub
         summary["models"][mode] = {
             "model": str(options.model), "params": json_ready(model.get_params()),
             "chosen": json_ready(_chosen(model)), "n_spectra": len(spectra), "n_structures": n_struct,
@@ -336,6 +385,43 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
             "fit_s": fit_s,
         }
     return bundle, summary
+
+
+def _validation_sets(options: TrainOptions, val: LabelledSet, modes: Sequence[str], say: Any
+                     ) -> dict[str, list[tuple[str, str]]] | None:
+    """Candidate sets for the validation structures: from ``val_candidates``, else drawn from ``library``, else
+    None (ranking-aware selection then falls back on the kernel loss)."""
+    from .candidates import load_candidate_sets
+    from .ranking_validation import candidate_sets_from_library
+
+    if options.val_candidates:
+        return load_candidate_sets(options.val_candidates)
+    if options.library:
+        from .candidates import CandidateLibrary
+
+        library = CandidateLibrary.from_tsv(options.library)
+        molecules = [m for mode in modes for m in val.molecules.get(mode, [])]
+        sets = candidate_sets_from_library(library, molecules, seed=options.seed)
+        say(f"validation candidate sets: {len(sets)} structures, same-formula structures from {options.library}")
+        return sets
+    return None
+
+
+def _fit_prior(options: TrainOptions, spectra: Sequence[Any], molecules: Sequence[Any]) -> Any:
+    """The structure prior: similarity to the training structures (``train``), to a reference library's
+    structures (a path), or None (``none``)."""
+    if options.prior in (None, "", "none", "off"):
+        return None
+    prior = build_model("prior", {})  # through the registry: the bundle names it by its registry name
+    if options.prior == "train":
+        return prior.fit(spectra, molecules)
+    from .candidates import CandidateLibrary
+
+    path = Path(options.prior)
+    library = (CandidateLibrary.from_tsv(path) if path.suffix.lower() in (".tsv", ".gz", ".csv")
+               else CandidateLibrary.from_smiles_file(path))
+    reference = library.molecules(np.arange(len(library)))
+    return prior.fit(reference, reference)
 
 
 def _chosen(model: Any) -> dict[str, Any]:

@@ -61,8 +61,10 @@ def home(workspace, monkeypatch):
 def trained(workspace):
     root, files, _ = workspace
     runner = CliRunner()
+    val_sets = require_shared("candidates", "val_formula256.json")
     result = runner.invoke(cli, ["train", str(files["train"]), "--val", str(files["val"]), "-o",
-                                 str(root / "model"), "--summary-json", str(root / "summary.json"), *SMALL])
+                                 str(root / "model"), "--summary-json", str(root / "summary.json"),
+                                 "--val-candidates", str(val_sets), *SMALL])
     assert result.exit_code == 0, result.output
     return root / "model", result
 
@@ -83,6 +85,27 @@ def test_train_summary_and_bundle(workspace, trained):
     assert {"model", "input_kernel", "output_kernel", "sketch"} <= kinds
     assert 0 < meta["validation"]["kernel_loss"] <= 2.0
     assert meta["selection"]["source"] == "val" and len(meta["selection"]["points"]) == 3
+    # ranking-aware selection: lam chosen by the validation MRR in the val_formula256 sets
+    assert meta["selection"]["select_by"] == "mrr"
+    mrrs = [p["val_mrr"] for p in meta["selection"]["points"]]
+    assert meta["selection"]["best"] == int(np.argmax(mrrs)) and 0 < max(mrrs) <= 1
+    # the prior is an explicit component, fused with weights chosen on validation, with a calibration
+    model_dir = trained[0]
+    assert meta["prior"] == {"directory": "prior", "model": "prior"}
+    assert (model_dir / "positive" / "prior" / "tensors.safetensors").is_file()
+    with_prior = meta["scoring"]["with_prior"]
+    assert with_prior["fusion"]["weights"]["spectrum"] == 1.0 and "prior" in with_prior["fusion"]["weights"]
+    assert "prior" not in meta["scoring"]["without_prior"]["fusion"]["weights"]
+    report = meta["validation"]["ranking"]["with_prior"]
+    # in-sample, the chosen weights rank the validation truths at least as well as the spectrum alone (weight 0
+    # for the prior is on the grid) and the calibration was fitted on out-of-fold queries
+    assert report["fused"]["mrr"] >= report["spectrum_alone"]["mrr"] - 1e-12
+    assert 0 <= report["calibration"]["ece_out_of_fold"] < 0.3
+    info = CliRunner().invoke(cli, ["model", "info", str(model_dir)])
+    assert info.exit_code == 0
+    described = json.loads(info.output)["positive"]
+    assert described["prior_weight"] == with_prior["fusion"]["weights"]["prior"]
+    assert described["prior"]["model"] == "prior"
     assert meta["default_adducts"][0] == "[M+H]+" and meta["cleaning"]["format_version"] == 1
     from molpredict.modelfile import file_sha256
     assert meta["training"]["sha256"] == file_sha256([files["train"]], extra=meta["training"]["filters"])
@@ -123,6 +146,11 @@ def test_identify_and_evaluate(workspace, trained, home):
     for r in rows:
         assert r["formula"] == queries[r["query_id"]].formula  # by formula (the MGF has FORMULA)
         assert int(r["n_candidates"]) >= 256 or int(r["rank"]) <= int(r["n_candidates"])
+        # the fused score, its terms and (rank 1 only) the calibrated probability
+        assert r["spectrum_score"] != "" and r["prior_score"] != ""
+        assert (r["probability"] != "") == (r["rank"] == "1")
+        if r["rank"] == "1" and int(r["n_candidates"]) > 1:
+            assert 0 < float(r["probability"]) < 1
     hits_identify = np.mean([any(r["inchikey"][:14] == queries[q].inchikey[:14] and r["rank"] == "1"
                                  for r in rows if r["query_id"] == q) for q in {r["query_id"] for r in rows}])
 
@@ -142,6 +170,17 @@ def test_identify_and_evaluate(workspace, trained, home):
     assert 0 < metrics["kernel_loss"] <= 2.0
     # identify (library by formula = the union of same-formula sets) and evaluate agree roughly on hit@1
     assert abs(hits_identify - metrics["hit@1"]) < 0.25
+    # the fused ranking, each term alone and the fusion without the prior, from one pass
+    assert {"spectrum_alone", "prior_alone", "without_prior"} <= set(metrics["views"])
+    cal = metrics["calibration"]
+    assert cal["n_bins"] == 10 and 0 <= cal["ece"] <= 1 and cal["n_queries"] == metrics["n_queries"]
+    # --prior off ranks exactly as the "without_prior" view of the fused run
+    result = runner.invoke(cli, ["evaluate", str(files["test"]), "--model", str(model_dir), "--candidates",
+                                 str(sets_path), "--json", "--n-boot", "50", "--prior", "off", "--no-kernel-loss"])
+    assert result.exit_code == 0, result.output
+    off = json.loads(result.stdout)[str(model_dir)]
+    assert off["mrr"] == pytest.approx(metrics["views"]["without_prior"]["mrr"])
+    assert off["hit@1"] == pytest.approx(metrics["views"]["without_prior"]["hit@1"])
 
 
 def test_real_bundle_with_missing_plugin(workspace, trained, tmp_path):

@@ -51,11 +51,12 @@ def same_rows(a, b, rel=1e-12):
     stored int8 coordinates with a float32 row scale against computed ones: ``rel=1e-6`` for these fingerprint
     rows, whose non-zero values are all equal)."""
     assert len(a) == len(b)
+    numeric = ("score", "confidence", "probability", "spectrum_score", "prior_score", "fragment_score")
     for x, y in zip(a, b):
-        assert {k: v for k, v in x.items() if k not in ("score", "confidence")} == \
-            {k: v for k, v in y.items() if k not in ("score", "confidence")}
+        assert {k: v for k, v in x.items() if k not in numeric} == {k: v for k, v in y.items() if k not in numeric}
         assert x["score"] == pytest.approx(y["score"], rel=rel, abs=1e-12)
-        assert x["confidence"] == pytest.approx(y["confidence"], rel=max(rel, 1e-9), abs=rel, nan_ok=True)
+        for key in numeric[1:]:
+            assert x[key] == pytest.approx(y[key], rel=max(rel, 1e-9), abs=rel, nan_ok=True)
     return True
 
 

@@ -123,10 +123,24 @@ class ModelDefaultOption(click.Option):
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--summary-json", type=click.Path(dir_okay=False), default=None,
               help="Also write the training summary as JSON.")
+@click.option("--select-by", default=None,
+              help="Choose grid points and the score fusion by a ranking metric of the validation structures in "
+                   "their candidate sets (mrr, hit@K; needs --val-candidates or --library), or kernel-loss "
+                   "(default: the model's, mrr for the IOKR family).")
+@click.option("--val-candidates", default=None, type=click.Path(dir_okay=False),
+              help="Candidate sets of the validation structures (MassSpecGym JSON, e.g. val_formula256.json).")
+@click.option("--library", "train_library", default=None, type=click.Path(dir_okay=False),
+              help="Without --val-candidates: draw same-formula validation candidate sets from this library.")
+@click.option("--prior", "prior_reference", default="train", show_default=True,
+              help="Structure prior fused with the spectrum score: train (similarity to the training "
+                   "structures), none, or a library/SMILES file of reference structures.")
+@click.option("--fragments/--no-fragments", default=True, show_default=True,
+              help="Fuse the candidate fragmentation score too (kept only if validation gives it weight).")
 @_progress_option
 @_quiet_option
 def train(train_files, output, val_files, model_spec, input_kernel, output_kernel, input_sketch, output_sketch,
-          lam, ion_mode, exclude_licenses, device, seed, summary_json, progress, quiet) -> None:
+          lam, ion_mode, exclude_licenses, device, seed, summary_json, select_by, val_candidates, train_library,
+          prior_reference, fragments, progress, quiet) -> None:
     """Train a model bundle on spectra labelled with structures (SMILES / INCHIKEY metadata), or on text.
 
     \b
@@ -146,7 +160,9 @@ def train(train_files, output, val_files, model_spec, input_kernel, output_kerne
     modes = None if ion_mode is None else (["positive", "negative"] if ion_mode == "both" else [ion_mode])
     options = TrainOptions(model=model_spec, input_kernel=input_kernel, output_kernel=output_kernel,
                            input_sketch=input_sketch, output_sketch=output_sketch, lam=lam, ion_modes=modes,
-                           exclude_licenses=tuple(exclude_licenses), device=device, seed=seed)
+                           exclude_licenses=tuple(exclude_licenses), device=device, seed=seed,
+                           select_by=select_by, val_candidates=val_candidates, library=train_library,
+                           prior=prior_reference, fragments=fragments)
     t0 = time.perf_counter()
     bundle, summary = train_bundle(list(train_files), options, val_paths=list(val_files),
                                    progress=_progress_default(progress), log=say)
@@ -221,6 +237,8 @@ def _load_library(library: str | None, say, progress: bool, cache: bool | None =
 @click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
               help="Candidate-coordinates cache (default: $MOLPREDICT_HOME/coordinates).")
 @click.option("--no-cache", is_flag=True, help="Do not read or write the coordinates cache.")
+@click.option("--prior", "prior", type=click.Choice(["on", "off"]), default="on", show_default=True,
+              help="Fuse the bundle's structure prior into the score (when it has one); off: spectrum evidence only.")
 @_cluster_option
 @click.option("--resume", is_flag=True,
               help="Continue an interrupted run writing to -o FILE: its finished queries are kept, the rest done.")
@@ -231,17 +249,20 @@ def _load_library(library: str | None, say, progress: bool, cache: bool | None =
 @_progress_option
 @_quiet_option
 def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sources, formulas, top_k, output, fmt,
-             skipped_path, report_path, cache_dir, no_cache, cluster, resume, block_queries, ppm_only, progress,
-             quiet) -> None:
+             skipped_path, report_path, cache_dir, no_cache, prior, cluster, resume, block_queries, ppm_only,
+             progress, quiet) -> None:
     """Rank candidate structures for each spectrum of SPECTRA (.mgf, .msp, .mzML, .mzXML; stdin MGF when absent or -),
     or for each description given with --text / --text-file (a text model).
 
     \b
-    Output columns: query_id, file, record, rank, score, confidence, smiles, inchikey, formula, adduct, name, id,
-    n_candidates, mass_window. query_id is the spectrum's id, made unique within the run (a repeated id gets
-    #2, #3...); file and record (1-based) say where it was read. mass_window: the window used by mass
-    ("10 ppm", or "0.5 m/z" for a precursor written with two decimals or fewer).
-    Ranking: score descending, ties broken by InChIKey (ascending).
+    Output columns: query_id, file, record, rank, score, confidence, probability, spectrum_score, prior_score,
+    fragment_score, smiles, inchikey, formula, adduct, name, id, n_candidates, mass_window. query_id is the
+    spectrum's id, made unique within the run (a repeated id gets #2, #3...); file and record (1-based) say where
+    it was read. mass_window: the window used by mass ("10 ppm", or "0.5 m/z" for a precursor written with two
+    decimals or fewer).
+    Ranking: score descending (the fusion of the spectrum model's score with the bundle's structure prior and
+    fragment score, each z-scored within the query's candidates; --prior off leaves the prior out), ties broken
+    by InChIKey (ascending). probability (rank 1 only): the calibrated estimate that rank 1 is right.
     Confidence: for rank 1, its score minus the runner-up's (the decision margin, >= 0); for the other
     ranks, the score minus the top score (<= 0); empty with a single candidate.
     Every spectrum appears in the output or in the skipped report (stderr summary, --skipped FILE).
@@ -292,7 +313,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
                              path=str(bundle.path))
         lib = _load_library(library, say, show)
         options = IdentifyOptions(by=by, ppm=ppm, precision_window=not ppm_only, sources=list(sources) or None,
-                                  top_k=top_k, formulas=hints, block_queries=block_queries)
+                                  top_k=top_k, formulas=hints, block_queries=block_queries, prior=prior == "on")
         identifier = Identifier(bundle, LibrarySource(lib, options), options,
                                 cache_root=_cache_root(cache_dir, no_cache), progress=show)
         html = None
@@ -456,11 +477,13 @@ def _identify_text(texts: list[str], text_file: str | None, model_path: str | No
 @click.option("--cache-dir", default=None, type=click.Path(file_okay=False))
 @click.option("--no-cache", is_flag=True)
 @click.option("--no-kernel-loss", is_flag=True, help="Skip the kernel loss (saves a pass over the queries).")
+@click.option("--prior", "prior", type=click.Choice(["on", "off"]), default="on", show_default=True,
+              help="Fuse the bundle's structure prior into the score (when it has one); off: spectrum evidence only.")
 @_cluster_option
 @_progress_option
 @_quiet_option
 def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot, n_boot, seed, cache_dir, no_cache,
-             no_kernel_loss, cluster, progress, quiet) -> None:
+             no_kernel_loss, prior, cluster, progress, quiet) -> None:
     """Evaluate model bundles on labelled SPECTRA against candidate sets (the MassSpecGym protocol), or text
     models on description/SMILES pairs tables against a library (--library) or candidate sets.
 
@@ -510,7 +533,7 @@ def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot
         try:
             results = run_evaluation(list(spectra_files), bundles, sets, cache_root=_cache_root(cache_dir, no_cache),
                                      n_boot=n_boot, seed=seed, kernel_loss=not no_kernel_loss,
-                                     progress=_progress_default(progress), executor=executor)
+                                     progress=_progress_default(progress), executor=executor, prior=prior == "on")
         finally:
             executor.close()
     if plot:

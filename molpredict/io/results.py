@@ -18,14 +18,16 @@ __all__ = ["OUTPUT_COLUMNS", "OUTPUT_FORMATS", "output_format", "ResultWriter", 
 
 #: columns read back as numbers (the optional ones only when a results file has them)
 _NUMERIC_COLUMNS = {"rank", "score", "confidence", "n_candidates", "record", "probability", "spectrum_score",
-                    "prior_score"}
+                    "prior_score", "fragment_score"}
 
 #: The identification output's columns, in order (the one place that lists them). ``file`` and ``record``
 #: say where the query came from (its 1-based record number in that file); ``mass_window`` the window its
 #: candidates were selected with (``10 ppm``, or ``0.5 m/z`` from the precursor's written precision; empty
-#: when selected by formula).
-OUTPUT_COLUMNS = ("query_id", "file", "record", "rank", "score", "confidence", "smiles", "inchikey", "formula",
-                  "adduct", "name", "id", "n_candidates", "mass_window")
+#: when selected by formula). ``score`` ranks (the fusion of the terms); ``probability`` (rank 1 only) is the
+#: calibrated estimate that rank 1 is right; ``spectrum_score``, ``prior_score``, ``fragment_score`` the terms.
+OUTPUT_COLUMNS = ("query_id", "file", "record", "rank", "score", "confidence", "probability", "spectrum_score",
+                  "prior_score", "fragment_score", "smiles", "inchikey", "formula", "adduct", "name", "id",
+                  "n_candidates", "mass_window")
 OUTPUT_FORMATS = ("tsv", "csv", "json")
 
 

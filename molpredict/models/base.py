@@ -22,7 +22,7 @@ from ..component import Component
 from ..errors import InputError
 from ..specs import ComponentSpec
 
-__all__ = ["Model", "TEXT_OUTPUT_KERNEL", "check_pairs"]
+__all__ = ["Model", "TEXT_OUTPUT_KERNEL", "check_pairs", "CandidateSets", "ValidationData"]
 
 #: The output kernel of text -> molecule models: the cosine of chirality-aware Morgan counts (a text hit is the
 #: same stereoisomer: plain bits tie every stereoisomer with the truth). On the held-out 10% of ChEBI-20's val.tsv
@@ -138,3 +138,60 @@ class Model(Component, ABC):
                 digest.update(name.encode())
                 digest.update(np.ascontiguousarray(arrays[name]).tobytes())
         return digest.hexdigest()[:32]
+
+
+class CandidateSets:
+    """Validation candidate sets for ranking-aware selection: one set of candidate structures per validation input.
+
+    Parameters
+    ----------
+    molecules : sequence of Molecule
+        The distinct candidate structures of all sets.
+    sets : sequence of ndarray
+        Per validation input, indices into ``molecules`` (its candidate set).
+    is_true : sequence of ndarray
+        Per validation input, a bool per entry of its set: the true structure (InChIKey first block).
+    positions : sequence of int, optional
+        The validation input each set belongs to (default: set i to input i); inputs without a set do not rank.
+    """
+
+    def __init__(self, molecules: Sequence[Any], sets: Sequence[np.ndarray], is_true: Sequence[np.ndarray],
+                 positions: Sequence[int] | None = None) -> None:
+        if len(sets) != len(is_true):
+            raise ValueError("CandidateSets: sets and is_true must have one entry per set")
+        self.molecules = list(molecules)
+        self.sets = [np.asarray(s, dtype=np.int64) for s in sets]
+        self.is_true = [np.asarray(t, dtype=bool) for t in is_true]
+        self.positions = np.arange(len(self.sets)) if positions is None else np.asarray(positions, dtype=np.int64)
+        if self.positions.shape != (len(self.sets),):
+            raise ValueError("CandidateSets: one position per set")
+        if any(s.shape != t.shape or s.size == 0 for s, t in zip(self.sets, self.is_true)):
+            raise ValueError("CandidateSets: every set must be non-empty, with one is_true flag per entry")
+
+    def __len__(self) -> int:
+        return len(self.sets)
+
+    def flat(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(offsets (n_sets + 1,), candidate indices (n_total,), is_true (n_total,))`` of all sets, flattened."""
+        sizes = [len(s) for s in self.sets]
+        return (np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), np.concatenate(self.sets),
+                np.concatenate(self.is_true))
+
+
+class ValidationData(tuple):
+    """``(inputs, molecules)`` validation pairs, optionally with candidate sets for ranking-aware selection.
+
+    It is a 2-tuple, so every model that takes ``val=(inputs, molecules)`` takes it unchanged; models that select
+    by a ranking metric read :attr:`candidates`.
+    """
+
+    candidates: "CandidateSets | None"
+
+    def __new__(cls, inputs: Sequence[Any], molecules: Sequence[Any],
+                candidates: "CandidateSets | None" = None) -> "ValidationData":
+        obj = super().__new__(cls, (list(inputs), list(molecules)))
+        if candidates is not None and len(candidates) and (candidates.positions.min() < 0
+                                                           or candidates.positions.max() >= len(obj[0])):
+            raise ValueError(f"ValidationData: candidate set positions out of range for {len(obj[0])} inputs")
+        obj.candidates = candidates
+        return obj

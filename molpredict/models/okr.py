@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import time
 from typing import Any, Sequence
 
@@ -307,8 +308,41 @@ class _OutputSide:
         or None for the identity."""
         return self.P
 
+    def prepare_candidates(self, molecules: list[Any]) -> None:
+        """Core coordinates of validation candidates (as :meth:`prepare_val` for the true outputs), float32:
+        they only rank, and 100k candidates x 2000 coordinates in float64 would take 1.6 GB."""
+        parts = []
+        step = _rows_per_block(len(self.landmarks))
+        for start in range(0, len(molecules), step):
+            K = self.kernel.transform(molecules[start:start + step]).T  # (n', b)
+            cross = (_to_device(K, self.device, self.dtype) if self.P is None
+                     else self.P @ _to_device(self.sketch.apply(K), self.device, self.dtype))
+            parts.append(cross.to(torch.float32))
+        self.candidate_cross = torch.cat(parts, dim=1)  # (d_core, n_candidates)
+
+    def val_ranking(self, core: torch.Tensor, candidates: Any, metric: str) -> float:
+        """The ranking ``metric`` (mrr, hit@k) of the validation queries' true structures in their candidate sets,
+        from the core coordinates (d_core x n_val), ties counted against the truth."""
+        from ..fusion import ranking_metrics
+
+        core = core.to(torch.float32)
+        offsets, flat, is_true = candidates.flat()
+        scores = np.empty(len(flat), dtype=np.float64)
+        by_set: dict[bytes, list[int]] = {}
+        for i, ids in enumerate(candidates.sets):
+            by_set.setdefault(ids.tobytes(), []).append(i)
+        for members in by_set.values():
+            ids = torch.as_tensor(candidates.sets[members[0]], device=core.device)
+            columns = torch.as_tensor(candidates.positions[members], device=core.device)
+            block = (core.index_select(1, columns).T @ self.candidate_cross.index_select(1, ids)
+                     ).to(torch.float64).cpu().numpy()
+            for row, i in enumerate(members):
+                scores[offsets[i]:offsets[i + 1]] = block[row]
+        return ranking_metrics(scores, offsets, is_true)[metric]
+
     def release_val(self) -> None:
         self.val_cross = self.val_diag = None
+        self.__dict__.pop("candidate_cross", None)
 
 
 class _WhitenedInput:
@@ -475,6 +509,10 @@ class _OKRBase(Model):
         would exceed it, and sketched sides whose m x n sketched rows (twice: rows and features) would.
     pinv_rtol : float
         Relative eigenvalue cut-off of the pseudo-inverses K~_x^+ and K~_y^+ (sketched sides).
+    select_by : {"mrr", "hit@K", "kernel-loss"}
+        How grid points are compared on validation data: a ranking metric of the true structures in the
+        validation candidate sets (``val`` must then be a :class:`~molpredict.models.base.ValidationData` with
+        candidates; without them the kernel loss is used), or the kernel loss (no decoding).
 
     Fitted attributes
     -----------------
@@ -502,7 +540,7 @@ class _OKRBase(Model):
                  input_sketch: str | None = None, output_sketch: str | None = None,
                  lam: float | str = DEFAULT_LAM, val_fraction: float = 0.1, device: str = "auto",
                  dtype: str = "float64", seed: int = 0, max_memory_gb: float = 4.0,
-                 pinv_rtol: float = 1e-10) -> None:
+                 pinv_rtol: float = 1e-10, select_by: str = "mrr") -> None:
         self.input_kernel = input_kernel
         self.output_kernel = output_kernel
         self.input_sketch = input_sketch
@@ -514,6 +552,9 @@ class _OKRBase(Model):
         self.seed = seed
         self.max_memory_gb = max_memory_gb
         self.pinv_rtol = pinv_rtol
+        if select_by != "kernel-loss" and select_by != "mrr" and not re.fullmatch(r"hit@[1-9][0-9]*", str(select_by)):
+            raise SpecError(f"select_by must be kernel-loss, mrr or hit@K, got {select_by!r}")
+        self.select_by = select_by
 
     @classmethod
     def train_defaults(cls, input_type: str, n_inputs: int, n_structures: int) -> dict[str, Any]:
@@ -576,11 +617,13 @@ class _OKRBase(Model):
         n_points = len(in_specs) * len(out_specs) * len(lams)
         device, _ = self._torch()
         profile = _Profile(device)
+        ranking = None
         if val is not None:
             val_inputs, val_molecules = list(val[0]), list(val[1])
             check_pairs(val_inputs, val_molecules, what="validation")
+            ranking = getattr(val, "candidates", None) if self.select_by != "kernel-loss" else None
             points, best = self._fit_grid(inputs, molecules, (val_inputs, val_molecules), in_specs, out_specs,
-                                          lams, profile)
+                                          lams, profile, ranking=ranking)
             source = "val"
         elif n_points > 1:
             train, held = split_by_structure(molecules, float(self.val_fraction), int(self.seed))
@@ -596,15 +639,17 @@ class _OKRBase(Model):
         else:
             points, best = self._fit_grid(inputs, molecules, None, in_specs, out_specs, lams, profile)
             source = "none"
-        self.selection_ = {"source": source, "points": points, "best": int(best)}
+        self.selection_ = {"source": source, "points": points, "best": int(best),
+                           "select_by": self.select_by if ranking is not None else "kernel-loss"}
         self.val_loss_ = [p["val_loss"] for p in points]
         self.profile_ = {"stages": profile.stages, "products": profile.products}
         return self
 
     def _fit_grid(self, inputs: list[Any], molecules: list[Any], val: tuple[list, list] | None,
                   in_specs: list[ComponentSpec], out_specs: list[ComponentSpec], lams: list[float],
-                  profile: _Profile, build: bool = True) -> tuple[list[dict[str, Any]], int]:
-        """Fit every grid point on (inputs, molecules), score it on ``val``; build the best one."""
+                  profile: _Profile, build: bool = True, ranking: Any = None) -> tuple[list[dict[str, Any]], int]:
+        """Fit every grid point on (inputs, molecules), score it on ``val`` (by the kernel loss, or by the ranking
+        metric ``select_by`` when ``ranking`` holds the validation candidate sets); build the best one."""
         device, dtype = self._torch()
         rtol = float(self.pinv_rtol)
         n = len(inputs)
@@ -623,6 +668,8 @@ class _OKRBase(Model):
             if val is not None:
                 with profile.stage("output_val_features"):
                     out.prepare_val(val[1])
+                    if ranking is not None:
+                        out.prepare_candidates(ranking.molecules)
             outputs.append(out)
 
         points: list[dict[str, Any]] = []
@@ -635,6 +682,7 @@ class _OKRBase(Model):
                 with profile.stage("input_val_features"):
                     inp.prepare_val(val[0])
             losses: dict[tuple[int, int], float] = {}
+            rankings: dict[tuple[int, int], float] = {}
             # the Cholesky input side factors once per lam, the whitened one prepares once per output side
             order = ([(o, j) for j in range(len(lams)) for o in range(len(outputs))] if input_cls is _CholeskyInput
                      else [(o, j) for o in range(len(outputs)) for j in range(len(lams))])
@@ -649,16 +697,24 @@ class _OKRBase(Model):
                     core = (inp.val_core(lams[j], profile, out) if input_cls is _CholeskyInput
                             else inp.val_core(lams[j], profile))
                     loss = out.val_loss(core)
+                    if ranking is not None:
+                        rankings[o, j] = out.val_ranking(core, ranking, self.select_by)
                     del core
                 losses[o, j] = loss
             for o, out in enumerate(outputs):
                 for j, lam in enumerate(lams):
                     loss = losses[o, j]
-                    points.append({"input_kernel": str(spec), "output_kernel": str(out.spec), "lam": lam,
-                                   "val_loss": loss, "input_kernel_resolved": inp.resolved_spec,
-                                   "output_kernel_resolved": out.resolved_spec})
-                    if best is None or loss < best_loss:
-                        best_loss = loss if math.isfinite(loss) else math.inf
+                    point = {"input_kernel": str(spec), "output_kernel": str(out.spec), "lam": lam,
+                             "val_loss": loss, "input_kernel_resolved": inp.resolved_spec,
+                             "output_kernel_resolved": out.resolved_spec}
+                    # lower is better: the kernel loss, or minus the ranking metric
+                    criterion = loss
+                    if ranking is not None:
+                        point[f"val_{self.select_by}"] = rankings[o, j]
+                        criterion = -rankings[o, j]
+                    points.append(point)
+                    if best is None or criterion < best_loss:
+                        best_loss = criterion if math.isfinite(criterion) else math.inf
                         best = {"index": len(points) - 1, "input": inp, "output": out, "lam": lam}
             inp.release_val()
             del inp
@@ -839,10 +895,10 @@ class IOKR(_OKRBase):
     def __init__(self, input_kernel: str = DEFAULT_INPUT_KERNEL, output_kernel: str = DEFAULT_OUTPUT_KERNEL,
                  lam: float | str = DEFAULT_LAM, val_fraction: float = 0.1, device: str = "auto",
                  dtype: str = "float64", seed: int = 0, max_memory_gb: float = 4.0,
-                 pinv_rtol: float = 1e-10) -> None:
+                 pinv_rtol: float = 1e-10, select_by: str = "mrr") -> None:
         super().__init__(input_kernel=input_kernel, output_kernel=output_kernel, lam=lam,
                          val_fraction=val_fraction, device=device, dtype=dtype, seed=seed,
-                         max_memory_gb=max_memory_gb, pinv_rtol=pinv_rtol)
+                         max_memory_gb=max_memory_gb, pinv_rtol=pinv_rtol, select_by=select_by)
         del self.input_sketch, self.output_sketch
 
 
@@ -852,10 +908,10 @@ class SIOKR(_OKRBase):
     def __init__(self, input_kernel: str = DEFAULT_INPUT_KERNEL, output_kernel: str = DEFAULT_OUTPUT_KERNEL,
                  input_sketch: str | None = DEFAULT_INPUT_SKETCH, lam: float | str = DEFAULT_LAM,
                  val_fraction: float = 0.1, device: str = "auto", dtype: str = "float64", seed: int = 0,
-                 max_memory_gb: float = 4.0, pinv_rtol: float = 1e-10) -> None:
+                 max_memory_gb: float = 4.0, pinv_rtol: float = 1e-10, select_by: str = "mrr") -> None:
         super().__init__(input_kernel=input_kernel, output_kernel=output_kernel, input_sketch=input_sketch,
                          lam=lam, val_fraction=val_fraction, device=device, dtype=dtype, seed=seed,
-                         max_memory_gb=max_memory_gb, pinv_rtol=pinv_rtol)
+                         max_memory_gb=max_memory_gb, pinv_rtol=pinv_rtol, select_by=select_by)
         del self.output_sketch
 
 
@@ -865,10 +921,10 @@ class ISOKR(_OKRBase):
     def __init__(self, input_kernel: str = DEFAULT_INPUT_KERNEL, output_kernel: str = DEFAULT_OUTPUT_KERNEL,
                  output_sketch: str | None = DEFAULT_OUTPUT_SKETCH, lam: float | str = DEFAULT_LAM,
                  val_fraction: float = 0.1, device: str = "auto", dtype: str = "float64", seed: int = 0,
-                 max_memory_gb: float = 4.0, pinv_rtol: float = 1e-10) -> None:
+                 max_memory_gb: float = 4.0, pinv_rtol: float = 1e-10, select_by: str = "mrr") -> None:
         super().__init__(input_kernel=input_kernel, output_kernel=output_kernel, output_sketch=output_sketch,
                          lam=lam, val_fraction=val_fraction, device=device, dtype=dtype, seed=seed,
-                         max_memory_gb=max_memory_gb, pinv_rtol=pinv_rtol)
+                         max_memory_gb=max_memory_gb, pinv_rtol=pinv_rtol, select_by=select_by)
         del self.input_sketch
 
 
@@ -882,7 +938,7 @@ class SISOKR(_OKRBase):
                  input_sketch: str | None = DEFAULT_INPUT_SKETCH,
                  output_sketch: str | None = DEFAULT_OUTPUT_SKETCH, lam: float | str = DEFAULT_LAM,
                  val_fraction: float = 0.1, device: str = "auto", dtype: str = "float64", seed: int = 0,
-                 max_memory_gb: float = 4.0, pinv_rtol: float = 1e-10) -> None:
+                 max_memory_gb: float = 4.0, pinv_rtol: float = 1e-10, select_by: str = "mrr") -> None:
         super().__init__(input_kernel=input_kernel, output_kernel=output_kernel, input_sketch=input_sketch,
                          output_sketch=output_sketch, lam=lam, val_fraction=val_fraction, device=device,
-                         dtype=dtype, seed=seed, max_memory_gb=max_memory_gb, pinv_rtol=pinv_rtol)
+                         dtype=dtype, seed=seed, max_memory_gb=max_memory_gb, pinv_rtol=pinv_rtol, select_by=select_by)

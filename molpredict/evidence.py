@@ -1,0 +1,191 @@
+"""The evidence scored beside the spectrum model (a structure prior, fragment explanation), and how it becomes one
+score and a confidence per query.
+
+A sub-model of a bundle may carry, besides its model:
+
+- ``prior``: a fitted structure prior (the ``prior`` model: similarity of a candidate to a reference set of
+  structures, the training structures by default). Its score depends on the candidate alone, so it is cached on
+  disk like any candidate coordinates;
+- ``fragments``: the settings of the candidate fragmentation scorer (:mod:`molpredict.fragments`), which reads each
+  candidate structure against the query's peaks;
+- ``scoring``: per variant (``with_prior``, ``without_prior``: what ``--prior on|off`` picks), the
+  :class:`~molpredict.fusion.ScoreFusion` of the terms and the :class:`~molpredict.calibration.Calibrator` of
+  the probability that rank 1 is right, both fitted on validation candidate sets at training time.
+
+:class:`Evidence` computes the terms for a block of queries and :meth:`Evidence.fuse` turns them into a
+:class:`QueryScores`. A sub-model without ``scoring`` (an older bundle, or one trained without validation
+candidates) ranks by its model's own score and reports no probability.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .calibration import Calibrator, ranking_features
+from .fusion import FRAGMENTS, PRIOR, SPECTRUM, ScoreFusion
+
+__all__ = ["ScoringVariant", "QueryScores", "Evidence", "WITH_PRIOR", "WITHOUT_PRIOR", "variant_name"]
+
+WITH_PRIOR, WITHOUT_PRIOR = "with_prior", "without_prior"
+
+
+def variant_name(use_prior: bool) -> str:
+    return WITH_PRIOR if use_prior else WITHOUT_PRIOR
+
+
+@dataclass
+class ScoringVariant:
+    """A fusion of terms and, optionally, its calibration."""
+
+    fusion: ScoreFusion
+    calibrator: Calibrator | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"fusion": self.fusion.to_dict()}
+        if self.calibrator is not None:
+            out["calibration"] = self.calibrator.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ScoringVariant":
+        calibration = data.get("calibration")
+        return cls(ScoreFusion.from_dict(data["fusion"]),
+                   Calibrator.from_dict(calibration) if calibration is not None else None)
+
+
+@dataclass
+class QueryScores:
+    """One query's candidate scores.
+
+    Attributes
+    ----------
+    score : ndarray of shape (n_candidates,)
+        What the candidates are ranked by: the fused score, or the model's own score without a fusion.
+    terms : dict
+        Term name -> raw scores, ndarray of shape (n_candidates,) (``spectrum`` always; ``prior``,
+        ``fragments`` when computed).
+    probability : float
+        Estimated probability that the rank-1 candidate is right (NaN without a calibration).
+    """
+
+    score: np.ndarray
+    terms: dict[str, np.ndarray] = field(default_factory=dict)
+    probability: float = math.nan
+
+
+class Evidence:
+    """Computes the terms of blocks of queries and fuses them.
+
+    Parameters
+    ----------
+    coordinates : CandidateCoordinates
+        The candidate source's coordinates (the prior's scores are cached through it).
+    use_prior : bool
+        ``--prior on|off``: with False the prior term is neither computed nor fused, and the ``without_prior``
+        variant is used.
+    """
+
+    def __init__(self, coordinates: Any, use_prior: bool = True) -> None:
+        self.coordinates = coordinates
+        self.use_prior = use_prior
+        self._variants: dict[int, ScoringVariant | None] = {}
+        self._fragmenters: dict[int, Any] = {}
+
+    # -- settings of a sub-model ---------------------------------------------------------------------------
+    def variant(self, sub: Any) -> ScoringVariant | None:
+        """The fusion (and calibration) ``sub`` uses under this ``use_prior`` setting, or None."""
+        key = id(sub)
+        if key not in self._variants:
+            settings = (sub.scoring or {}).get(variant_name(self.use_prior and sub.prior is not None))
+            self._variants[key] = ScoringVariant.from_dict(settings) if settings else None
+        return self._variants[key]
+
+    def _fragmenter(self, sub: Any) -> Any:
+        key = id(sub)
+        if key not in self._fragmenters:
+            scorer = None
+            if sub.fragments is not None:
+                from .fragments import FragmentScorer
+                scorer = FragmentScorer(**sub.fragments)
+            self._fragmenters[key] = scorer
+        return self._fragmenters[key]
+
+    def wanted_terms(self, sub: Any) -> list[str]:
+        """The terms worth computing for ``sub``: those its fusion weighs (all available ones without a fusion
+        when called for training, see :meth:`terms`)."""
+        variant = self.variant(sub)
+        if variant is None:
+            return [SPECTRUM]
+        return list(variant.fusion.active())
+
+    # -- terms -----------------------------------------------------------------------------------------------
+    def terms(self, queries: Sequence[Any], raw: Sequence[np.ndarray], timings: Counter,
+              wanted: Sequence[str] | None = None) -> list[dict[str, np.ndarray]]:
+        """The raw terms of each query of one block (queries of one sub-model).
+
+        Parameters
+        ----------
+        queries : sequence of Query
+        raw : sequence of ndarray
+            The model's scores of each query's candidates (aligned with ``query.ids``).
+        timings : Counter
+            ``prior_s`` and ``fragments_s`` are added.
+        wanted : sequence of str, optional
+            Terms to compute (default: :meth:`wanted_terms`); unavailable ones are left out.
+
+        Returns
+        -------
+        list of dict
+            Per query: term name -> ndarray (len(query.ids),).
+        """
+        import time
+
+        out = [{SPECTRUM: np.asarray(r, dtype=np.float64)} for r in raw]
+        if not queries:
+            return out
+        sub = queries[0].sub
+        wanted = list(wanted) if wanted is not None else self.wanted_terms(sub)
+        if PRIOR in wanted and self.use_prior and sub.prior is not None:
+            t0 = time.perf_counter()
+            union = np.unique(np.concatenate([q.ids for q in queries]))
+            prior = self.coordinates.of_model(sub.prior, union, timings)[:, 0]
+            for q, terms in zip(queries, out):
+                terms[PRIOR] = prior[np.searchsorted(union, q.ids)]
+            timings["prior_s"] += time.perf_counter() - t0
+        scorer = self._fragmenter(sub) if FRAGMENTS in wanted else None
+        if scorer is not None:
+            t0 = time.perf_counter()
+            source = self.coordinates.source
+            for q, terms in zip(queries, out):
+                terms[FRAGMENTS] = np.asarray(
+                    scorer.score(q.spectrum, source.molecules(q.ids), _query_adduct(q)), dtype=np.float64)
+            timings["fragments_s"] += time.perf_counter() - t0
+        return out
+
+    def fuse(self, query: Any, terms: Mapping[str, np.ndarray]) -> QueryScores:
+        """One query's ranking score and probability from its terms."""
+        variant = self.variant(query.sub)
+        if variant is None:
+            return QueryScores(np.asarray(terms[SPECTRUM], dtype=np.float64), dict(terms))
+        fused = variant.fusion.combine(terms)
+        probability = math.nan
+        if variant.calibrator is not None and len(fused):
+            probability = float(variant.calibrator.predict(ranking_features(fused, variant.fusion.temperature)))
+        return QueryScores(fused, dict(terms), probability)
+
+    def scores(self, queries: Sequence[Any], raw: Sequence[np.ndarray], timings: Counter) -> list[QueryScores]:
+        """:meth:`terms` then :meth:`fuse` for one block of queries of one sub-model."""
+        return [self.fuse(q, t) for q, t in zip(queries, self.terms(queries, raw, timings))]
+
+
+def _query_adduct(query: Any) -> str | None:
+    """The adduct the query was matched with (its own, or the first candidate's when it had to try several)."""
+    if query.adduct:
+        return query.adduct
+    if query.adducts is not None and len(query.adducts):
+        return str(query.adducts[0])
+    return query.spectrum.adduct

@@ -1,0 +1,288 @@
+"""Validation candidate sets and what is fitted on them: the score fusion's weights and the calibration.
+
+Training chooses by how a model *ranks*, so it needs, for each validation spectrum, a candidate set in which the
+true structure competes with plausible alternatives. Those come from a MassSpecGym-style candidate file
+(``--val-candidates val_formula256.json``, read by
+:func:`molpredict.candidates.load_candidate_sets`) or are built from a library: every library structure with the
+validation structure's molecular formula (``--library``), at most ``max_candidates`` of them, the truth always in.
+
+:func:`validation_terms` scores every validation query's set with each term the fusion may weigh (the spectrum
+model, the prior, the fragment scorer) as flat arrays; :func:`fit_scoring` then picks the fusion weights by the
+ranking metric and fits the calibration on out-of-fold queries (two folds by structure), so the probabilities
+are not judged on the same queries that chose the weights.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from .calibration import Calibrator, confident_at_fdr, expected_calibration_error, ranking_features_flat
+from .errors import InputError
+from .fusion import SPECTRUM, ScoreFusion, fit_fusion, true_ranks
+
+__all__ = ["candidate_sets_from_library", "ranking_candidates", "fit_submodel_scoring", "ValidationTerms", "validation_terms",
+           "fit_scoring"]
+
+
+def candidate_sets_from_library(library: Any, molecules: Iterable[Any], max_candidates: int = 256,
+                                seed: int = 0) -> dict[str, list[tuple[str, str]]]:
+    """Same-formula candidate sets for the distinct structures of ``molecules`` drawn from ``library``.
+
+    Parameters
+    ----------
+    library : CandidateLibrary
+    molecules : iterable of Molecule
+        The validation structures (one set per distinct InChIKey first block).
+    max_candidates : int
+        Set size cap, the truth included; larger pools are sub-sampled (seeded).
+    seed : int
+
+    Returns
+    -------
+    dict
+        ``{inchikey14: [(inchikey14, smiles), ...]}``, the truth first.
+    """
+    rng = np.random.default_rng(seed)
+    ik14 = library.column("inchikey14")
+    smiles = library.column("smiles")
+    sets: dict[str, list[tuple[str, str]]] = {}
+    for molecule in molecules:
+        key = molecule.inchikey14
+        if not key or key in sets or not molecule.formula:
+            continue
+        rows = library.select_by_formula(molecule.formula)
+        rows = rows[ik14[rows] != key]
+        if rows.size > max_candidates - 1:
+            rows = np.sort(rng.choice(rows, size=max_candidates - 1, replace=False))
+        sets[key] = [(key, molecule.smiles)] + [(str(ik14[r]), str(smiles[r])) for r in rows]
+    return sets
+
+
+@dataclass
+class ValidationTerms:
+    """Every validation query's candidate set, flattened.
+
+    Attributes
+    ----------
+    offsets : ndarray of shape (n_queries + 1,)
+        Query ``i``'s candidates are ``offsets[i]:offsets[i+1]``.
+    is_true : ndarray of shape (n_candidates_total,), bool
+    terms : dict
+        Term name -> raw scores, ndarray of shape (n_candidates_total,).
+    groups : list of str
+        The true InChIKey first block of each query (folds are drawn by structure).
+    """
+
+    offsets: np.ndarray
+    is_true: np.ndarray
+    terms: dict[str, np.ndarray] = field(default_factory=dict)
+    groups: list[str] = field(default_factory=list)
+
+    @property
+    def n_queries(self) -> int:
+        return len(self.offsets) - 1
+
+    def subset(self, queries: np.ndarray) -> "ValidationTerms":
+        """The queries ``queries`` (indices) as their own flat arrays."""
+        sizes = np.diff(self.offsets)[queries]
+        flat = np.concatenate([np.arange(self.offsets[q], self.offsets[q + 1]) for q in queries]) \
+            if len(queries) else np.zeros(0, dtype=np.int64)
+        return ValidationTerms(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), self.is_true[flat],
+                               {k: v[flat] for k, v in self.terms.items()}, [self.groups[q] for q in queries])
+
+
+def validation_terms(identifier: Any, spectra: Sequence[Any], terms: Mapping[str, Any]) -> ValidationTerms:
+    """Score every validation spectrum's candidate set with every term.
+
+    Parameters
+    ----------
+    identifier : Identifier
+        Over a bundle holding the spectrum model, and a ``SetSource`` of the validation candidate sets.
+    spectra : sequence of Spectrum
+        Labelled validation spectra (their INCHIKEY picks the set); those without a set are left out.
+    terms : mapping
+        Term name -> callable ``(queries, scored) -> list of score arrays``, for terms other than
+        ``spectrum`` (which is the model's own score); see :func:`molpredict.scoring` users.
+
+    Returns
+    -------
+    ValidationTerms
+    """
+    from .evaluate import collect_queries
+    from .identify import Query
+
+    source = identifier.source
+    labelled, _ = collect_queries(spectra, source)
+    prepared = []
+    for position, lq in enumerate(labelled):
+        routed = identifier.route(lq.spectrum, keep_empty=True)
+        if routed is None:
+            continue
+        mode, sub, cleaned = routed
+        prepared.append(Query(position, cleaned, mode, sub, source.set_ids(lq.inchikey14), true_key=lq.inchikey14))
+    if not prepared:
+        raise InputError("no validation spectrum has a candidate set (check --val-candidates / --library)")
+    scored = list(identifier.scored(prepared))
+    columns: dict[str, list[np.ndarray]] = {SPECTRUM: [s for _, s in scored]}
+    queries = [q for q, _ in scored]
+    for name, compute in terms.items():
+        columns[name] = compute(queries)
+    sizes = [len(q.ids) for q in queries]
+    return ValidationTerms(
+        offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+        is_true=np.concatenate([source.inchikey14(q.ids) == q.true_key for q in queries]),
+        terms={k: np.concatenate(v).astype(np.float64) for k, v in columns.items()},
+        groups=[q.true_key for q in queries])
+
+
+def _folds(groups: Sequence[str], n_folds: int, seed: int) -> np.ndarray:
+    """A fold number per query, drawn by structure (every query of one structure in the same fold)."""
+    distinct = sorted(set(groups))
+    order = np.random.default_rng(seed).permutation(len(distinct))
+    fold_of = {distinct[i]: int(rank % n_folds) for rank, i in enumerate(order)}
+    return np.array([fold_of[g] for g in groups], dtype=np.int64)
+
+
+def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_folds: int = 2
+                ) -> tuple[ScoreFusion, Calibrator, dict[str, Any]]:
+    """Fusion weights on all validation queries; calibration on out-of-fold fused scores.
+
+    Parameters
+    ----------
+    data : ValidationTerms
+    metric : str
+        Ranking metric the weights maximise (``mrr``, ``hit@1``...).
+    seed : int
+        Seeds the folds.
+    n_folds : int
+        Folds (by structure) for the out-of-fold calibration data.
+
+    Returns
+    -------
+    fusion : ScoreFusion
+    calibrator : Calibrator
+    report : dict
+        JSON-ready: the fusion's validation metrics, the out-of-fold metrics, ECE and FDR counts.
+    """
+    fusion = fit_fusion(data.terms, data.offsets, data.is_true, metric=metric)
+    folds = _folds(data.groups, n_folds, seed)
+    features, correct, oof_fused_hits = [], [], []
+    for k in range(n_folds):
+        train_q, test_q = np.flatnonzero(folds != k), np.flatnonzero(folds == k)
+        if not len(train_q) or not len(test_q):
+            continue
+        tr, te = data.subset(train_q), data.subset(test_q)
+        fold_fusion = fit_fusion(tr.terms, tr.offsets, tr.is_true, metric=metric)
+        fused = fold_fusion.combine_flat(te.terms, te.offsets)
+        features.append(ranking_features_flat(fused, te.offsets, fold_fusion.temperature))
+        hits = true_ranks(fused, te.offsets, te.is_true) == 1
+        correct.append(hits)
+        oof_fused_hits.append(hits)
+    if features:
+        calibrator = Calibrator.fit(np.concatenate(features), np.concatenate(correct))
+    else:  # one structure only: no out-of-fold data, calibrate in-sample
+        fused = fusion.combine_flat(data.terms, data.offsets)
+        calibrator = Calibrator.fit(ranking_features_flat(fused, data.offsets, fusion.temperature),
+                                    true_ranks(fused, data.offsets, data.is_true) == 1)
+    fused = fusion.combine_flat(data.terms, data.offsets)
+    probability = calibrator.predict(ranking_features_flat(fused, data.offsets, fusion.temperature))
+    hits = true_ranks(fused, data.offsets, data.is_true) == 1
+    n_confident, threshold = confident_at_fdr(probability, 0.1)
+    report = {
+        "metric": metric, "n_queries": data.n_queries, "weights": fusion.weights,
+        "temperature": fusion.temperature, "fused": fusion.validation["fused"],
+        **{k: v for k, v in fusion.validation.items() if k.endswith("_alone")},
+        "out_of_fold_hit@1": float(np.mean(np.concatenate(oof_fused_hits))) if oof_fused_hits else math.nan,
+        "calibration": {"ece_out_of_fold": calibrator.validation.get("ece"),
+                        "ece_in_sample": expected_calibration_error(probability, hits), "n_bins": 10,
+                        "confident_at_fdr_0.1": n_confident, "threshold": threshold},
+    }
+    return fusion, calibrator, report
+
+
+
+def ranking_candidates(molecules: Sequence[Any], sets: Mapping[str, Sequence[tuple[str, str]]]) -> Any:
+    """:class:`~molpredict.models.base.CandidateSets` for validation labels ``molecules`` (one set per input whose
+    structure has a set in ``sets``), or None when none has one."""
+    from .models.base import CandidateSets
+    from .molecules import Molecule
+
+    index: dict[tuple[str, str], int] = {}
+    pool: list[Any] = []
+    per_structure: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    chosen, truth, positions = [], [], []
+    for position, molecule in enumerate(molecules):
+        key = molecule.inchikey14
+        if key not in per_structure:
+            entries = sets.get(key)
+            if not entries:
+                per_structure[key] = None  # type: ignore[assignment]
+                continue
+            ids = []
+            for pair in dict.fromkeys((str(k), str(s)) for k, s in entries):
+                j = index.get(pair)
+                if j is None:
+                    j = index[pair] = len(pool)
+                    pool.append(Molecule(pair[1], inchikey14=pair[0]))
+                ids.append(j)
+            ids_a = np.asarray(ids, dtype=np.int64)
+            per_structure[key] = (ids_a, np.array([pool[j].inchikey14 == key for j in ids], dtype=bool))
+        found = per_structure[key]
+        if found is None:
+            continue
+        chosen.append(found[0])
+        truth.append(found[1])
+        positions.append(position)
+    if not chosen:
+        return None
+    return CandidateSets(pool, chosen, truth, positions)
+
+
+def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any], sets: Mapping[str, Sequence[tuple[str, str]]],
+                         metric: str = "mrr", seed: int = 0, log: Any = None) -> dict[str, Any]:
+    """Fit ``sub``'s fusion and calibration, with and without its prior, on validation candidate sets.
+
+    Sets ``sub.scoring`` (see :mod:`molpredict.evidence`) and returns the JSON-ready report (per variant).
+    """
+    from .candidate_sources import SetSource
+    from .evidence import WITH_PRIOR, WITHOUT_PRIOR, Evidence, ScoringVariant
+    from .fusion import FRAGMENTS, PRIOR
+    from .identify import Identifier, IdentifyOptions
+    from .modelfile import ModelBundle
+
+    say = log or (lambda message: None)
+    bundle = ModelBundle({sub.ion_mode: sub})
+    identifier = Identifier(bundle, SetSource(dict(sets)), IdentifyOptions(), cache_root=False)
+    evidence = Evidence(identifier.coordinates, use_prior=True)
+    wanted = [PRIOR] * (sub.prior is not None) + [FRAGMENTS] * (sub.fragments is not None)
+
+    def term(name: str):
+        def compute(queries):  # the term alone, in blocks (the prior is computed once per block's union)
+            out = []
+            for start in range(0, len(queries), 256):
+                chunk = queries[start:start + 256]
+                zeros = [np.zeros(len(q.ids)) for q in chunk]
+                out.extend(t[name] for t in evidence.terms(chunk, zeros, identifier.timings, wanted=[name]))
+            return out
+        return compute
+
+    data = validation_terms(identifier, val_spectra, {name: term(name) for name in wanted})
+    scoring, report = {}, {}
+    for variant, names in ((WITH_PRIOR, list(data.terms)), (WITHOUT_PRIOR, [n for n in data.terms if n != PRIOR])):
+        if variant == WITH_PRIOR and PRIOR not in data.terms:
+            continue
+        view = ValidationTerms(data.offsets, data.is_true, {n: data.terms[n] for n in names}, data.groups)
+        fusion, calibrator, variant_report = fit_scoring(view, metric=metric, seed=seed)
+        scoring[variant] = ScoringVariant(fusion, calibrator).to_dict()
+        report[variant] = variant_report
+        fused = variant_report["fused"]
+        say(f"  {sub.ion_mode} {variant.replace('_', ' ')}: weights "
+            + ", ".join(f"{k} {v:g}" for k, v in fusion.weights.items())
+            + f"; validation hit@1 {100 * fused['hit@1']:.1f}%, hit@10 {100 * fused['hit@10']:.1f}%, "
+              f"MRR {fused['mrr']:.3f} ({data.n_queries} queries); calibration ECE (out of fold) "
+              f"{variant_report['calibration']['ece_out_of_fold']:.3f}")
+    sub.scoring = scoring
+    return report
