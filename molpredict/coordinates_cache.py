@@ -284,7 +284,8 @@ class CoordinatesCache:
                 codes = np.asarray(codes_array.get_orthogonal_selection((wanted, slice(None))))
                 bad = (codes == -128).any() if codes.dtype == np.int8 else np.isnan(codes).any()
                 bad = bad or not np.isfinite(scale[wanted]).all()
-            except (ValueError, OSError, KeyError, RuntimeError):
+            except (ValueError, OSError, KeyError, RuntimeError, IndexError):
+                # IndexError: the segment holds fewer rows than its commit record lists (zarr's bounds check)
                 bad = True
             if bad:
                 self._drop(int(seg))
