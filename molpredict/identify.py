@@ -50,7 +50,8 @@ from .evidence import Evidence, QueryScores
 from .fusion import FRAGMENTS, PRIOR, SPECTRUM
 from .modelfile import ModelBundle, SubModel
 from .scoring import (CandidateCoordinates, Executor, InProcessExecutor, Query, WorkerState, chunked,
-                      require_bundle_path, resolved_cache_root, score_queries, scored, shared_candidate_scores)
+                      load_bundle_once, require_bundle_path, resolved_cache_root, score_queries, scored,
+                      shared_candidate_scores)
 from .spectra import spectrum_ion_mode
 
 __all__ = [
@@ -467,7 +468,7 @@ class IdentifierState(WorkerState):
         self.cache_root = resolved_cache_root(identifier.cache_root)
 
     def load(self) -> Identifier:
-        return Identifier(ModelBundle.load(self.bundle_path), self.source, self.options, cache_root=self.cache_root)
+        return Identifier(load_bundle_once(self.bundle_path), self.source, self.options, cache_root=self.cache_root)
 
 
 def unique_ids(spectra: Iterable[Any]) -> Iterator[Any]:

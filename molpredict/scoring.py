@@ -40,7 +40,7 @@ from .errors import InputError
 from .modelfile import ModelBundle, SubModel
 
 __all__ = ["Query", "CandidateCoordinates", "score_queries", "query_blocks", "scored", "shared_candidate_scores",
-           "score_library", "WorkerState", "Executor", "InProcessExecutor", "DaskExecutor", "executor_for",
+           "score_library", "load_bundle_once", "WorkerState", "Executor", "InProcessExecutor", "DaskExecutor", "executor_for",
            "chunked"]
 
 #: ``coordinates(sub, ids) -> ndarray (len(ids), d)``: candidate coordinates of ascending unique ids
@@ -292,6 +292,19 @@ class WorkerState:
 
 _LOADED: dict[str, Any] = {}
 _LOADED_LOCK = threading.Lock()
+_BUNDLES: dict[tuple[str, int], ModelBundle] = {}
+
+
+def load_bundle_once(path: str) -> ModelBundle:
+    """A bundle loaded once per process (keyed by path and modification time), for worker states: a new run
+    on a warm worker does not load the model again."""
+    directory = os.path.realpath(path)
+    marker = os.path.join(directory, "bundle.json")
+    stamp = os.stat(marker if os.path.exists(marker) else directory).st_mtime_ns
+    bundle = _BUNDLES.get((directory, stamp))
+    if bundle is None:
+        bundle = _BUNDLES[(directory, stamp)] = ModelBundle.load(path)
+    return bundle
 
 
 def _run_block(task: Callable[[Any, Any], Any], state: WorkerState, block: Any) -> Any:
@@ -300,6 +313,7 @@ def _run_block(task: Callable[[Any, Any], Any], state: WorkerState, block: Any) 
     with _LOADED_LOCK:
         live = _LOADED.get(state.token)
         if live is None:
+            _LOADED.clear()  # a new run: the previous run's state (its source, its caches) is done with
             live = _LOADED[state.token] = state.load()
         return task(live, block)
 
@@ -488,7 +502,7 @@ class LibraryState(WorkerState):
         self.cache_root = resolved_cache_root(cache_root)
 
     def load(self) -> LibraryScorer:
-        return LibraryScorer(ModelBundle.load(self.bundle_path), self.library, self.cache_root)
+        return LibraryScorer(load_bundle_once(self.bundle_path), self.library, self.cache_root)
 
 
 def require_bundle_path(bundle: ModelBundle) -> str:
