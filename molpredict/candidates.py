@@ -544,11 +544,12 @@ class CandidateLibrary:
     def to_tsv(self, path: str | os.PathLike) -> None:
         """Write the library TSV (gzipped when ``path`` ends in ``.gz``): :data:`COLUMNS` present, in order;
         masses with 6 decimals."""
+        from .io.atomic import atomic_text
+
         path = Path(path)
         names = [c for c in COLUMNS if self.has_column(c)]
-        opener = gzip.open if path.suffix == ".gz" else open
         block = 65536
-        with opener(path, "wt", encoding="utf-8", newline="") as handle:
+        with atomic_text(path, newline="") as handle:  # a failed write leaves no half file
             handle.write("\t".join(names) + "\n")
             for start in range(0, len(self), block):
                 part = self._table.slice(start, block).select(names).to_pydict()

@@ -412,7 +412,10 @@ class Report:
     def write(self, path: str | Path) -> int:
         """Write the page to ``path``; returns its size in bytes."""
         text = self.html()
-        Path(path).write_text(text, encoding="utf-8")
+        from .io.atomic import atomic_write
+
+        with atomic_write(path) as handle:
+            handle.write(text)
         return len(text.encode("utf-8"))
 
     # -- static parts ------------------------------------------------------------------------------------------

@@ -279,3 +279,38 @@ def test_per_structure_metrics_by_hand():
     assert per["mrr"] == pytest.approx(((1 + 1 / 3 + 1 / 5) / 3 + 1 / 2) / 2, abs=1e-15)
     assert per["mean_rank"] == pytest.approx((3 + 2) / 2, abs=1e-15)
     assert result["n_structures"] == 2
+
+
+# -- atomic writes --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["out.mgf", "out.mgf.gz"])
+def test_a_failed_mgf_write_leaves_the_previous_file(tmp_path, name):
+    from molpredict.spectra import Spectrum, read_mgf, write_mgf
+
+    path = tmp_path / name
+    good = [Spectrum("a", mz=[100.0], intensities=[1.0])]
+    write_mgf(good, path)
+    before = path.read_bytes()
+
+    def failing():
+        yield Spectrum("b", mz=[50.0], intensities=[2.0])
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        write_mgf(failing(), path)
+    assert path.read_bytes() == before and [s.id for s in read_mgf(path)] == ["a"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # no temporary left behind
+
+
+def test_library_tsv_is_written_atomically(tmp_path, monkeypatch):
+    from molpredict.candidates import CandidateLibrary, read_library
+
+    library = CandidateLibrary.from_smiles(["CCO", "c1ccccc1"])
+    path = tmp_path / "lib.tsv.gz"
+    library.to_tsv(path)
+    before = path.read_bytes()
+    monkeypatch.setattr("molpredict.candidates._clean_cell", lambda value: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        library.to_tsv(path)
+    assert path.read_bytes() == before and len(read_library(path, cache=False)) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lib.tsv.gz"]

@@ -120,7 +120,8 @@ def select_sketch_size(train: str, val_path: str, grid: str, output_kernel: str,
         plot_curve(rows, plot_path, choice, title=f"Perfect h ({output_kernel}, {sketch})")
         say(f"wrote {plot_path}")
     if json_path:
-        with open(json_path, "w", encoding="utf-8") as handle:
+        from ..io.atomic import atomic_write
+        with atomic_write(json_path) as handle:
             json.dump({"train": train, "val": val_path, "candidates": candidates_path, "output_kernel": output_kernel,
                        "sketch": sketch, "repeats": repeats, "n_queries": len(truths), "curve": rows,
                        "effective_dimension": deff, "recommendation": choice}, handle, indent=2)

@@ -174,7 +174,9 @@ def train(train_files, output, val_files, model_spec, input_kernel, output_kerne
         click.echo(f"molpredict: saved model bundle {path} ({summary['total_s']:.1f} s)", err=True)
     if summary_json:
         from ..modelfile import json_ready
-        Path(summary_json).write_text(json.dumps(json_ready(summary), indent=2) + "\n")
+        from ..io.atomic import atomic_write
+        with atomic_write(summary_json) as handle:
+            handle.write(json.dumps(json_ready(summary), indent=2) + "\n")
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_write", "replace_atomically", "fsync_directory"]
+__all__ = ["atomic_write", "atomic_text", "replace_atomically", "fsync_directory"]
 
 
 def fsync_directory(directory: str | os.PathLike) -> None:
@@ -63,3 +63,19 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def atomic_text(path: str | os.PathLike, newline: str | None = None) -> Iterator[IO[str]]:
+    """:func:`atomic_write` for a UTF-8 text file, gzip-compressed when ``path`` ends with ``.gz``."""
+    if not str(path).lower().endswith(".gz"):
+        with atomic_write(path, "w", newline=newline) as handle:
+            yield handle
+        return
+    import gzip
+    import io
+
+    with atomic_write(path, "wb") as raw:
+        with gzip.GzipFile(fileobj=raw, mode="wb", filename="") as packed:
+            with io.TextIOWrapper(packed, encoding="utf-8", newline=newline) as handle:
+                yield handle

@@ -7,7 +7,6 @@ the fast path must agree with (and falls back to for odd records).
 """
 from __future__ import annotations
 
-import gzip
 import math
 import os
 import re
@@ -367,7 +366,8 @@ def write_mgf(spectra: Iterable[Spectrum], path_or_file: str | os.PathLike | IO[
     spectra : iterable of Spectrum
         Streamed: written one at a time.
     path_or_file : str, path-like or text file object
-        A path (``.gz`` suffix -> gzip-compressed) or an open text stream.
+        A path (``.gz`` suffix -> gzip-compressed; written to a temporary file renamed when complete) or an
+        open text stream.
 
     Returns
     -------
@@ -384,9 +384,9 @@ def write_mgf(spectra: Iterable[Spectrum], path_or_file: str | os.PathLike | IO[
     ``precursor_intensity``), and an absent ion mode comes back inferred from the charge or adduct.
     """
     if isinstance(path_or_file, (str, os.PathLike)):
-        path = Path(path_or_file)
-        opener = gzip.open if path.name.lower().endswith(".gz") else open
-        with opener(path, "wt", encoding="utf-8", newline="\n") as handle:  # type: ignore[operator]
+        from .atomic import atomic_text
+
+        with atomic_text(path_or_file, newline="\n") as handle:  # a failed write leaves no half file
             return _write_mgf(spectra, handle)
     return _write_mgf(spectra, path_or_file)
 
