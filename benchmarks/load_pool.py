@@ -57,7 +57,8 @@ def main() -> None:
     os.environ["MOLPREDICT_HOME"] = str(home)
     import psutil
 
-    from molpredict.candidates import file_sha256, read_library
+    from molpredict.cache import file_sha256
+    from molpredict.candidates import read_library
     from molpredict.errors import InputError
     from molpredict.molecules import DEFAULT_ADDUCTS, neutral_mass, parse_adduct
 

@@ -1,27 +1,18 @@
-"""Candidate libraries: reading TSV / SMILES / SDF files into columns, selecting candidates by formula, by a ppm
-window of neutral mass (or precursor m/z and adduct) and by source, an on-disk cache for large libraries, and
-MassSpecGym-style candidate sets.
+"""Candidate libraries: TSV / SMILES / SDF files into columns, selecting candidates by formula, by a ppm window of
+neutral mass (or precursor m/z and adduct) and by source, and MassSpecGym-style candidate sets.
 
 A library is a table with the columns of :data:`COLUMNS` (see ``candidates/README.md``). It is held as one
 Apache Arrow table (memory-mapped when it comes from the cache); the public columns are numpy arrays,
 materialised on first access, and rows come out as cheap :class:`~molpredict.molecules.Molecule` records.
 
-The cache: a TSV of at least :data:`CACHE_MIN_BYTES` (or any TSV with ``cache=True``) is stored after its first
-read under ``<home>/cache/candidates/<sha256 of the file>-v<format>/``, ``<home>`` being ``$MOLPREDICT_HOME`` or
-``platformdirs.user_cache_dir("molpredict")``. The key is the SHA-256 of the file's bytes: exact (an edited file
-never hits a stale entry, a copied or moved one still hits) and cheap (0.08 s for the 65 MB pool, against 3 s to
-parse it). The entry holds the table as an uncompressed Arrow IPC file, read back memory-mapped, plus the mass and
-formula indexes and the skip report.
+A TSV of at least :data:`CACHE_MIN_BYTES` (or any TSV with ``cache=True``) is stored after its first read in the
+content-keyed cache of :mod:`molpredict.cache`. SMILES and SDF records are read by :mod:`molpredict.io.structures`.
 """
 from __future__ import annotations
 
 import gzip
-import hashlib
-import io
 import json
 import os
-import shutil
-import tempfile
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -33,7 +24,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .cache import discard_entry, library_entry, load_library_entry, store_library_entry
 from .errors import InputError
+from .io.structures import StructureRecord, is_gzip, open_table_text, read_sdf_records, read_smiles_records
 from .molecules import Adduct, Molecule, neutral_mass, normalize_formula, parse_adduct
 
 __all__ = [
@@ -48,8 +41,6 @@ __all__ = [
     "describe_smiles",
     "describe_many",
     "dedupe",
-    "file_sha256",
-    "cache_dir",
     "CACHE_MIN_BYTES",
 ]
 
@@ -61,11 +52,6 @@ _OPTIONAL_COLUMNS = ("name", "id", "source")
 _COMPUTED = ("inchikey", "formula", "monoisotopic_mass")
 #: TSVs at least this large are cached on disk after the first read (unless ``cache=False``).
 CACHE_MIN_BYTES = 8 * 1024 * 1024
-#: 2: a "cid" column is read as "id" (ChEBI-20)
-_CACHE_FORMAT = 2
-_TABLE_FILE = "library.arrow"
-_REPORT_FILE = "report.json"
-_INDEX_FILES = ("mass_order.npy", "formula_order.npy", "formula_offsets.npy", "formula_keys.json")
 
 _SUFFIXES = {
     ".tsv": "tsv", ".tab": "tsv", ".txt": "tsv",
@@ -290,7 +276,7 @@ class CandidateLibrary:
         """A library from SMILES strings, columns computed with RDKit; unparsable SMILES are skipped and reported
         in ``report`` (record = 1-based position)."""
         report = LoadReport("<smiles>")
-        raw = [_Raw(i + 1, s, None if names is None else names[i], None, source) for i, s in enumerate(smiles)]
+        raw = [StructureRecord(i + 1, s, None if names is None else names[i], None, source) for i, s in enumerate(smiles)]
         report.n_read = len(raw)
         return cls(_complete(raw, [], report, n_jobs=n_jobs), path=None, report=report)
 
@@ -308,7 +294,7 @@ class CandidateLibrary:
         _check_file(path)
         use_cache = path.stat().st_size >= CACHE_MIN_BYTES if cache is None else bool(cache)
         if use_cache:
-            entry = _cache_entry(path)
+            entry = library_entry(path)
             cached = _load_cached(entry, path)
             if cached is not None:
                 if cached.report is not None:
@@ -317,7 +303,8 @@ class CandidateLibrary:
         library = _read_tsv(path, n_jobs=n_jobs, progress=progress)
         if use_cache:
             library._build_indexes()
-            _store_cached(entry, library)
+            store_library_entry(entry, library.table, library.report.to_dict() if library.report is not None else None,
+                                library._mass_index()[0], library._formulas(), what=f"library {library.path}")
         if library.report is not None:
             library.report.warn()
         return library
@@ -330,7 +317,7 @@ class CandidateLibrary:
         path = Path(path)
         _check_file(path)
         report = LoadReport(str(path))
-        raw = list(_iter_smiles_file(path, report, source))
+        raw = list(read_smiles_records(path, report, source))
         library = cls(_complete(raw, [], report, n_jobs=n_jobs, progress=progress), path=path, report=report)
         report.warn()
         return library
@@ -344,7 +331,7 @@ class CandidateLibrary:
         path = Path(path)
         _check_file(path)
         report = LoadReport(str(path))
-        raw = list(_iter_sdf(path, report, source))
+        raw = list(read_sdf_records(path, report, source))
         library = cls(_complete(raw, [], report, n_jobs=n_jobs, progress=progress), path=path, report=report)
         report.warn()
         return library
@@ -616,20 +603,6 @@ def _conform(table: pa.Table, path: Any) -> pa.Table:
 # Readers
 # ----------------------------------------------------------------------------------------------------------
 
-@dataclass
-class _Raw:
-    """A record as read: given fields (None when absent/empty) and the line it came from."""
-
-    line: int | None
-    smiles: str
-    name: str | None = None
-    id: str | None = None
-    source: str | None = None
-    inchikey: str | None = None
-    formula: str | None = None
-    mass: float | None = None
-
-
 def _check_file(path: Path) -> None:
     if not path.exists():
         raise InputError("no such file", path=path)
@@ -637,21 +610,9 @@ def _check_file(path: Path) -> None:
         raise InputError("is a directory, not a library file", path=path)
 
 
-def _is_gzip(path: Path) -> bool:
-    with open(path, "rb") as handle:
-        return handle.read(2) == b"\x1f\x8b"
-
-
-def _open_text(path: Path) -> io.TextIOBase:
-    # utf-8-sig: a leading byte-order mark (Windows tools write one) is not part of the first column's name.
-    if _is_gzip(path):
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
-    return open(path, encoding="utf-8-sig", newline="")
-
-
 def _read_header(path: Path) -> list[str]:
     try:
-        with _open_text(path) as handle:
+        with open_table_text(path) as handle:
             first = handle.readline()
     except (UnicodeDecodeError, OSError, EOFError) as exc:
         raise InputError(f"not a text library file ({type(exc).__name__})", path=path) from None
@@ -685,7 +646,7 @@ def _read_tsv_fast(path: Path, header: list[str]) -> CandidateLibrary | None:
         return None
     types = {name: (pa.float64() if name == "monoisotopic_mass" else pa.string()) for name in header}
     try:
-        stream = pa.input_stream(str(path), compression="gzip" if _is_gzip(path) else None)
+        stream = pa.input_stream(str(path), compression="gzip" if is_gzip(path) else None)
         table = pcsv.read_csv(
             stream,
             read_options=pcsv.ReadOptions(column_names=header, skip_rows=1, block_size=1 << 24),
@@ -714,8 +675,8 @@ def _read_tsv_rows(path: Path, header: list[str], *, n_jobs: int = 1, progress: 
                    ) -> CandidateLibrary:
     report = LoadReport(str(path))
     position = {name: header.index(name) for name in COLUMNS if name in header}
-    raw: list[_Raw] = []
-    with _open_text(path) as handle:
+    raw: list[StructureRecord] = []
+    with open_table_text(path) as handle:
         try:
             handle.readline()
             for line_number, line in enumerate(handle, start=2):
@@ -747,7 +708,7 @@ def _read_tsv_rows(path: Path, header: list[str], *, n_jobs: int = 1, progress: 
                     if not np.isfinite(mass) or mass < 0:
                         report.skip(line_number, "monoisotopic_mass", f"not a mass: {mass_text!r}")
                         continue
-                raw.append(_Raw(line_number, smiles, get("name"), get("id"), get("source"), get("inchikey"),
+                raw.append(StructureRecord(line_number, smiles, get("name"), get("id"), get("source"), get("inchikey"),
                                 get("formula"), mass))
         except UnicodeDecodeError:
             raise InputError("not a UTF-8 text file", path=path) from None
@@ -757,7 +718,7 @@ def _read_tsv_rows(path: Path, header: list[str], *, n_jobs: int = 1, progress: 
     return library
 
 
-def _complete(raw: list[_Raw], extra: Sequence[str], report: LoadReport, *, n_jobs: int = 1,
+def _complete(raw: list[StructureRecord], extra: Sequence[str], report: LoadReport, *, n_jobs: int = 1,
               progress: bool = False) -> dict[str, Any]:
     """Columns for the raw records, computing what is missing with RDKit (rows it cannot parse are reported).
 
@@ -786,82 +747,6 @@ def _complete(raw: list[_Raw], extra: Sequence[str], report: LoadReport, *, n_jo
         if name in extra or any(v is not None for v in values):
             columns[name] = values
     return columns
-
-
-def _iter_smiles_file(path: Path, report: LoadReport, source: str | None) -> Iterator[_Raw]:
-    first = True
-    with _open_text(path) as handle:
-        try:
-            for line_number, line in enumerate(handle, start=1):
-                text = line.strip()
-                if not text or text.startswith("#"):
-                    continue
-                if "\x00" in text:
-                    raise InputError("not a SMILES file (binary content)", path=path)
-                parts = text.split(None, 1)
-                if first and parts[0].lower() == "smiles":
-                    first = False
-                    continue
-                first = False
-                report.n_read += 1
-                yield _Raw(line_number, parts[0], parts[1].strip() if len(parts) > 1 else None, None, source)
-        except UnicodeDecodeError:
-            raise InputError("not a UTF-8 text file", path=path) from None
-
-
-def _iter_sdf(path: Path, report: LoadReport, source: str | None) -> Iterator[_Raw]:
-    """Stream SDF records, parsing each block with RDKit (line numbers kept for the report)."""
-    from rdkit import Chem
-
-    def finish(start: int, lines: list[str]) -> _Raw | None:
-        block = "".join(lines)
-        if not block.strip():
-            return None
-        report.n_read += 1
-        molblock, _, data = block.partition("\nM  END")
-        mol = Chem.MolFromMolBlock(molblock + "\nM  END\n") if "M  END" in block else None
-        if mol is None:
-            report.skip(start, "molblock", "RDKit cannot read this SDF record")
-            return None
-        items = _sdf_items(data)
-        title = lines[0].strip() if lines else ""
-        name = items.get("name") or title or None
-        return _Raw(start, Chem.MolToSmiles(mol), name, items.get("id"), items.get("source") or source)
-
-    lines: list[str] = []
-    start = 1
-    with _open_text(path) as handle:
-        try:
-            for line_number, line in enumerate(handle, start=1):
-                if "\x00" in line:
-                    raise InputError("not an SDF file (binary content)", path=path)
-                if line.rstrip("\r\n") == "$$$$":
-                    record = finish(start, lines)
-                    if record is not None:
-                        yield record
-                    lines, start = [], line_number + 1
-                else:
-                    lines.append(line)
-        except UnicodeDecodeError:
-            raise InputError("not a UTF-8 text file", path=path) from None
-    record = finish(start, lines)
-    if record is not None:
-        yield record
-    if report.n_read == 0:
-        raise InputError("no SDF records found", path=path)
-
-
-def _sdf_items(data: str) -> dict[str, str]:
-    """The ``> <KEY>`` data items of an SDF record (keys lower-cased; first value line)."""
-    items: dict[str, str] = {}
-    lines = data.splitlines()
-    for i, line in enumerate(lines):
-        if line.startswith(">") and "<" in line and ">" in line[1:]:
-            key = line[line.index("<") + 1:line.rindex(">")].strip().lower()
-            value = lines[i + 1].strip() if i + 1 < len(lines) else ""
-            if key and value and key not in items:
-                items[key] = value
-    return items
 
 
 def _kind_of(path: Path) -> str | None:
@@ -893,84 +778,21 @@ def read_library(path: str | os.PathLike, *, cache: bool | None = None, n_jobs: 
     return CandidateLibrary.from_tsv(path, cache=cache, n_jobs=n_jobs, progress=progress)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Cache
-# ----------------------------------------------------------------------------------------------------------
-
-def cache_dir() -> Path:
-    """Where library caches live: ``$MOLPREDICT_HOME/cache/candidates`` (``MOLPREDICT_HOME`` defaulting to
-    ``platformdirs.user_cache_dir("molpredict")``)."""
-    home = os.environ.get("MOLPREDICT_HOME")
-    if home:
-        base = Path(home).expanduser()
-    else:
-        import platformdirs
-        base = Path(platformdirs.user_cache_dir("molpredict"))
-    return base / "cache" / "candidates"
-
-
-def file_sha256(path: str | os.PathLike, block: int = 1 << 22) -> str:
-    """SHA-256 of a file's bytes (hex)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(block):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _cache_entry(path: Path) -> Path:
-    return cache_dir() / f"{file_sha256(path)}-v{_CACHE_FORMAT}"
-
-
 def _load_cached(entry: Path, path: Path) -> CandidateLibrary | None:
-    table_file = entry / _TABLE_FILE
-    if not table_file.exists():
+    """The library stored in the cache entry (:mod:`molpredict.cache`), or None (absent, or damaged: removed)."""
+    stored = load_library_entry(entry)
+    if stored is None:
         return None
     try:
-        table = pa.ipc.open_file(pa.memory_map(str(table_file), "r")).read_all()
-        report = None
-        if (entry / _REPORT_FILE).exists():
-            report = LoadReport.from_json(json.loads((entry / _REPORT_FILE).read_text()), path=str(path))
-        library = CandidateLibrary(table, path=path, report=report)
-        if all((entry / f).exists() for f in _INDEX_FILES):
-            library._mass_order = np.load(entry / "mass_order.npy", mmap_mode="r")
-            order = np.load(entry / "formula_order.npy", mmap_mode="r")
-            offsets = np.load(entry / "formula_offsets.npy")
-            keys = json.loads((entry / "formula_keys.json").read_text())
-            library._formula_index = (order, offsets, keys)
-        return library
-    except (OSError, ValueError, KeyError, pa.ArrowException, json.JSONDecodeError, InputError):
-        # A damaged entry (interrupted by a crash, disk full): ignore it; the caller rebuilds it.
-        shutil.rmtree(entry, ignore_errors=True)
+        report = None if stored.report is None else LoadReport.from_json(stored.report, path=str(path))
+        library = CandidateLibrary(stored.table, path=path, report=report)
+    except (InputError, KeyError, ValueError):
+        discard_entry(entry)
         return None
-
-
-def _store_cached(entry: Path, library: CandidateLibrary) -> None:
-    """Write the cache entry atomically (a temporary directory renamed into place); failures only warn."""
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
-        try:
-            with pa.OSFile(str(tmp / _TABLE_FILE), "wb") as sink:
-                with pa.ipc.new_file(sink, library.table.schema) as writer:
-                    writer.write_table(library.table)
-            if library.report is not None:
-                (tmp / _REPORT_FILE).write_text(json.dumps(library.report.to_dict()))
-            order, offsets, keys = library._formulas()
-            np.save(tmp / "mass_order.npy", library._mass_index()[0])
-            np.save(tmp / "formula_order.npy", order)
-            np.save(tmp / "formula_offsets.npy", offsets)
-            (tmp / "formula_keys.json").write_text(json.dumps(keys))
-            try:
-                os.replace(tmp, entry)
-            except OSError:  # another process stored the same entry first
-                shutil.rmtree(tmp, ignore_errors=True)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    except OSError as exc:
-        warnings.warn(f"could not cache library {library.path} in {entry.parent}: {exc}", UserWarning,
-                      stacklevel=3)
+    if stored.mass_order is not None:
+        library._mass_order = stored.mass_order
+        library._formula_index = stored.formula_index
+    return library
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -987,7 +809,7 @@ def load_candidate_sets(path: str | os.PathLike) -> dict[str, list[tuple[str, st
     path = Path(path)
     _check_file(path)
     try:
-        opener = gzip.open if _is_gzip(path) else open
+        opener = gzip.open if is_gzip(path) else open
         with opener(path, "rt", encoding="utf-8") as handle:
             data = json.load(handle)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:

@@ -27,7 +27,6 @@ The default bundle lives at ``$MOLPREDICT_HOME/models/default`` (``MOLPREDICT_HO
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -39,6 +38,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from . import __version__
+from .cache import file_sha256, home_dir  # noqa: F401  (re-exported: the bundle's home and content hashes)
 from .errors import ModelFileError, PluginError, SpecError
 from .specs import ComponentSpec, Grid, parse_spec
 from .spectrum import ION_MODES  # the bundle is keyed by ion mode (re-exported)
@@ -83,15 +83,6 @@ _COMPONENT_PARAMS = {
 }
 
 
-def home_dir() -> Path:
-    """The base directory for default models and caches: ``$MOLPREDICT_HOME`` or the user cache directory."""
-    env = os.environ.get("MOLPREDICT_HOME")
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-    return Path(platformdirs.user_cache_dir("molpredict"))
-
-
 def default_bundle_path() -> Path:
     """Where ``molpredict identify`` looks for a model when ``--model`` is not given."""
     return home_dir() / "models" / "default"
@@ -112,18 +103,6 @@ def json_ready(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
-
-
-def file_sha256(paths: Iterable[str | os.PathLike], extra: Any = None) -> str:
-    """SHA-256 over the bytes of ``paths`` (in order) and the JSON of ``extra`` (e.g. the filters applied)."""
-    digest = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-    if extra is not None:
-        digest.update(json.dumps(json_ready(extra), sort_keys=True).encode())
-    return digest.hexdigest()
 
 
 def model_components(model: Any) -> list[dict[str, str]]:

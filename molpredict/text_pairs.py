@@ -15,8 +15,6 @@ entries, and a description usually names the stereoisomer.
 from __future__ import annotations
 
 import csv
-import gzip
-import io
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -24,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from .errors import InputError
+from .io.structures import open_table_text
 
 __all__ = [
     "PAIR_SUFFIXES",
@@ -128,14 +127,6 @@ def is_pairs_path(path: str | os.PathLike) -> bool:
     return bool(suffixes) and suffixes[-1] in PAIR_SUFFIXES
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    with open(path, "rb") as handle:
-        gzipped = handle.read(2) == b"\x1f\x8b"
-    if gzipped:
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")
-
-
 def _shorten(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -186,7 +177,7 @@ def read_text_pairs(path: str | os.PathLike, report: PairsReport | None = None,
     delimiter = "," if _suffixes(path)[-1:] == [".csv"] else "\t"
     pairs: list[TextPair] = []
     try:
-        with _open_text(path) as handle:
+        with open_table_text(path) as handle:
             # Tabs never occur inside ChEBI-style descriptions, while quotes do: TSV is read without quoting.
             reader = (csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE) if delimiter == "\t"
                       else csv.reader(handle))
@@ -257,7 +248,7 @@ def read_text_lines(path: str | os.PathLike) -> list[str]:
     if not path.is_file():
         raise InputError("no such file", path=str(path))
     try:
-        with _open_text(path) as handle:
+        with open_table_text(path) as handle:
             lines = [" ".join(line.split()) for line in handle]
     except UnicodeDecodeError:
         raise InputError("not a UTF-8 text file", path=str(path)) from None

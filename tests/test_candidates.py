@@ -13,16 +13,16 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import FIXTURES, require_shared
+from molpredict.cache import LIBRARY_CACHE_FORMAT, file_sha256
+from molpredict.cache import library_cache_dir as cache_dir
 from molpredict.candidates import (
     COLUMNS,
     CandidateLibrary,
     LoadReport,
-    cache_dir,
     candidate_set_molecules,
     dedupe,
     describe_many,
     describe_smiles,
-    file_sha256,
     load_candidate_sets,
     read_library,
 )
@@ -292,7 +292,7 @@ def test_cache_round_trip(tmp_path, monkeypatch):
     path = tmp_path / "pool.tsv.gz"
     _write_pool_like(path, 3000)
     fresh = read_library(path, cache=True)
-    entry = cache_dir() / f"{file_sha256(path)}-v{cand._CACHE_FORMAT}"
+    entry = cache_dir() / f"{file_sha256(path)}-v{LIBRARY_CACHE_FORMAT}"
     assert str(cache_dir()).startswith(str(tmp_path / "home" / "cache"))
     assert (entry / "library.arrow").exists() and (entry / "mass_order.npy").exists()
 
@@ -324,7 +324,7 @@ def test_damaged_cache_entry_is_rebuilt(tmp_path):
     path = tmp_path / "pool.tsv"
     _write_pool_like(path, 200)
     read_library(path, cache=True)
-    entry = cache_dir() / f"{file_sha256(path)}-v{cand._CACHE_FORMAT}"
+    entry = cache_dir() / f"{file_sha256(path)}-v{LIBRARY_CACHE_FORMAT}"
     (entry / "library.arrow").write_bytes(b"truncated")
     lib = read_library(path, cache=True)
     assert len(lib) == 200
