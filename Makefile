@@ -28,7 +28,7 @@ test-all: test
 # MassBank (resumable) and builds a small library from its structures.
 SHARED ?= ../shared/data
 DEMO_ARGS ?= $(if $(wildcard $(SHARED)/massbank/train_pos.mgf),--data $(SHARED)/massbank \
-	--library $(SHARED)/candidates/pool.tsv.gz)
+	--library $(SHARED)/candidates/pool.tsv.gz --val-candidates $(SHARED)/candidates/val_formula256.json)
 
 demo: $(STAMP)
 	$(PY) -m molpredict.demo $(DEMO_ARGS)

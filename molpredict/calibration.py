@@ -86,9 +86,10 @@ class Calibrator:
         if correct.all() or not correct.any():
             # one class only: a constant probability (the observed rate, kept away from 0 and 1)
             rate = (correct.sum() + 0.5) / (len(correct) + 1.0)
-            return cls(coef=[0.0] * len(FEATURES), intercept=float(_logit(np.array([rate]))[0]))
-        model = LogisticRegression(C=c, max_iter=1000).fit(features, correct)
-        cal = cls(coef=[float(v) for v in model.coef_[0]], intercept=float(model.intercept_[0]))
+            cal = cls(coef=[0.0] * len(FEATURES), intercept=float(_logit(np.array([rate]))[0]))
+        else:
+            model = LogisticRegression(C=c, max_iter=1000).fit(features, correct)
+            cal = cls(coef=[float(v) for v in model.coef_[0]], intercept=float(model.intercept_[0]))
         p = cal.predict(features)
         cal.validation = {"n_queries": int(len(correct)), "accuracy": float(correct.mean()),
                           "mean_probability": float(p.mean()),

@@ -113,7 +113,11 @@ def library_for(data: Path, library: str | None = None) -> tuple[Any, str]:
     return built, described
 
 
-def train_default(data: Path, bundle_path: Path, device: str) -> None:
+def train_default(data: Path, bundle_path: Path, device: str, val_candidates: str | None = None,
+                  library: str | None = None) -> None:
+    """Train the default bundle; the validation candidate sets (for the ranking-aware selection, the fusion with
+    the prior and the calibration) come from ``val_candidates``, else from ``library``'s same-formula
+    structures."""
     from .training import TrainOptions, format_summary, train_bundle
 
     train = [data / f"train_{m}.mgf" for m in ("pos", "neg") if _nonempty(data / f"train_{m}.mgf")]
@@ -121,7 +125,8 @@ def train_default(data: Path, bundle_path: Path, device: str) -> None:
     _say(f"[2/3] training the default model on {', '.join(p.name for p in train)} (validation: "
          f"{', '.join(p.name for p in val)}); one model per ion mode, a few minutes on a laptop CPU...")
     t0 = time.perf_counter()
-    bundle, summary = train_bundle(train, TrainOptions(device=device), val_paths=val,
+    options = TrainOptions(device=device, val_candidates=val_candidates, library=library)
+    bundle, summary = train_bundle(train, options, val_paths=val,
                                    progress=sys.stderr.isatty(), log=lambda m: _say(f"      {m}"))
     bundle.save(bundle_path)
     for line in format_summary(summary).splitlines():
@@ -163,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default=None, help="download MassBank from this URL (a mirror of the release "
                         ".tar.gz) instead of GitHub")
     parser.add_argument("--release", default=None, help="MassBank-data release to download")
+    parser.add_argument("--val-candidates", default=None, help="candidate sets of the validation structures "
+                        "(MassSpecGym JSON) for training; default: same-formula sets from the library")
     parser.add_argument("--n", type=int, default=5, help="test spectra to identify (default 5)")
     parser.add_argument("--top", type=int, default=5, help="candidates shown per spectrum (default 5)")
     parser.add_argument("--retrain", action="store_true", help="train even if the default model exists")
@@ -195,7 +202,10 @@ def main(argv: list[str] | None = None) -> int:
             _say(f"[2/3] the default model cannot be loaded ({exc}); training a new one")
     if bundle is None:
         try:
-            train_default(data, bundle_path, args.device)
+            from . import config
+            library_path = args.library or config.default_library() or (
+                str(data / "library.tsv") if (data / "library.tsv").is_file() else None)
+            train_default(data, bundle_path, args.device, args.val_candidates, library_path)
         except MolpredictError as exc:
             print(f"demo: error: {exc}", file=sys.stderr)
             return exc.exit_code

@@ -78,7 +78,8 @@ class TrainOptions:
         MassSpecGym-style candidate sets for the validation structures (e.g. ``val_formula256.json``).
     library : path or None
         A candidate library: without ``val_candidates``, same-formula sets for the validation structures are
-        drawn from it (at most 256 each, the truth included).
+        drawn from it (at most 256 each, the truth included); default: the configured default library
+        (``molpredict config set library``), if any.
     prior : str
         The structure prior fused with the spectrum score: ``train`` (similarity to the training structures),
         ``none``, or a candidate library / SMILES file whose structures are the reference set.
@@ -396,14 +397,20 @@ def _validation_sets(options: TrainOptions, val: LabelledSet, modes: Sequence[st
 
     if options.val_candidates:
         return load_candidate_sets(options.val_candidates)
-    if options.library:
-        from .candidates import CandidateLibrary
+    from . import config
 
-        library = CandidateLibrary.from_tsv(options.library)
+    library_path = options.library or config.default_library()
+    if library_path:
+        from .candidates import read_library
+
+        library = read_library(library_path)
         molecules = [m for mode in modes for m in val.molecules.get(mode, [])]
         sets = candidate_sets_from_library(library, molecules, seed=options.seed)
-        say(f"validation candidate sets: {len(sets)} structures, same-formula structures from {options.library}")
+        say(f"validation candidate sets: {len(sets)} structures with their same-formula structures from "
+            f"{library_path}" + ("" if options.library else " (the configured default library)"))
         return sets
+    say("no validation candidate sets (--val-candidates, --library or a configured library): grid points are "
+        "chosen by the kernel loss, and the bundle has no fusion with the prior and no probability")
     return None
 
 
@@ -415,11 +422,9 @@ def _fit_prior(options: TrainOptions, spectra: Sequence[Any], molecules: Sequenc
     prior = build_model("prior", {})  # through the registry: the bundle names it by its registry name
     if options.prior == "train":
         return prior.fit(spectra, molecules)
-    from .candidates import CandidateLibrary
+    from .candidates import read_library
 
-    path = Path(options.prior)
-    library = (CandidateLibrary.from_tsv(path) if path.suffix.lower() in (".tsv", ".gz", ".csv")
-               else CandidateLibrary.from_smiles_file(path))
+    library = read_library(options.prior)
     reference = library.molecules(np.arange(len(library)))
     return prior.fit(reference, reference)
 
