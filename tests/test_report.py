@@ -394,3 +394,47 @@ def test_chromium_sorts_and_filters_from_the_address(tmp_path):
     assert order("#sort=score") == ["2", "1", "0"]                 # top scores 0.9, 0.7, 0.3
     assert order("#sort=margin") == ["1", "0", "2"]                # margins 0.1, 0.4, none (empty last)
     assert order("#filter=gsasjowncIINEK") == ["1"]               # q1's top hit (ISOMERS[2]), any case
+
+
+@pytest.mark.shared
+def test_real_massbank_report_in_chromium(shared_data, tmp_path):
+    """The first 200 MassBank test_pos spectra, each with its real same-formula candidate set (test_formula.json,
+    in file order: the true structure first): every identified query is in the page with its drawings, the page
+    names no URL, and Chromium renders the index, a query's stick plot and its drawn candidates."""
+    from molpredict.candidates import load_candidate_sets
+    from molpredict.io import read_spectra
+
+    sets = load_candidate_sets(shared_data / "candidates" / "test_formula.json")
+    report = Report(ReportOptions(top_k=5))
+    n_rows = 0
+    for i, spectrum in enumerate(read_spectra(shared_data / "massbank" / "test_pos.mgf")):
+        if i == 200:
+            break
+        report.add_spectrum(spectrum)
+        entries = sets.get(spectrum.inchikey[:14], [])[:5]
+        if not entries:
+            report.add_skipped(spectrum.id, "no candidate set")
+            continue
+        rows = _rows(spectrum.id, [smi for _, smi in entries], [1.0 - 0.1 * r for r in range(len(entries))])
+        report.add_rows(rows)
+        n_rows += 1
+    path = tmp_path / "massbank.html"
+    report.write(path)
+    page = path.read_text()
+    _parse(page)
+    assert not EXTERNAL.search(page)
+    data = decode_report_data(page)
+    assert len(data["queries"]) == n_rows >= 190
+    assert all(q["tr"] == 1 and q["pk"][0] and q["mz"] for q in data["queries"])
+    for smiles, inchikey, formula, name, svg in data["molecules"]:
+        assert etree.fromstring(svg.encode()).findall(".//path"), smiles
+    # fragment annotation explains peaks of most spectra by their true structure
+    assert sum(bool(q.get("ex")) for q in data["queries"]) >= 0.8 * n_rows
+    done = _browser(path, "--dump-dom")
+    dom = html5lib.parse(done.stdout, namespaceHTMLElements=False)
+    assert dom.find(".//body").get("data-ready") == "true"
+    rows = [tr for tr in dom.find(".//table[@id='index']/tbody") if tr.get("data-q")]
+    assert len(rows) == 50 and all(tr.find(f".//div[@class='thumb']/{SVG}svg") is not None for tr in rows)
+    detail = dom.find(".//tr[@data-detail='0']")
+    assert detail.find(f".//{SVG}svg[@class='spectrum']") is not None
+    assert len([d for d in detail.iter("div") if "card" in (d.get("class") or "").split()]) == len(data["queries"][0]["c"])
