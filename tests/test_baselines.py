@@ -6,12 +6,14 @@ import pytest
 from rdkit import DataStructs
 from rdkit.Chem import rdFingerprintGenerator
 
+from molpredict.errors import SpecError
 from molpredict.decoding import query_metrics, random_expectation, true_rank_counts
 from molpredict.hookspecs import hookimpl
 from molpredict.kernels.base import InputKernel
 from molpredict.molecules import Molecule
 from molpredict.models.baselines import (FingerprintFFN, LibraryKNN, PriorBaseline, RandomBaseline,
-                                         structure_similarity, unique_structures, unit_rows)
+                                         unit_rows)
+from molpredict.models.distinct import distinct_objects, structure_key
 from molpredict.registry import Registry, get_registry, reset_registry
 from molpredict.spectra import Spectrum
 
@@ -37,22 +39,29 @@ def roundtrip(model):
 
 # -- helpers ---------------------------------------------------------------------------------------------
 
-def test_structure_similarity_hand_computed():
+def test_prior_similarities_are_the_registered_kernels_hand_computed():
+    """The prior's similarity is a registered output kernel on its fingerprint settings: Tanimoto (1 for two
+    all-zero fingerprints), cosine, Gaussian-Tanimoto with the prior's gamma, MinMax on counts."""
     a = np.array([[1, 1, 0, 0], [0, 0, 0, 0]], dtype=np.uint8)
     b = np.array([[1, 0, 1, 0], [0, 0, 0, 0]], dtype=np.uint8)
-    t = structure_similarity(a, b, "tanimoto")
+
+    def similarity(kind, x, y, **params):
+        kernel = PriorBaseline(similarity=kind, fp_size=4, **params)._kernel()
+        return kernel.fit_features(kernel.fingerprints(y)).transform_features(kernel.fingerprints(x))
+
+    t = similarity("tanimoto", a, b)
     np.testing.assert_allclose(t, [[1 / 3, 0.0], [0.0, 1.0]])
-    np.testing.assert_allclose(structure_similarity(a, b, "cosine"), [[0.5, 0.0], [0.0, 0.0]])
-    np.testing.assert_allclose(structure_similarity(a, b, "gaussian-tanimoto", gamma=2.0),
-                               np.exp(-2.0 * (2 - 2 * t)))
-    counts = np.array([[2.0, 1.0]]), np.array([[1.0, 3.0]])
-    # continuous Tanimoto: 5 / (5 + 10 - 5)
-    np.testing.assert_allclose(structure_similarity(*counts, "tanimoto"), [[0.5]])
+    np.testing.assert_allclose(similarity("cosine", a, b, counts=False)[0], [0.5, 0.0])
+    np.testing.assert_allclose(similarity("gaussian-tanimoto", a, b, gamma=2.0), np.exp(-2.0 * (2 - 2 * t)))
+    counts = np.array([[2.0, 1.0]], dtype=np.float32), np.array([[1.0, 3.0]], dtype=np.float32)
+    np.testing.assert_allclose(similarity("tanimoto", *counts, counts=True), [[2 / 5]])  # MinMax: (1+1)/(2+3)
+    with pytest.raises(SpecError, match="unknown similarity"):
+        PriorBaseline(similarity="dice").fit([0], molecules(["CCO"]))
 
 
 def test_unique_structures_and_unit_rows():
     mols = molecules(["CCO", "OCC", "CCN", "CCO"])
-    distinct, index = unique_structures(mols)
+    distinct, index = distinct_objects(mols, key=structure_key)
     assert [m.smiles for m in distinct] == ["CCO", "CCN"]
     np.testing.assert_array_equal(index, [0, 0, 1, 0])
     np.testing.assert_allclose(unit_rows(np.array([[3.0, 4.0], [0.0, 0.0]])), [[0.6, 0.8], [0.0, 0.0]])
@@ -184,14 +193,14 @@ def test_ffn_is_deterministic_and_holds_out_structures():
     for (ka, va), (kb, vb) in zip(a.get_state()[0].items(), b.get_state()[0].items()):
         assert ka == kb and np.array_equal(va, vb)
     # the hold-out split is by structure: no structure on both sides
-    train, held = a._split(mols, np.random.default_rng(0))
+    train, held = a._split(mols)
     assert {mols[i].inchikey14 for i in train}.isdisjoint({mols[i].inchikey14 for i in held})
     assert len(held) == 2 * 4
 
 
 def test_ffn_rejects_counts():
     spectra, mols, _ = ffn_data(1)
-    with pytest.raises(ValueError, match="counts"):
+    with pytest.raises(SpecError, match="counts"):
         FingerprintFFN(counts=True, device="cpu").fit(spectra, mols)
 
 

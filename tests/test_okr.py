@@ -12,7 +12,8 @@ from molpredict.hookspecs import hookimpl
 from molpredict.kernels.base import InputKernel, OutputKernel
 from molpredict.component import frozen_spec
 from molpredict.models.distinct import distinct_positions
-from molpredict.models.okr import IOKR, ISOKR, SIOKR, SISOKR, lam_grid, split_by_structure
+from molpredict.models.distinct import split_by_structure
+from molpredict.models.okr import IOKR, ISOKR, SIOKR, SISOKR, lam_grid
 from molpredict.registry import Registry, create, reset_registry
 from molpredict.sketches import make_sketch
 from molpredict.specs import parse_spec

@@ -271,6 +271,11 @@ class _FingerprintKernel(OutputKernel):
         return _Fingerprints(fingerprint_matrix(list(objects), kind=self.fp, radius=self.radius, size=self.size,
                                                 counts=self.counts, n_jobs=self.n_jobs, chiral=self.chiral))
 
+    def fingerprints(self, matrix: np.ndarray) -> _Fingerprints:
+        """Features from a fingerprint matrix (n, size) as :meth:`featurize` computes it (e.g. stored in a model
+        file), for :meth:`fit_features`."""
+        return _Fingerprints(np.asarray(matrix))
+
 
 class TanimotoKernel(_FingerprintKernel):
     """Tanimoto (bits) or MinMax (counts) similarity of fingerprints (registry name ``tanimoto``).

@@ -33,94 +33,33 @@ from ..errors import ModelFileError
 from ..device import resolve_device
 from ..features import bin_spectra
 from ..molecules import Molecule, fingerprint_matrix
+from ..errors import SpecError
+from ..specs import ComponentSpec
 from .base import Model, check_pairs
+from .distinct import distinct_objects, split_by_structure, structure_key
 
 __all__ = [
     "RandomBaseline",
     "PriorBaseline",
     "FingerprintFFN",
     "LibraryKNN",
-    "unique_structures",
-    "structure_similarity",
     "unit_rows",
 ]
 
 _FP_PARAMS = ("fingerprint", "radius", "fp_size", "counts")
+#: the prior's similarity -> registered output kernel
+_SIMILARITY_KERNELS = {"tanimoto": "tanimoto", "gaussian-tanimoto": "gaussian-tanimoto", "cosine": "fingerprint-cosine"}
 
 
 # ----------------------------------------------------------------------------------------------------------
 # Pure helpers
 # ----------------------------------------------------------------------------------------------------------
 
-def unique_structures(molecules: Sequence[Molecule]) -> tuple[list[Molecule], np.ndarray]:
-    """Distinct structures by InChIKey first block, in order of first appearance.
-
-    Returns
-    -------
-    distinct : list of Molecule
-        One representative per first block.
-    index : ndarray of shape (len(molecules),), int64
-        ``molecules[i]`` has the structure ``distinct[index[i]]``.
-    """
-    position: dict[str, int] = {}
-    distinct: list[Molecule] = []
-    index = np.empty(len(molecules), dtype=np.int64)
-    for i, molecule in enumerate(molecules):
-        key = molecule.inchikey14 or f"smiles:{molecule.smiles}"
-        j = position.get(key)
-        if j is None:
-            j = position[key] = len(distinct)
-            distinct.append(molecule)
-        index[i] = j
-    return distinct, index
-
-
 def unit_rows(matrix: np.ndarray) -> np.ndarray:
     """Rows scaled to unit Euclidean norm (all-zero rows stay zero), float64, shape as ``matrix``."""
     matrix = np.asarray(matrix, dtype=np.float64)
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
     return np.divide(matrix, norms, out=np.zeros_like(matrix), where=norms > 0)
-
-
-def structure_similarity(a: np.ndarray, b: np.ndarray, similarity: str = "tanimoto",
-                         gamma: float = 1.0) -> np.ndarray:
-    """Similarity between two sets of fingerprints.
-
-    ``tanimoto`` is <a, b> / (|a|^2 + |b|^2 - <a, b>) (the Jaccard index on bits; the continuous
-    generalisation on counts), 1 for two all-zero fingerprints; ``gaussian-tanimoto`` is
-    exp(-gamma (2 - 2 T)); ``cosine`` is <a, b> / (|a| |b|) (0 when either is all-zero).
-
-    Parameters
-    ----------
-    a : ndarray of shape (n_a, size)
-    b : ndarray of shape (n_b, size)
-    similarity : {"tanimoto", "gaussian-tanimoto", "cosine"}
-    gamma : float
-        Width of the Gaussian-Tanimoto similarity.
-
-    Returns
-    -------
-    ndarray of shape (n_a, n_b), float64
-    """
-    a = np.asarray(a, dtype=np.float32)
-    b = np.asarray(b, dtype=np.float32)
-    if a.size and np.count_nonzero(a) < 0.1 * a.size:
-        # Morgan fingerprints are ~2% dense: a sparse-dense product is several times faster than the GEMM
-        dot = np.asarray(sp.csr_matrix(a) @ np.ascontiguousarray(b.T), dtype=np.float64)
-    else:
-        dot = (a @ b.T).astype(np.float64)
-    na = np.einsum("ij,ij->i", a, a, dtype=np.float64)
-    nb = np.einsum("ij,ij->i", b, b, dtype=np.float64)
-    if similarity == "cosine":
-        scale = np.sqrt(np.outer(na, nb))
-        return np.divide(dot, scale, out=np.zeros_like(dot), where=scale > 0)
-    if similarity not in ("tanimoto", "gaussian-tanimoto"):
-        raise ValueError(f"unknown similarity {similarity!r}; valid: tanimoto, gaussian-tanimoto, cosine")
-    union = na[:, None] + nb[None, :] - dot
-    tanimoto = np.divide(dot, union, out=np.ones_like(dot), where=union > 0)
-    if similarity == "gaussian-tanimoto":
-        return np.exp(-gamma * (2.0 - 2.0 * tanimoto))
-    return tanimoto
 
 
 def _aggregate(sim: np.ndarray, top_k: int | None) -> np.ndarray:
@@ -227,7 +166,8 @@ class PriorBaseline(_FingerprintMixin, Model):
     Parameters
     ----------
     similarity : {"tanimoto", "gaussian-tanimoto", "cosine"}
-        See :func:`structure_similarity`.
+        The registered output kernel ``tanimoto`` (MinMax on counts), ``gaussian-tanimoto`` (with ``gamma``)
+        or ``fingerprint-cosine``, on the fingerprint settings below.
     top_k : int
         How many of the most similar training structures to average (0: all).
     gamma : float
@@ -256,11 +196,23 @@ class PriorBaseline(_FingerprintMixin, Model):
         self.counts = counts
         self.block_size = block_size
 
+    def _kernel(self) -> Any:
+        """The registered output kernel that gives the similarity, with this model's fingerprint settings."""
+        from ..registry import create
+        if self.similarity not in _SIMILARITY_KERNELS:
+            raise SpecError(f"prior: unknown similarity {self.similarity!r}; valid: "
+                            f"{', '.join(_SIMILARITY_KERNELS)}")
+        params: dict[str, Any] = {"fp": self.fingerprint, "radius": self.radius, "size": self.fp_size,
+                                  "counts": self.counts}
+        if self.similarity == "gaussian-tanimoto":
+            params["gamma"] = float(self.gamma)
+        return create("output_kernel", ComponentSpec(_SIMILARITY_KERNELS[self.similarity], params))
+
     def fit(self, inputs, molecules, val=None) -> "PriorBaseline":
         check_pairs(inputs, molecules)
-        structure_similarity(np.zeros((1, 1)), np.zeros((1, 1)), self.similarity)  # validates the name
-        distinct, _ = unique_structures(list(molecules))
-        self.train_fingerprints_ = self._fingerprints(distinct)
+        distinct, _ = distinct_objects(list(molecules), key=structure_key)
+        self.kernel_ = self._kernel().fit(distinct)
+        self.train_fingerprints_ = self.kernel_.fit_features_.matrix
         self.n_train_ = len(inputs)
         return self
 
@@ -275,9 +227,7 @@ class PriorBaseline(_FingerprintMixin, Model):
         out = np.empty(len(molecules), dtype=np.float64)
         for start in range(0, len(molecules), self.block_size):
             stop = min(start + self.block_size, len(molecules))
-            fps = self._fingerprints(molecules[start:stop])
-            sim = structure_similarity(fps, self.train_fingerprints_, self.similarity, self.gamma)
-            out[start:stop] = _aggregate(sim, self.top_k)
+            out[start:stop] = _aggregate(self.kernel_.transform(molecules[start:stop]), self.top_k)
         return out
 
     def candidate_coordinates(self, molecules: Sequence[Molecule]) -> np.ndarray:
@@ -299,6 +249,8 @@ class PriorBaseline(_FingerprintMixin, Model):
         if not model.counts:
             fps = np.unpackbits(fps.astype(np.uint8), axis=1, count=model.fp_size)
         model.train_fingerprints_ = fps
+        kernel = model._kernel()
+        model.kernel_ = kernel.fit_features(kernel.fingerprints(fps))
         model.n_train_ = int(metadata.get("n_train", 0))
         return model
 
@@ -396,16 +348,11 @@ class FingerprintFFN(_FingerprintMixin, Model):
     def _features(self, inputs: Sequence[Any]) -> sp.csr_matrix:
         return bin_spectra(list(inputs), bin_width=self.bin_width, max_mz=self.max_mz, intensity_power=self.intensity_power)
 
-    def _split(self, molecules: Sequence[Molecule], rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        _, index = unique_structures(molecules)
-        n_structures = int(index.max()) + 1
-        n_val = int(round(self.val_fraction * n_structures))
-        if n_val == 0 or n_val >= n_structures:
-            everything = np.arange(len(molecules))
-            return everything, everything
-        held = np.zeros(n_structures, dtype=bool)
-        held[rng.choice(n_structures, size=n_val, replace=False)] = True
-        return np.flatnonzero(~held[index]), np.flatnonzero(held[index])
+    def _split(self, molecules: Sequence[Molecule]) -> tuple[np.ndarray, np.ndarray]:
+        """Training and validation positions: ``val_fraction`` of the structures held out (all data on both
+        sides when there are fewer than two structures)."""
+        train, held = split_by_structure(molecules, float(self.val_fraction), int(self.seed), key=structure_key)
+        return (train, held) if held.size else (train, train)
 
     def _mean_loss(self, net, x: sp.csr_matrix, y: np.ndarray, device: str) -> float:
         import torch
@@ -428,7 +375,7 @@ class FingerprintFFN(_FingerprintMixin, Model):
 
         check_pairs(inputs, molecules)
         if self.counts:
-            raise ValueError("fingerprint-ffn predicts bits: counts must be false")
+            raise SpecError("fingerprint-ffn predicts bits: counts must be false")
         device = resolve_device(self.device)
         rng = np.random.default_rng(self.seed)
         torch.manual_seed(self.seed)
@@ -439,7 +386,7 @@ class FingerprintFFN(_FingerprintMixin, Model):
             x_tr, y_tr = x_all, y_all
             x_va, y_va = self._features(val[0]), self._fingerprints(list(val[1]))
         else:
-            tr, va = self._split(molecules, rng)
+            tr, va = self._split(molecules)
             x_tr, y_tr, x_va, y_va = x_all[tr], y_all[tr], x_all[va], y_all[va]
 
         net = _build_mlp(x_all.shape[1], self.hidden, self.n_layers, y_all.shape[1], self.dropout).to(device)
@@ -584,9 +531,9 @@ class LibraryKNN(_FingerprintMixin, Model):
     def fit(self, inputs, molecules, val=None) -> "LibraryKNN":
         check_pairs(inputs, molecules)
         if self.k < 1:
-            raise ValueError(f"library-knn: k must be >= 1, got {self.k}")
+            raise SpecError(f"library-knn: k must be >= 1, got {self.k}")
         inputs = list(inputs)
-        distinct, index = unique_structures(list(molecules))
+        distinct, index = distinct_objects(list(molecules), key=structure_key)
         self.kernel_ = self._make_kernel().fit(inputs)
         self.train_inputs_ = inputs
         self.structure_fingerprints_ = unit_rows(self._fingerprints(distinct))

@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["output_key", "distinct_positions", "distinct_objects"]
+__all__ = ["output_key", "structure_key", "distinct_positions", "distinct_objects", "split_by_structure"]
 
 
 def output_key(obj: Any) -> Any:
@@ -38,6 +38,11 @@ def output_key(obj: Any) -> Any:
     except TypeError:
         raise TypeError(f"cannot tell duplicates apart for outputs of type {type(obj).__name__}") from None
     return obj
+
+
+def structure_key(molecule: Any) -> str:
+    """A molecule's identity up to stereochemistry: its InChIKey first block (MassSpecGym's), else its SMILES."""
+    return getattr(molecule, "inchikey14", None) or f"smiles:{molecule.smiles}"
 
 
 def distinct_positions(objects: Sequence[Any], key: Callable[[Any], Any] | None = None
@@ -83,3 +88,24 @@ def distinct_objects(objects: Sequence[Any], key: Callable[[Any], Any] | None = 
     """
     first, inverse = distinct_positions(objects, key)
     return [objects[i] for i in first], inverse
+
+
+def split_by_structure(molecules: Sequence[Any], fraction: float, seed: int,
+                       key: Callable[[Any], Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded train / held-out split of positions such that no structure (by ``key``, default
+    :func:`output_key`) is on both sides: ``round(fraction * n_structures)`` structures held out (at least
+    one, and never all).
+
+    Returns
+    -------
+    train, held_out : ndarray of int64 (sorted positions); ``held_out`` is empty when there are fewer than two
+    distinct structures.
+    """
+    first, index = distinct_positions(molecules, key)
+    n_u = len(first)
+    if n_u < 2:
+        return np.arange(len(molecules), dtype=np.int64), np.empty(0, dtype=np.int64)
+    n_out = min(n_u - 1, max(1, int(round(fraction * n_u))))
+    chosen = np.random.default_rng(seed).permutation(n_u)[:n_out]
+    mask = np.isin(index, chosen)
+    return np.flatnonzero(~mask).astype(np.int64), np.flatnonzero(mask).astype(np.int64)

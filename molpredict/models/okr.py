@@ -78,7 +78,7 @@ from ..nystrom import Nystrom, objects_from_state, objects_to_state
 from ..sketches import Sketch, make_sketch
 from ..specs import ComponentSpec, Grid, parse_spec, parse_values
 from .base import Model, check_pairs
-from .distinct import distinct_positions
+from .distinct import distinct_positions, split_by_structure
 
 __all__ = ["IOKR", "SIOKR", "ISOKR", "SISOKR"]
 
@@ -130,24 +130,6 @@ def lam_grid(lam: "float | str | Sequence[float]") -> list[float]:
             raise SpecError(f"lam must be positive numbers (a value or a grid a|b|c), got {lam!r}")
         out.append(float(v))
     return out
-
-
-def split_by_structure(molecules: Sequence[Any], fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded train / held-out split of positions such that no structure is on both sides.
-
-    Returns
-    -------
-    train, held_out : ndarray of int64 (sorted positions); ``held_out`` is empty when there are fewer than two
-    distinct structures.
-    """
-    first, index = distinct_positions(molecules)
-    n_u = len(first)
-    if n_u < 2:
-        return np.arange(len(molecules), dtype=np.int64), np.empty(0, dtype=np.int64)
-    n_out = min(n_u - 1, max(1, int(round(fraction * n_u))))
-    chosen = np.random.default_rng(seed).permutation(n_u)[:n_out]
-    mask = np.isin(index, chosen)
-    return np.flatnonzero(~mask).astype(np.int64), np.flatnonzero(mask).astype(np.int64)
 
 
 def gram_rows(Z: torch.Tensor) -> torch.Tensor:
