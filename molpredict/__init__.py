@@ -3,6 +3,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from . import errors as _errors
 from .errors import InputError, ModelFileError, MolpredictError, PluginError, ResourceError, SpecError
 from .registry import create, get_registry
 from .specs import ComponentSpec, parse_spec
@@ -26,12 +27,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "__version__",
-    "MolpredictError",
-    "InputError",
-    "SpecError",
-    "PluginError",
-    "ModelFileError",
-    "ResourceError",
+    *_errors.__all__,
     "ComponentSpec",
     "parse_spec",
     "get_registry",

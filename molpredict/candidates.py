@@ -257,18 +257,7 @@ class CandidateLibrary:
     def from_molecules(cls, molecules: Iterable[Molecule], *, source: str | None = None) -> CandidateLibrary:
         """A library of ``Molecule`` records (their attributes are computed if needed)."""
         rows = list(molecules)
-        columns: dict[str, Any] = {
-            "smiles": [m.smiles for m in rows], "inchikey": [m.inchikey for m in rows],
-            "formula": [m.formula for m in rows],
-            "monoisotopic_mass": np.array([m.monoisotopic_mass for m in rows], dtype=np.float64),
-        }
-        for key in _OPTIONAL_COLUMNS:
-            values = [getattr(m, key) for m in rows]
-            if key == "source" and source is not None:
-                values = [v or source for v in values]
-            if any(v is not None for v in values):
-                columns[key] = values
-        return cls(columns)
+        return cls(_record_columns(rows, [m.monoisotopic_mass for m in rows], source=source))
 
     @classmethod
     def from_smiles(cls, smiles: Sequence[str], *, names: Sequence[str | None] | None = None,
@@ -314,13 +303,7 @@ class CandidateLibrary:
                          progress: bool = False) -> CandidateLibrary:
         """Read a SMILES file: one ``SMILES [name]`` per line (whitespace-separated; ``#`` comments and a
         ``smiles`` header line are ignored). Columns are computed with RDKit; bad lines are reported."""
-        path = Path(path)
-        _check_file(path)
-        report = LoadReport(str(path))
-        raw = list(read_smiles_records(path, report, source))
-        library = cls(_complete(raw, [], report, n_jobs=n_jobs, progress=progress), path=path, report=report)
-        report.warn()
-        return library
+        return cls._from_records(read_smiles_records, path, source, n_jobs, progress)
 
     @classmethod
     def from_sdf(cls, path: str | os.PathLike, *, source: str | None = None, n_jobs: int = 1,
@@ -328,10 +311,17 @@ class CandidateLibrary:
         """Read an SDF file (``.sdf`` or ``.sdf.gz``). Name from a ``name`` data item or the title line, id from
         an ``id`` item, source from a ``source`` item (or ``source``). Records RDKit cannot read are reported
         with the line where they start."""
+        return cls._from_records(read_sdf_records, path, source, n_jobs, progress)
+
+    @classmethod
+    def _from_records(cls, reader: Any, path: str | os.PathLike, source: str | None, n_jobs: int,
+                      progress: bool) -> CandidateLibrary:
+        """A library from a structure-file reader of :mod:`molpredict.io.structures` (columns computed with
+        RDKit; bad records reported)."""
         path = Path(path)
         _check_file(path)
         report = LoadReport(str(path))
-        raw = list(read_sdf_records(path, report, source))
+        raw = list(reader(path, report, source))
         library = cls(_complete(raw, [], report, n_jobs=n_jobs, progress=progress), path=path, report=report)
         report.warn()
         return library
@@ -737,13 +727,22 @@ def _complete(raw: list[StructureRecord], extra: Sequence[str], report: LoadRepo
         record.smiles, record.inchikey, record.formula, record.mass = result
     report.skipped.sort(key=lambda s: (s.line is None, s.line or 0))
     rows = [r for r, k in zip(raw, keep) if k]
+    return _record_columns(rows, [r.mass for r in rows], extra)
+
+
+def _record_columns(rows: Sequence[Any], masses: Sequence[float], extra: Sequence[str] = (),
+                    source: str | None = None) -> dict[str, Any]:
+    """Library columns from records with ``smiles``, ``inchikey``, ``formula`` and the optional columns as
+    attributes: an optional column is kept when named in ``extra`` or set on any row; ``source`` fills the rows
+    without one."""
     columns: dict[str, Any] = {
         "smiles": [r.smiles for r in rows], "inchikey": [r.inchikey for r in rows],
-        "formula": [r.formula for r in rows],
-        "monoisotopic_mass": np.array([r.mass for r in rows], dtype=np.float64),
+        "formula": [r.formula for r in rows], "monoisotopic_mass": np.array(masses, dtype=np.float64),
     }
     for name in _OPTIONAL_COLUMNS:
         values = [getattr(r, name) for r in rows]
+        if name == "source" and source is not None:
+            values = [v or source for v in values]
         if name in extra or any(v is not None for v in values):
             columns[name] = values
     return columns

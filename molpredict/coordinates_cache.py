@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from .errors import ModelFileError
+from .io.atomic import fsync_directory
 
 __all__ = ["CoordinatesCache", "CorruptedSegment", "molecule_key", "default_cache_root",
            "cached_candidate_coordinates", "ENCODINGS", "encode", "decode"]
@@ -97,19 +98,6 @@ def decode(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 class CorruptedSegment(Exception):
     """A stored segment failed its checksum or lost a chunk; it has been dropped (recompute its molecules)."""
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class CoordinatesCache:
@@ -187,7 +175,7 @@ class CoordinatesCache:
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, target)
-            _fsync_dir(target.parent)
+            fsync_directory(target.parent)
         else:
             self._fs.pipe_file(path, data)
 

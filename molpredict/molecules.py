@@ -19,6 +19,7 @@ from .errors import InputError, SpecError
 
 __all__ = [
     "Molecule",
+    "label_structure",
     "fingerprint_matrix",
     "to_grakel_graph",
     "Adduct",
@@ -261,6 +262,24 @@ class Molecule:
             graph = _graph_of_mol(self.rdkit_mol, bond_labels)
             self._graphs[bond_labels] = graph
         return graph
+
+
+def label_structure(cache: dict[str, Any], smiles: str | None, inchi: str | None = None,
+                    unparsed: str = "structure not parsed by RDKit") -> "Molecule | str":
+    """The labelled structure of a training record (from its SMILES, else its InChI), parsed once per text:
+    many records share a structure. A string instead says why the record is unusable (``unparsed``, or no
+    InChIKey); ``cache`` maps the text to either."""
+    key = smiles or inchi or ""
+    molecule = cache.get(key)
+    if molecule is None:
+        try:
+            molecule = Molecule.from_smiles(smiles) if smiles else Molecule.from_inchi(inchi)
+            if not molecule.inchikey:
+                molecule = "structure without InChIKey"
+        except InputError:
+            molecule = unparsed
+        cache[key] = molecule
+    return molecule
 
 
 def _shorten(text: Any, limit: int = 80) -> str:

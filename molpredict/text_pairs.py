@@ -165,7 +165,7 @@ def read_text_pairs(path: str | os.PathLike, report: PairsReport | None = None,
     InputError
         Missing file, not UTF-8 text, or a header without ``description`` and ``smiles`` columns.
     """
-    from .molecules import Molecule
+    from .molecules import label_structure
 
     path = Path(path)
     if not path.exists():
@@ -219,15 +219,7 @@ def read_text_pairs(path: str | os.PathLike, report: PairsReport | None = None,
                 if not smiles:
                     report.skip(str(path), line, "smiles", "empty SMILES")
                     continue
-                molecule = structures.get(smiles)
-                if molecule is None:
-                    try:
-                        molecule = Molecule.from_smiles(smiles)
-                        if not molecule.inchikey:
-                            molecule = "structure without InChIKey"
-                    except InputError:
-                        molecule = "SMILES not parsed by RDKit"
-                    structures[smiles] = molecule
+                molecule = label_structure(structures, smiles, unparsed="SMILES not parsed by RDKit")
                 if isinstance(molecule, str):
                     report.skip(str(path), line, "smiles", molecule, repr(_shorten(smiles)))
                     continue

@@ -174,7 +174,7 @@ def load_labelled(paths: Iterable[str | Path], options: TrainOptions, progress: 
     InputError
         A file that is not spectra (unknown extension, binary...), from the readers.
     """
-    from .molecules import Molecule
+    from .molecules import label_structure
     from .spectra import CleaningPipeline, SkipReport, read_spectra
 
     cleaning = CleaningPipeline.from_dict(options.cleaning) if options.cleaning else CleaningPipeline()
@@ -206,16 +206,7 @@ def load_labelled(paths: Iterable[str | Path], options: TrainOptions, progress: 
             if not smiles and not inchi:
                 out.skipped["no structure (SMILES or InChI)"] += 1
                 continue
-            key = smiles or inchi
-            molecule = structures.get(key)
-            if molecule is None:
-                try:
-                    molecule = Molecule.from_smiles(smiles) if smiles else Molecule.from_inchi(inchi)
-                    if not molecule.inchikey:
-                        molecule = "structure without InChIKey"
-                except InputError:
-                    molecule = "structure not parsed by RDKit"
-                structures[key] = molecule
+            molecule = label_structure(structures, smiles, inchi)
             if isinstance(molecule, str):
                 out.skipped[molecule] += 1
                 continue
@@ -341,13 +332,7 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
         t0 = time.perf_counter()
         model.fit(spectra, molecules, val=val_pair)
         fit_s = time.perf_counter() - t0
-        validation: dict[str, Any] = {}
-        if val_pair is not None and hasattr(model, "kernel_loss"):
-            t0 = time.perf_counter()
-            validation["kernel_loss"] = float(model.kernel_loss(*val_pair))
-            validation["n_spectra"] = len(val_pair[0])
-            validation["n_structures"] = val.n_structures(mode)
-            validation["time_s"] = time.perf_counter() - t0
+        validation = _validation(model, val_pair, "spectra", val.n_structures(mode) if val_pair else 0)
         info = {
             "training": {"sha256": train_hash, "files": [Path(p).name for p in train_paths],
                          "filters": options.filters(), "n_spectra": len(spectra), "n_structures": n_struct,
@@ -427,6 +412,17 @@ def _fit_prior(options: TrainOptions, spectra: Sequence[Any], molecules: Sequenc
     library = read_library(options.prior)
     reference = library.molecules(np.arange(len(library)))
     return prior.fit(reference, reference)
+
+
+def _validation(model: Any, val_pair: tuple[list, list] | None, unit: str, n_structures: int) -> dict[str, Any]:
+    """The fitted model's mean kernel loss on the validation pairs, their counts (``n_<unit>``,
+    ``n_structures``) and the time taken; empty without validation data or a model ``kernel_loss``."""
+    if val_pair is None or not hasattr(model, "kernel_loss"):
+        return {}
+    t0 = time.perf_counter()
+    loss = float(model.kernel_loss(*val_pair))
+    return {"kernel_loss": loss, f"n_{unit}": len(val_pair[0]), "n_structures": n_structures,
+            "time_s": time.perf_counter() - t0}
 
 
 def _chosen(model: Any) -> dict[str, Any]:
@@ -536,13 +532,7 @@ def train_text_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
     t0 = time.perf_counter()
     model.fit(texts, molecules, val=val_pair)
     fit_s = time.perf_counter() - t0
-    validation: dict[str, Any] = {}
-    if val_pair is not None and hasattr(model, "kernel_loss"):
-        t0 = time.perf_counter()
-        validation["kernel_loss"] = float(model.kernel_loss(*val_pair))
-        validation["n_pairs"] = len(val_pairs)
-        validation["n_structures"] = len({p.molecule.inchikey for p in val_pairs})
-        validation["time_s"] = time.perf_counter() - t0
+    validation = _validation(model, val_pair, "pairs", len({p.molecule.inchikey for p in val_pairs}))
     filters = {"input": "text", "skip": "empty description, unusable SMILES"}
     train_hash = file_sha256(train_paths, extra=filters)
     info = {
