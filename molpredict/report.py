@@ -35,7 +35,7 @@ __all__ = ["ReportOptions", "Report", "draw_molecule_svg", "compact_svg", "decod
            "build_report_from_files", "versions", "CANDIDATE_EXTRA_COLUMNS"]
 
 #: optional numeric output columns shown per candidate when the results have them
-CANDIDATE_EXTRA_COLUMNS = ("probability", "spectrum_score", "prior_score")
+CANDIDATE_EXTRA_COLUMNS = ("probability", "spectrum_score", "prior_score", "fragment_score")
 _DATA_ELEMENT_ID = "report-data"
 
 

@@ -180,12 +180,14 @@ def test_optional_columns_and_explained_peaks(monkeypatch):
     monkeypatch.setitem(sys.modules, "molpredict.fragments", types.SimpleNamespace(explain_peaks=explain_peaks))
     report = Report(ReportOptions(top_k=2))
     report.add_spectrum(_spectrum("q0"))
-    report.add_rows(_rows("q0", ISOMERS, [0.9, 0.5, 0.1], probability=[0.81, 0.15, 0.04],
-                          spectrum_score=[0.5, 0.3, 0.1], prior_score=[0.4, 0.2, 0.0]))
+    nan = float("nan")   # identify writes the probability on rank 1 only
+    report.add_rows(_rows("q0", ISOMERS, [0.9, 0.5, 0.1], probability=[0.81, nan, nan],
+                          spectrum_score=[0.5, 0.3, 0.1], prior_score=[0.4, 0.2, 0.0], fragment_score=[nan] * 3))
     data = report.data()
     q = data["queries"][0]
     assert data["extra"] == ["probability", "spectrum_score", "prior_score"]
-    assert q["p"] == 0.81 and q["c"][1][4] == {"probability": 0.15, "spectrum_score": 0.3, "prior_score": 0.2}
+    assert q["p"] == 0.81 and q["c"][0][4] == {"probability": 0.81, "spectrum_score": 0.5, "prior_score": 0.4}
+    assert q["c"][1][4] == {"spectrum_score": 0.3, "prior_score": 0.2}
     assert q["ex"] == [[161.0597, 1000, "C10H9O2+"], [133.0648, 227, "C9H9O+"]]
     assert calls == [("q0", ISOMERS[0], "[M+H]+")]
     # without the module: no annotation, and the page says so instead of guessing
