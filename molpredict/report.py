@@ -152,14 +152,18 @@ def draw_molecule_svg(smiles: str, size: tuple[int, int] = (240, 180)) -> str:
         mol = Chem.MolFromSmiles(smiles) if smiles else None
     finally:
         RDLogger.EnableLog("rdApp.*")
+    placeholder = (f"<svg viewBox='0 0 {width} {height}'><text x='50%' y='50%' text-anchor='middle' "
+                   f"font-family='sans-serif' font-size='14' fill='#888'>no drawing</text></svg>")
     if mol is None:
-        return (f"<svg viewBox='0 0 {width} {height}'><text x='50%' y='50%' "
-                f"text-anchor='middle' font-family='sans-serif' font-size='14' fill='#888'>no drawing</text></svg>")
+        return placeholder
     drawer = rdMolDraw2D.MolDraw2DSVG(width, height, -1, -1, True)  # True: <text> labels, not glyph paths
     options = drawer.drawOptions()
     options.clearBackground = False
     options.bondLineWidth = 1.5
-    rdMolDraw2D.PrepareAndDrawMolecule(drawer, mol)
+    try:
+        rdMolDraw2D.PrepareAndDrawMolecule(drawer, mol)
+    except (RuntimeError, ValueError):   # a structure RDKit parses but cannot lay out
+        return placeholder
     drawer.FinishDrawing()
     return compact_svg(drawer.GetDrawingText())
 
@@ -227,7 +231,7 @@ def _explained_peaks(explain: Any, spectrum: Any, smiles: str, adduct: str) -> l
     try:
         molecule = Molecule.from_smiles(smiles)
         annotations = explain(spectrum, molecule, adduct or spectrum.adduct or None)
-    except MolpredictError:
+    except (MolpredictError, ValueError, RuntimeError):   # RDKit's errors: the page says "not available"
         return None
     if not annotations:
         return []
