@@ -32,7 +32,7 @@ if str(ROOT) not in sys.path:
 DATA = ROOT.parent / "shared" / "data"
 MODES = {"positive": "pos", "negative": "neg"}
 GT = "gaussian-tanimoto"
-MKL = "mkl:kernels=ppk-losses;formula-annotation"
+MKL = "mkl:kernels=ppk-losses+formula-annotation"
 #: name -> (input kernel, output kernel)
 CONFIGS: dict[str, tuple[str, str]] = {
     "ppk-losses (baseline)": ("ppk-losses", GT),
@@ -41,11 +41,11 @@ CONFIGS: dict[str, tuple[str, str]] = {
     "mkl uniform": (MKL + ",weights=uniform", GT),
     "mkl alignment": (MKL + ",weights=alignment", GT),
     "mkl alignf": (MKL + ",weights=alignf", GT),
-    "mkl alignf +cosine": ("mkl:kernels=ppk-losses;formula-annotation;cosine,weights=alignf", GT),
+    "mkl alignf +cosine": ("mkl:kernels=ppk-losses+formula-annotation+cosine,weights=alignf", GT),
     "ppk-losses / tanimoto (width: linear)": ("ppk-losses", "tanimoto"),
-    "ppk-losses / multi-fingerprint morgan2;morgan1c;morgan3c": (
-        "ppk-losses", "multi-fingerprint:fps=morgan2;morgan1c;morgan3c"),
-    "ppk-losses / multi-fingerprint morgan2;maccs": ("ppk-losses", "multi-fingerprint:fps=morgan2;maccs"),
+    "ppk-losses / multi-fingerprint morgan2+morgan1c+morgan3c": (
+        "ppk-losses", "multi-fingerprint:fps=morgan2+morgan1c+morgan3c"),
+    "ppk-losses / multi-fingerprint morgan2+maccs": ("ppk-losses", "multi-fingerprint:fps=morgan2+maccs"),
 }
 
 

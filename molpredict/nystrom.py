@@ -63,7 +63,8 @@ def objects_to_state(objects: Sequence[Any], prefix: str) -> tuple[dict[str, np.
         return {}, {"type": "text", "strings": [str(s) for s in objects]}
     if all(isinstance(o, Spectrum) for o in objects):
         from .io.arrays import spectra_to_arrays
-        arrays, meta = spectra_to_arrays(objects)
+        # landmark formulas are kernel input (formula-annotation); other metadata is not saved
+        arrays, meta = spectra_to_arrays(objects, metadata_keys=("formula",))
         return {f"{prefix}.{k}": v for k, v in arrays.items()}, {"type": "spectrum", "spectra": meta}
     try:
         matrix = np.stack([np.asarray(o, dtype=np.float64) for o in objects])

@@ -15,11 +15,11 @@ from molpredict.testing import check_kernel
 # =========================================================================================================
 SPECTRUM_KERNELS = ["ppk", "ppk-losses", "cosine", "ppk:mz_sigma=auto,ppm=10,int_sigma=0.3",
                     "ppk-losses:loss_weight=0.2,intensity_power=0", "formula-annotation",
-                    "mkl:kernels=ppk-losses;formula-annotation;cosine,weights=uniform"]
+                    "mkl:kernels=ppk-losses+formula-annotation+cosine,weights=uniform"]
 MOLECULE_KERNELS = ["tanimoto", "gaussian-tanimoto", "tanimoto:counts=true,size=512",
                     "gaussian-tanimoto:fp=maccs", "fingerprint-cosine", "fingerprint-cosine:counts=false,chiral=true",
                     "wl-subtree", "nspd", "core-wl", "multi-fingerprint",
-                    "multi-fingerprint:fps=morgan1c;morgan2c;morgan3c;maccs;rdkitc,gamma=0.5,size=512"]
+                    "multi-fingerprint:fps=morgan1c+morgan2c+morgan3c+maccs+rdkitc,gamma=0.5,size=512"]
 CONFORMANCE_SMILES = [
     "CCO", "c1ccccc1O", "CC(=O)O", "CCN", "C", "O", "[Na+]", "CC", "CC(=O)[O-].[Na+]", "c1ccc2ccccc2c1",
     "OCC(O)C(O)C(O)C(O)CO", "CC(C)NCC(O)c1ccc(O)cc1", "C1CC1CC(C)N", "CN1C=NC2=C1C(=O)N(C(=O)N2C)C", "CCO",

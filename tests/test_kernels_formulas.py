@@ -3,6 +3,7 @@ enumeration, dictionary bags, explicit weighted sums, a grid search for ALIGNF, 
 from __future__ import annotations
 
 import functools
+import json
 import itertools
 import math
 import warnings
@@ -213,12 +214,23 @@ def test_formula_kernel_rejects_bad_parameters(bad):
 # MKL
 # ---------------------------------------------------------------------------------------------------------
 def test_split_kernel_list():
-    assert split_kernel_list("ppk-losses:loss_weight=0.3;ppm=5;formula-annotation;cosine;tolerance=0.02") == [
+    assert split_kernel_list("ppk-losses:loss_weight=0.3&ppm=5+formula-annotation+cosine:tolerance=0.02") == [
         "ppk-losses:loss_weight=0.3,ppm=5", "formula-annotation", "cosine:tolerance=0.02"]
     with pytest.raises(SpecError):
-        split_kernel_list("ppm=5;ppk")
+        split_kernel_list("ppk++cosine")
     with pytest.raises(SpecError):
-        get_registry().create("input_kernel", "mkl:kernels=ppk;cosine,weights=1;2;3")
+        get_registry().create("input_kernel", "mkl:kernels=ppk+cosine,weights=1+2+3")
+
+
+def test_mkl_and_multi_fingerprint_specs_survive_nested_spec():
+    """Models create kernels through nystrom.create_component, which reads every ';' of a spec as ','."""
+    from molpredict.nystrom import create_component
+
+    kernel = create_component("input_kernel", "mkl:kernels=ppk-losses:loss_weight=0.3&ppm=5+formula-annotation,"
+                              "weights=0.25+0.75")
+    assert kernel._specs == ["ppk-losses:loss_weight=0.3,ppm=5", "formula-annotation"]
+    np.testing.assert_allclose(kernel._fixed, [0.25, 0.75])
+    assert len(create_component("output_kernel", "multi-fingerprint:fps=morgan2+maccs")._kernels) == 2
 
 
 def _labelled(spectra: list[Spectrum]) -> list[Spectrum]:
@@ -233,7 +245,7 @@ def _labelled(spectra: list[Spectrum]) -> list[Spectrum]:
 
 def test_mkl_is_the_renormalised_weighted_sum():
     spectra = formula_spectra()
-    kernel = MKLKernel("ppk-losses;formula-annotation;cosine:tolerance=0.02", weights="1;2;1")
+    kernel = MKLKernel("ppk-losses+formula-annotation+cosine:tolerance=0.02", weights="1+2+1")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateObjectWarning)
         gram = kernel.fit(spectra).gram()
@@ -273,8 +285,8 @@ def test_mkl_learnt_weights_freeze_into_the_spec(weights):
     spectra = _labelled(formula_spectra())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateObjectWarning)
-        kernel = MKLKernel("ppk-losses;formula-annotation", weights=weights).fit(spectra)
-        w = np.array([float(x) for x in kernel.weights_.split(";")])
+        kernel = MKLKernel("ppk-losses+formula-annotation", weights=weights).fit(spectra)
+        w = np.array([float(x) for x in kernel.weights_.split("+")])
         assert w.sum() == pytest.approx(1.0) and np.all(w >= 0)
         if weights == "alignment":
             a = np.maximum(kernel.alignments_, 0)
@@ -284,11 +296,11 @@ def test_mkl_learnt_weights_freeze_into_the_spec(weights):
         np.testing.assert_allclose(rebuilt.transform(spectra[10:]), kernel.transform(spectra[10:])[:, :10],
                                    atol=1e-12)
     with pytest.raises(SpecError, match="structure"):
-        MKLKernel("ppk;cosine", weights=weights).fit(formula_spectra())  # no smiles: nothing to align with
+        MKLKernel("ppk+cosine", weights=weights).fit(formula_spectra())  # no smiles: nothing to align with
 
 
 def test_mkl_conformance():
-    check_kernel(MKLKernel("ppk-losses;formula-annotation;cosine"), formula_spectra(), n_sample=14)
+    check_kernel(MKLKernel("ppk-losses+formula-annotation+cosine"), formula_spectra(), n_sample=14)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -305,7 +317,7 @@ def _naive_t(a: np.ndarray, b: np.ndarray) -> float:
 
 def test_multi_fingerprint_matches_naive():
     mols = [Molecule.from_smiles(s) for s in SMILES]
-    kernel = MultiFingerprintKernel("morgan1c;morgan2;maccs;rdkit", gamma=0.7, size=1024).fit(mols)
+    kernel = MultiFingerprintKernel("morgan1c+morgan2+maccs+rdkit", gamma=0.7, size=1024).fit(mols)
     fps = [fingerprint_matrix(mols, "morgan", radius=1, size=1024, counts=True),
            fingerprint_matrix(mols, "morgan", radius=2, size=1024), fingerprint_matrix(mols, "maccs"),
            fingerprint_matrix(mols, "rdkit", size=1024)]
@@ -324,7 +336,7 @@ def test_multi_fingerprint_of_one_fingerprint_is_gaussian_tanimoto():
     np.testing.assert_allclose(one.gram(), ref.gram(), atol=1e-12)
 
 
-@pytest.mark.parametrize("fps", ["", "morgan2;morgan2", "ecfp4", "maccsc"])
+@pytest.mark.parametrize("fps", ["", "morgan2+morgan2", "ecfp4", "maccsc", "morgan2;maccs"])
 def test_multi_fingerprint_rejects_bad_lists(fps):
     with pytest.raises(SpecError):
         MultiFingerprintKernel(fps)
@@ -341,3 +353,20 @@ def test_training_fills_in_the_formula_from_the_label(tmp_path):
     write_mgf(spectra, tmp_path / "t.mgf")
     data = load_labelled([tmp_path / "t.mgf"], TrainOptions())
     assert [s.formula for s in data.spectra["positive"]] == ["C8H10N4O2", "C2H6O"]
+
+
+def test_sisokr_with_mkl_and_multi_fingerprint_round_trips():
+    """The kernels work inside SISOKR and a reloaded model (kernels rebuilt from their frozen specs on the
+    landmarks) predicts the same coordinates."""
+    from molpredict.models.okr import SISOKR
+
+    spectra = _labelled(formula_spectra())[:-1]
+    molecules = [Molecule.from_smiles(s.smiles) for s in spectra]
+    model = SISOKR(input_kernel="mkl:kernels=ppk-losses+formula-annotation,weights=alignf",
+                   output_kernel="multi-fingerprint:fps=morgan2+morgan1c", input_sketch="subsample:m=10",
+                   output_sketch=None, lam=1e-3, device="cpu")
+    model.fit(spectra, molecules)
+    arrays, meta = model.get_state()
+    reloaded = SISOKR.from_state(arrays, json.loads(json.dumps(meta)))
+    np.testing.assert_allclose(reloaded.predict_coordinates(spectra), model.predict_coordinates(spectra), atol=1e-8)
+    assert "weights=" in reloaded.input_kernel_spec_ and "alignf" not in reloaded.input_kernel_spec_

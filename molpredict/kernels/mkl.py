@@ -17,7 +17,7 @@ Weights (``weights=``):
   ``v = argmin_{v >= 0} v^T M v - 2 v^T a`` with ``M_ij = <K_ci, K_cj>_F``, ``a_i = <K_ci, K_y,c>_F`` (a
   non-negative least squares on the Cholesky factor of ``M``), normalised to sum 1; it discounts kernels that
   repeat each other, which the per-kernel alignment does not;
-- explicit numbers ``w1;w2;...``.
+- explicit numbers ``w1+w2+...``.
 
 The alignments are computed at :meth:`MKLKernel.fit` on a seeded sample of at most ``n_align`` fitted objects whose
 structure is known, read from the spectra's own ``smiles`` metadata (the training labels; a kernel's ``fit``
@@ -25,9 +25,11 @@ only sees the inputs), with the output kernel ``target``. The fitted kernel's sp
 the resolved weights and sub-kernel parameters, so a model reloaded and refitted on its landmarks never needs
 labels.
 
-Spec syntax: sub-kernels separated by ``;``, each with its own parameters also separated by ``;``: an item
-``key=value`` without ``:`` belongs to the kernel before it, e.g.
-``mkl:kernels=ppk-losses:loss_weight=0.3;formula-annotation:ppm=5;cosine,weights=alignment``.
+Spec syntax: sub-kernels separated by ``+``, each with its own parameters separated by ``&``, weights by ``+``,
+e.g. ``mkl:kernels=ppk-losses:loss_weight=0.3&ppm=5+formula-annotation+cosine,weights=alignment`` or
+``weights=0.6+0.3+0.1``. (Not ``;``: a spec given as a nested parameter has every ``;`` read as ``,``, see
+:func:`molpredict.specs.nested_spec`, which would split the list.) The ``target`` spec writes its parameters
+with ``&`` too.
 """
 from __future__ import annotations
 
@@ -41,38 +43,31 @@ import scipy.optimize
 
 from ..component import frozen_spec
 from ..errors import InputError, SpecError
-from ..specs import format_value, nested_spec
+from ..specs import format_value
 from .base import DegenerateObjectWarning, InputKernel, _warn_degenerate, normalize_block
 
 __all__ = ["split_kernel_list", "centered_gram", "centered_alignment", "alignf_weights", "MKLKernel"]
 
 
 def split_kernel_list(text: str) -> list[str]:
-    """``"a:p=1;q=2;b;c:r=3"`` -> ``["a:p=1,q=2", "b", "c:r=3"]`` (see the module docstring).
+    """``"a:p=1&q=2+b+c:r=3"`` -> ``["a:p=1,q=2", "b", "c:r=3"]`` (see the module docstring).
 
     Raises
     ------
     SpecError
-        An empty list, or a ``key=value`` item before any kernel name.
+        An empty list or an empty item.
     """
-    specs: list[list[str]] = []
-    for item in (part.strip() for part in str(text).split(";")):
-        if not item:
-            continue
-        if "=" in item and ":" not in item:
-            if not specs:
-                raise SpecError(f"mkl kernels {text!r}: parameter {item!r} before any kernel name")
-            specs[-1].append(item)
-        else:
-            specs.append([item])
-    if not specs:
+    items = [part.strip() for part in str(text).split("+")]
+    if not any(items):
         raise SpecError(f"mkl kernels {text!r}: no kernel given")
-    return [head + ("," if ":" in head else ":") + ",".join(rest) if rest else head for head, *rest in specs]
+    if not all(items):
+        raise SpecError(f"mkl kernels {text!r}: an empty kernel between '+' signs")
+    return [item.replace("&", ",") for item in items]
 
 
 def _nested(spec: Any) -> str:
-    """A spec written for the ``kernels`` list: its parameters separated by ``;``."""
-    return str(spec).replace(",", ";")
+    """A spec written for the ``kernels`` list: its parameters separated by ``&``."""
+    return str(spec).replace(",", "&")
 
 
 def centered_gram(K: np.ndarray) -> np.ndarray:
@@ -133,11 +128,11 @@ class MKLKernel(InputKernel):
     Parameters
     ----------
     kernels : str
-        Sub-kernel specs separated by ``;`` (their parameters too).
+        Sub-kernel specs separated by ``+`` (their parameters by ``&``).
     weights : str or float
-        ``"uniform"``, ``"alignment"``, ``"alignf"``, or the weights ``"w1;w2;..."`` (non-negative, not all 0).
+        ``"uniform"``, ``"alignment"``, ``"alignf"``, or the weights ``"w1+w2+..."`` (non-negative, not all 0).
     target : str
-        Output kernel spec used for the alignments.
+        Output kernel spec used for the alignments (parameters separated by ``&``).
     n_align : int
         Largest number of objects the alignments are computed on.
     seed : int
@@ -148,13 +143,13 @@ class MKLKernel(InputKernel):
     kernels_ : str
         The sub-kernel specs with their data-dependent parameters resolved.
     weights_ : str
-        The weights used, ``"w1;w2;..."`` (summing to 1).
+        The weights used, ``"w1+w2+..."`` (summing to 1).
     subkernels_ : list of fitted Kernel
     alignments_ : list of float or None
         Centered alignment of each sub-kernel with the target (when learnt).
     """
 
-    def __init__(self, kernels: str = "ppk-losses;formula-annotation", weights: Any = "uniform",
+    def __init__(self, kernels: str = "ppk-losses+formula-annotation", weights: Any = "uniform",
                  target: str = "gaussian-tanimoto", n_align: int = 1000, seed: int = 0) -> None:
         self.kernels = kernels
         self.weights = weights
@@ -170,9 +165,9 @@ class MKLKernel(InputKernel):
         if weights in ("uniform", "alignment", "alignf"):
             return np.full(len(self._specs), 1.0 / len(self._specs)) if weights == "uniform" else None
         try:
-            values = np.array([float(w) for w in str(format_value(weights)).split(";")], dtype=np.float64)
+            values = np.array([float(w) for w in str(format_value(weights)).split("+")], dtype=np.float64)
         except ValueError:
-            raise SpecError(f"mkl weights must be uniform, alignment, alignf or numbers w1;w2;..., not "
+            raise SpecError(f"mkl weights must be uniform, alignment, alignf or numbers w1+w2+..., not "
                             f"{weights!r}") from None
         if values.size != len(self._specs) or np.any(~np.isfinite(values)) or np.any(values < 0) or not values.sum() > 0:
             raise SpecError(f"mkl weights {weights!r}: need {len(self._specs)} non-negative numbers, not all 0")
@@ -194,11 +189,11 @@ class MKLKernel(InputKernel):
                 warnings.simplefilter("ignore", DegenerateObjectWarning)
                 kernel.fit(objects)
             self.subkernels_.append(kernel)
-        self.kernels_ = ";".join(_nested(frozen_spec(k)) for k in self.subkernels_)
+        self.kernels_ = "+".join(_nested(frozen_spec(k)) for k in self.subkernels_)
         self.alignments_ = None
         w = self._fixed if self._fixed is not None else self._learn_weights(objects)
         self.weights_vector_ = w
-        self.weights_ = ";".join(repr(float(x)) for x in w)
+        self.weights_ = "+".join(repr(float(x)) for x in w)
         self.fit_features_ = _MKLFeatures([k.fit_features_ for k in self.subkernels_],
                                           [k.fit_diag_ for k in self.subkernels_])
         self.fit_diag_ = self.self_similarity(self.fit_features_)
@@ -225,7 +220,7 @@ class MKLKernel(InputKernel):
             raise SpecError(f"mkl weights={self.weights}: need at least 4 fitted objects with a structure "
                             f"(smiles metadata) to learn the weights, got {len(rows)}")
         sample = [objects[i] for i in rows]
-        target = create("output_kernel", nested_spec(self.target)).fit(molecules).gram()
+        target = create("output_kernel", str(self.target).replace("&", ",")).fit(molecules).gram()
         grams = []
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DegenerateObjectWarning)

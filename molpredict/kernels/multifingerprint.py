@@ -6,7 +6,7 @@ similarity of several fingerprints of the molecules.
 ``T_f(y, y) = 1``, so is their mean, and so is ``exp(-2 gamma) exp(2 gamma T)`` (the exponential of a PSD
 kernel times a positive constant): PSD with unit diagonal. One fingerprint alone gives ``gaussian-tanimoto``.
 
-Fingerprint names in ``fps`` (separated by ``;``): ``morgan<R>`` (Morgan bits of radius R, e.g. ``morgan2``),
+Fingerprint names in ``fps`` (separated by ``+``; not ``;``, which a nested spec reads as ``,``): ``morgan<R>`` (Morgan bits of radius R, e.g. ``morgan2``),
 ``morgan<R>c`` (Morgan counts, MinMax), ``maccs`` (166 MACCS keys), ``rdkit`` (RDKit path bits), ``rdkitc``
 (RDKit path counts). ``size`` is the length of the hashed fingerprints.
 """
@@ -28,14 +28,14 @@ _FP_NAME = re.compile(r"^(?:morgan(\d)(c?)|maccs|rdkit(c?))$")
 
 
 def parse_fingerprint_list(text: str, size: int = 2048) -> list[TanimotoKernel]:
-    """One :class:`TanimotoKernel` per fingerprint name of ``text`` (``"morgan2;maccs;rdkit"``).
+    """One :class:`TanimotoKernel` per fingerprint name of ``text`` (``"morgan2+maccs+rdkit"``).
 
     Raises
     ------
     SpecError
         An empty list, an unknown or a repeated name.
     """
-    names = [part.strip() for part in str(text).split(";") if part.strip()]
+    names = [part.strip() for part in str(text).split("+") if part.strip()]
     if not names:
         raise SpecError("multi-fingerprint: fps lists no fingerprint")
     if len(set(names)) != len(names):
@@ -75,7 +75,7 @@ class MultiFingerprintKernel(GaussianTanimotoKernel):
     Parameters
     ----------
     fps : str
-        Fingerprint names separated by ``;`` (see the module docstring).
+        Fingerprint names separated by ``+`` (see the module docstring).
     gamma : float or "auto"
         ``"auto"``: ``1 / mean(2 - 2 T)`` over distinct pairs of (a sample of 2,000 of) the reference molecules.
     size : int
@@ -92,7 +92,7 @@ class MultiFingerprintKernel(GaussianTanimotoKernel):
 
     unit_diagonal: ClassVar[bool] = True
 
-    def __init__(self, fps: str = "morgan2;maccs;rdkit", gamma: float | str = "auto", size: int = 2048,
+    def __init__(self, fps: str = "morgan2+maccs+rdkit", gamma: float | str = "auto", size: int = 2048,
                  n_jobs: int = 1, seed: int = 0) -> None:
         self.fps = fps
         self.gamma = gamma
