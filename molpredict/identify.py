@@ -157,16 +157,19 @@ def read_formula_hints(path: str | os.PathLike) -> dict[str, str]:
 
 
 def _usable_adducts(spectrum: Any, mode: str, sub: SubModel) -> tuple[list[Any], bool]:
-    """The adducts to try: the spectrum's own when usable (known and of its polarity), else the defaults."""
+    """The adducts to try: the spectrum's own when usable (known and of its polarity; written without brackets
+    and charge as GNPS does, ``M+H``, it is read as the common adduct it names), else the defaults."""
+    from .io.common import adduct_from_name
     from .molecules import DEFAULT_ADDUCTS, parse_adduct
 
     if spectrum.adduct:
         try:
             adduct = parse_adduct(spectrum.adduct)
-            if adduct.ion_mode == mode:
-                return [adduct], True
         except MolpredictError:
-            pass
+            named = adduct_from_name(spectrum.adduct, mode) if len(spectrum.adduct.split()) == 1 else None
+            adduct = parse_adduct(named) if named else None
+        if adduct is not None and adduct.ion_mode == mode:
+            return [adduct], True
     names = sub.adducts or [a.name for a in DEFAULT_ADDUCTS[mode]]
     out = []
     for name in names:

@@ -190,6 +190,15 @@ def test_every_skip_reason(bundle, library):
     assert ident.skipped[0].reason == "no adduct to compute a neutral mass"
 
 
+def test_adduct_written_without_brackets_is_used(bundle, library):
+    """GNPS writes ADDUCT=M+Na: read as [M+Na]+ (not the defaults), so Mellein is found as [M+Na]+ only."""
+    na = query("na", adduct="M+Na", precursor=precursor_mz(MELLEIN.monoisotopic_mass, "[M+Na]+"))
+    rows, ident = run(bundle, library, [na], by="mass")
+    assert not ident.skipped and {r["adduct"] for r in rows} == {"[M+Na]+"}
+    rows, _ = run(bundle, library, [query("h", adduct="M+Na")], by="mass")  # [M+H]+'s m/z: not [M+Na]+
+    assert MELLEIN.inchikey not in {r["inchikey"] for r in rows}
+
+
 def test_wrong_polarity_adduct_falls_back_to_the_defaults(bundle, library):
     # a positive spectrum that states a negative adduct: the bundle's positive adducts are tried instead
     rows, ident = run(bundle, library, [query("wrong", adduct="[M-H]-")], by="mass")
