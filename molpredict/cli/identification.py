@@ -328,7 +328,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
         stdin_name = "-" if spool else None
         if output and output != "-":
             fingerprint = _run_fingerprint(spectra_file, spool, model_path, library, by, ppm, not ppm_only,
-                                           sources, formulas, top_k)
+                                           sources, formulas, top_k, prior=prior)
             sink = ResumableOutput(output, out_format, resume=resume, fingerprint=fingerprint)
             if sink.done:
                 _restore(identifier, sink.blocks)
@@ -390,7 +390,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
 
 
 def _run_fingerprint(spectra_file, spool, model_path, library, by, ppm, precision_window, sources, formulas,
-                     top_k) -> dict:
+                     top_k, **settings) -> dict:
     """What an interrupted run and its resumption must share: the input (name, size, modification time), the
     model, the library and the options that change the output."""
     def describe(path):
@@ -407,7 +407,7 @@ def _run_fingerprint(spectra_file, spool, model_path, library, by, ppm, precisio
         digest = hashlib.sha256(Path(spool).read_bytes()).hexdigest()
     return {"input": digest or describe(spectra_file), "model": str(Path(model_path).resolve()) if model_path else None,
             "library": describe(library), "by": by, "ppm": ppm, "precision_window": precision_window,
-            "sources": sorted(sources), "formulas": describe(formulas), "top_k": top_k}
+            "sources": sorted(sources), "formulas": describe(formulas), "top_k": top_k, **settings}
 
 
 def _restore(identifier, blocks: list[dict]) -> None:
