@@ -809,7 +809,7 @@ def load_candidate_sets(path: str | os.PathLike) -> dict[str, list[tuple[str, st
     _check_file(path)
     try:
         opener = gzip.open if is_gzip(path) else open
-        with opener(path, "rt", encoding="utf-8") as handle:
+        with opener(path, "rt", encoding="utf-8-sig") as handle:  # -sig: a byte-order mark is not JSON
             data = json.load(handle)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"not a candidate-set JSON file ({type(exc).__name__})", path=path) from None

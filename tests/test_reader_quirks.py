@@ -233,3 +233,20 @@ def test_sdf_library_gzipped(tmp_path):
     with pytest.warns(UserWarning):
         plain = read_library(FIXTURES / "molecules" / "small.sdf")
     assert list(packed.column("inchikey")) == list(plain.column("inchikey")) and len(plain) == 2
+
+
+def test_candidate_sets_gzipped_and_with_byte_order_mark(tmp_path):
+    import json
+
+    from molpredict.candidates import load_candidate_sets
+
+    sets = {"RYYVLZVUVIJVGH": [["RYYVLZVUVIJVGH", "Cn1c(=O)c2c(ncn2C)n(C)c1=O"], ["LFQSCWFLJHTTHZ", "CCO"]]}
+    text = json.dumps(sets).encode()
+    plain = tmp_path / "sets.json"
+    plain.write_bytes(text)
+    packed = tmp_path / "sets.json.gz"
+    packed.write_bytes(gzip.compress(text))
+    expected = {k: [tuple(p) for p in v] for k, v in sets.items()}
+    bom = tmp_path / "bom.json"
+    bom.write_bytes(b"\xef\xbb\xbf" + text)
+    assert load_candidate_sets(plain) == load_candidate_sets(packed) == load_candidate_sets(bom) == expected
