@@ -102,7 +102,10 @@ class Kernel(Component, ABC):
     # -- provided ----------------------------------------------------------------------------------------
     def fit(self, objects: Sequence[Any]) -> "Kernel":
         """Remember the reference objects (as features)."""
-        return self.fit_features(self.featurize(list(objects)))
+        self.fit_features(self.featurize(list(objects)))
+        if self.normalized:
+            _warn_degenerate(self, int(np.count_nonzero(self.fit_diag_ <= 0)), self.n_fit_, "fit")
+        return self
 
     def fit_features(self, features: Any) -> "Kernel":
         """Remember reference objects given as features (what :meth:`featurize` returns, e.g. stored ones)."""
@@ -110,8 +113,6 @@ class Kernel(Component, ABC):
         self.fit_diag_ = np.asarray(self.self_similarity(self.fit_features_), dtype=np.float64)
         self.n_fit_ = len(features)
         self._fit_data_dependent(self.fit_features_)
-        if self.normalized:
-            _warn_degenerate(self, int(np.count_nonzero(self.fit_diag_ <= 0)), self.n_fit_, "fit")
         return self
 
     def _check_fitted(self) -> None:
