@@ -138,6 +138,15 @@ def validation_terms(identifier: Any, spectra: Sequence[Any], terms: Mapping[str
         groups=[q.true_key for q in queries])
 
 
+def structure_sample(spectra: Sequence[Any], max_structures: int, seed: int = 0) -> list[Any]:
+    """The spectra of a seeded sample of at most ``max_structures`` distinct structures (InChIKey first block)."""
+    keys = sorted({s.inchikey.split("-", 1)[0] for s in spectra if s.inchikey})
+    if len(keys) <= max_structures:
+        return list(spectra)
+    chosen = set(np.random.default_rng(seed).choice(keys, size=max_structures, replace=False).tolist())
+    return [s for s in spectra if s.inchikey and s.inchikey.split("-", 1)[0] in chosen]
+
+
 def _folds(groups: Sequence[str], n_folds: int, seed: int) -> np.ndarray:
     """A fold number per query, drawn by structure (every query of one structure in the same fold)."""
     distinct = sorted(set(groups))
@@ -242,10 +251,13 @@ def ranking_candidates(molecules: Sequence[Any], sets: Mapping[str, Sequence[tup
 
 
 def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any], sets: Mapping[str, Sequence[tuple[str, str]]],
-                         metric: str = "mrr", seed: int = 0, log: Any = None) -> dict[str, Any]:
+                         metric: str = "mrr", seed: int = 0, log: Any = None,
+                         max_structures: int | None = None) -> dict[str, Any]:
     """Fit ``sub``'s fusion and calibration, with and without its prior, on validation candidate sets.
 
     Sets ``sub.scoring`` (see :mod:`molpredict.evidence`) and returns the JSON-ready report (per variant).
+    ``max_structures`` bounds the cost (the fragment score fragments every candidate): the spectra of a seeded
+    sample of that many validation structures are used (all when None).
     """
     from .candidate_sources import SetSource
     from .evidence import WITH_PRIOR, WITHOUT_PRIOR, Evidence, ScoringVariant
@@ -269,6 +281,8 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any], sets: Mapping[str
             return out
         return compute
 
+    if max_structures is not None:
+        val_spectra = structure_sample(val_spectra, max_structures, seed)
     data = validation_terms(identifier, val_spectra, {name: term(name) for name in wanted})
     scoring, report = {}, {}
     for variant, names in ((WITH_PRIOR, list(data.terms)), (WITHOUT_PRIOR, [n for n in data.terms if n != PRIOR])):

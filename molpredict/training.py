@@ -85,6 +85,9 @@ class TrainOptions:
         ``none``, or a candidate library / SMILES file whose structures are the reference set.
     fragments : bool
         Also fuse the candidate fragmentation score (:mod:`molpredict.fragments`) when validation sets exist.
+    fusion_structures : int
+        With the fragment score (which fragments every candidate), the fusion is fitted on the validation spectra
+        of this many seeded structures, which bounds the training time (about 150 x 256 candidate structures).
     """
 
     model: str = DEFAULT_MODEL
@@ -104,6 +107,7 @@ class TrainOptions:
     library: str | None = None
     prior: str = "train"
     fragments: bool = True
+    fusion_structures: int = 150
 
     def component_params(self, input_type: str = "spectrum", n_inputs: int = 0, n_structures: int = 0,
                          registry: Any = None) -> dict[str, Any]:
@@ -349,19 +353,21 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
             from .ranking_validation import fit_submodel_scoring
 
             if options.fragments:
-                try:
-                    from .fragments import FragmentScorer
-                except ImportError:  # the fragmentation scorer is not part of this build yet
-                    FragmentScorer = None
-                if FragmentScorer is not None:
-                    sub.fragments = FragmentScorer().get_params()
-            say(f"fitting the score fusion and its calibration on {len(val_pair[0])} validation spectra")
+                from .fragments import FragmentScorer
+                sub.fragments = FragmentScorer().get_params()
             metric = options.select_by if options.select_by not in (None, "kernel-loss") else "mrr"
+            sample = options.fusion_structures if sub.fragments is not None else None
+            say(f"fitting the score fusion and its calibration on the validation spectra"
+                + (f" of {sample} structures (the fragment score fragments every candidate)" if sample else ""))
             validation["ranking"] = fit_submodel_scoring(sub, val.spectra[mode], sets, metric=metric,
-                                                         seed=options.seed, log=say)
-            # fragments the fusion gave no weight are not computed at identification
-            if not any(v["fusion"]["weights"].get("fragments") for v in sub.scoring.values()):
+                                                         seed=options.seed, log=say, max_structures=sample)
+            if sub.fragments is not None and not any(v["fusion"]["weights"].get("fragments")
+                                                     for v in sub.scoring.values()):
+                # validation gave the fragments no weight: leave them out, and fit on every validation spectrum
                 sub.fragments = None
+                say("the fragment score got no weight on validation: refitting the fusion without it")
+                validation["ranking"] = fit_submodel_scoring(sub, val.spectra[mode], sets, metric=metric,
+                                                             seed=options.seed, log=say)
         info["timings"]["scoring_s"] = time.perf_counter() - t0
         bundle.models[mode] = sub
         summary["models"][mode] = {
