@@ -32,6 +32,10 @@ from .distinct import distinct_objects, output_key
 
 __all__ = ["output_key", "distinct_objects", "SketchedOutputBasis"]
 
+#: fitted attributes a basis reads from its Nystrom map
+_MAP_ATTRIBUTES = frozenset({"eigenvalues_", "rank_", "projection_", "landmark_index_", "landmarks_", "kernel_",
+                             "sketch_"})
+
 
 class SketchedOutputBasis:
     """Orthonormal basis of the sketched output subspace, and the coordinates of outputs in it.
@@ -100,13 +104,12 @@ class SketchedOutputBasis:
 
     def _set_features(self, features: Nystrom) -> None:
         self.features_ = features
-        self.eigenvalues_ = features.eigenvalues_
-        self.rank_ = features.rank_
-        self.projection_ = features.projection_
-        self.landmark_index_ = features.landmark_index_
-        self.landmarks_ = features.landmarks_
-        self.kernel_ = features.kernel_
-        self.sketch_ = features.sketch_
+
+    def __getattr__(self, name: str) -> Any:
+        # the fitted attributes of the feature map (projection_, eigenvalues_, rank_, landmarks_, kernel_, ...)
+        if name in _MAP_ATTRIBUTES and "features_" in self.__dict__:
+            return getattr(self.__dict__["features_"], name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "features_"):
