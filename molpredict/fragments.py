@@ -30,7 +30,6 @@ structure explains, in [0, 1], invariant to peak order and to the intensity scal
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 from collections import OrderedDict
@@ -719,8 +718,8 @@ class FragmentScorer(Component):
             ``mz`` (float), ``intensity`` (float, as in the spectrum), ``formula`` (the ion's formula with its
             charge, e.g. ``"C7H7O+"``), ``fragment_formula`` (the neutral substructure as cut), ``smiles`` (the
             substructure's SMILES), ``bonds_broken`` (int), ``depth`` (int), ``h_shift`` (int), ``carrier``
-            (e.g. ``"+H"``), ``ion_mz`` (float, the fragment ion's m/z), ``error_ppm`` (float),
-            ``weight`` (float: the explanation's weight in the score).
+            (e.g. ``"+H"``), ``ion_mz`` (float, the fragment ion's m/z), ``error_ppm`` (float, ``(mz - ion_mz) /
+            ion_mz * 1e6``), ``weight`` (float: the explanation's weight in the score).
         """
         self._check_params()
         molecule = Molecule(molecule) if isinstance(molecule, str) else molecule
@@ -765,7 +764,7 @@ class FragmentScorer(Component):
                 "h_shift": h,
                 "carrier": carrier.label,
                 "ion_mz": float(ion_mz[f, s]),
-                "error_ppm": float(error[f, s] / peak_mz * 1e6),
+                "error_ppm": float(-error[f, s] / ion_mz[f, s] * 1e6),
                 "weight": float(weight[f, s]),
             })
         return out
