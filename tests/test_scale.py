@@ -7,6 +7,7 @@ import json
 import os
 import signal
 
+import distributed
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -20,11 +21,10 @@ from molpredict.errors import InputError
 from molpredict.identify import Identifier, IdentifyOptions
 from molpredict.io.results import ResultWriter
 from molpredict.modelfile import ModelBundle, SubModel
+from molpredict.molecules import Molecule
 from molpredict.scoring import DaskExecutor, InProcessExecutor, executor_for, score_library
 from molpredict.spectra import CleaningPipeline, write_mgf
 from molpredict.training import build_model
-
-distributed = pytest.importorskip("distributed")
 
 DECOYS = ["CC1Cc2ccc(O)cc2C(=O)O1", "CC(=O)Nc1cccc(O)c1", "O=C(O)/C=C/c1ccc(O)cc1O", "CC(C)Cc1ccc(CC(C)C(=O)O)cc1",
           "C[C@H](N)C(=O)O", "C[C@@H](N)C(=O)O"]
@@ -48,7 +48,6 @@ def setup(tmp_path_factory):
     write_mgf(queries, root / "queries.mgf")
     sets = {}
     for smi in SMILES:
-        from molpredict.molecules import Molecule
         m = Molecule.from_smiles(smi)
         sets[m.inchikey14] = [(m.inchikey14, m.smiles)] + [(Molecule.from_smiles(d).inchikey14, d) for d in DECOYS]
     (root / "sets.json").write_text(json.dumps(sets))
