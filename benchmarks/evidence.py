@@ -38,8 +38,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 MODES = {"positive": "pos", "negative": "neg"}
+#: the evidence kernels chosen on val_formula256 (docs/benchmarks/evidence_ablation.md): MKL of ppk-losses and the
+#: fragment/loss-formula bags, linear Tanimoto output kernel
+EVIDENCE_KERNELS = {"input_kernel": "mkl:kernels=ppk-losses+formula-annotation:explanations=all,weights=uniform",
+                    "output_kernel": "tanimoto"}
 CONFIGS = {
     "default": {},
+    "evidence": {**EVIDENCE_KERNELS, "fragments": False},
+    "evidence+fragments": {**EVIDENCE_KERNELS, "fragments": True},
     "baseline": {"input_kernel": "ppk-losses", "select_by": "kernel-loss", "prior": "none", "fragments": False},
 }
 VIEWS = (("fused", None), ("spectrum evidence (--prior off)", "without_prior"),

@@ -459,3 +459,48 @@ def test_a_bundle_with_unreadable_scoring_is_refused(bundle, tmp_path):
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(ModelFileError, match="prior.directory"):
         ModelBundle.load(tmp_path / "bundle")
+
+
+def test_training_fits_the_fusion_with_fragments_on_validation_sets(bundle, library):
+    """fit_submodel_scoring with the fragment scorer: every term is computed for every validation query, the
+    fusion and calibration are stored per variant, and a fused identification then reports the fragment score,
+    equal to the scorer's own score of each candidate."""
+    from molpredict.fragments import FragmentScorer
+    from molpredict.ranking_validation import fit_submodel_scoring
+    from molpredict.molecules import Molecule
+
+    sub = _with_fusion(bundle, DECOYS[:3]).for_mode("positive")
+    sub.scoring = None
+    sub.fragments = FragmentScorer(max_depth=1).get_params()
+    val, molecules = synthetic_spectra(n_per=2, seed=21)
+    sets = {}
+    for m in molecules:
+        same = [Molecule.from_smiles(s) for s in SMILES + DECOYS]
+        sets[m.inchikey14] = [(c.inchikey14, c.smiles) for c in same if c.formula == m.formula]
+    report = fit_submodel_scoring(sub, val, sets, metric="mrr", seed=0, max_structures=3)
+    assert set(sub.scoring) == {"with_prior", "without_prior"}
+    assert set(sub.scoring["with_prior"]["fusion"]["weights"]) == {"spectrum", "prior", "fragments"}
+    assert set(sub.scoring["without_prior"]["fusion"]["weights"]) == {"spectrum", "fragments"}
+    # max_structures: only the spectra of three structures were used
+    assert report["with_prior"]["n_queries"] == 3 * 2
+    # identification with a fragment weight: the rows carry the scorer's own score of each candidate. The
+    # queries' peaks are protonated fragment ions of their structures, so the scores are not all zero.
+    from molpredict.spectra import Spectrum
+    for variant in sub.scoring.values():
+        variant["fusion"]["weights"]["fragments"] = 0.5
+    scorer = FragmentScorer(**sub.fragments)
+    queries = []
+    for j, smiles in enumerate(SMILES[:4]):
+        mol = Molecule.from_smiles(smiles)
+        ions = np.unique(np.round(scorer.fragments(mol).masses[1:] + 1.007276, 4))[:12]
+        queries.append(Spectrum(id=f"q{j}", mz=ions, intensities=np.linspace(10, 100, len(ions)),
+                                precursor_mz=mol.monoisotopic_mass + 1.007276, charge=1, ion_mode="positive",
+                                adduct="[M+H]+", metadata={"formula": mol.formula}))
+    rows, _ = run(bundle, library, queries, False, top_k=50)
+    cleaned = {s.id: CleaningPipeline()(s) for s in queries}
+    scores = []
+    for r in rows:
+        expected = scorer.score(cleaned[r["query_id"]], [Molecule.from_smiles(r["smiles"])], "[M+H]+")[0]
+        assert r["fragment_score"] == pytest.approx(expected)
+        scores.append(expected)
+    assert max(scores) > 0.1  # explained intensity, discounted by the broken bonds (depth_penalty)
