@@ -19,6 +19,7 @@ candidates) ranks by its model's own score and reports no probability.
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -115,8 +116,8 @@ class Evidence:
         return self._fragmenters[key]
 
     def wanted_terms(self, sub: Any) -> list[str]:
-        """The terms worth computing for ``sub``: those its fusion weighs (all available ones without a fusion
-        when called for training, see :meth:`terms`)."""
+        """The terms worth computing for ``sub``: those its fusion weighs (only the model's own score without a
+        fusion). Training asks for each term explicitly (``wanted`` in :meth:`terms`)."""
         variant = self.variant(sub)
         if variant is None:
             return [SPECTRUM]
@@ -142,8 +143,6 @@ class Evidence:
         list of dict
             Per query: term name -> ndarray (len(query.ids),).
         """
-        import time
-
         out = [{SPECTRUM: np.asarray(r, dtype=np.float64)} for r in raw]
         if not queries:
             return out
