@@ -157,3 +157,28 @@ def test_calibrator_recovers_a_known_logistic_link_and_round_trips():
     # one class only: a constant rate, no crash
     constant = Calibrator.fit(features[:10], np.ones(10, dtype=bool))
     assert np.all(constant.predict(features[:3]) > 0.9)
+
+
+def test_validation_sets_from_a_library_and_ranking_candidates():
+    from molpredict.candidates import CandidateLibrary
+    from molpredict.molecules import Molecule
+    from molpredict.ranking_validation import candidate_sets_from_library, ranking_candidates
+
+    isomers = ["CC(=O)Nc1ccc(O)cc1", "CC(=O)Nc1cccc(O)c1", "CC(=O)Nc1ccccc1O", "COC(=O)c1ccc(N)cc1"]  # C8H9NO2
+    other = ["CCO", "OCC(O)CO"]
+    library = CandidateLibrary.from_smiles(isomers[1:] + other)  # the first isomer is not in the library
+    val = [Molecule.from_smiles(s) for s in (isomers[0], isomers[0], "CCO")]
+    sets = candidate_sets_from_library(library, val)
+    truth = val[0].inchikey14
+    assert list(sets) == [truth, val[2].inchikey14]
+    assert sets[truth][0] == (truth, val[0].smiles)  # the truth first, added although the library lacks it
+    assert {k for k, _ in sets[truth][1:]} == {Molecule.from_smiles(s).inchikey14 for s in isomers[1:]}
+    assert len(sets[val[2].inchikey14]) == 1  # ethanol: no isomer in the library
+    capped = candidate_sets_from_library(library, val[:1], max_candidates=2, seed=3)
+    assert len(capped[truth]) == 2 and capped[truth][0][0] == truth
+    candidates = ranking_candidates(val, {truth: sets[truth]})
+    assert candidates.positions.tolist() == [0, 1]  # ethanol's spectrum has no set: it does not rank
+    assert len(candidates.molecules) == 4 and np.array_equal(candidates.sets[0], candidates.sets[1])
+    assert [candidates.molecules[j].inchikey14 == truth for j in candidates.sets[0]] == \
+        candidates.is_true[0].tolist()
+    assert candidates.is_true[0].sum() == 1
