@@ -108,7 +108,7 @@ def _bags(rows: list[np.ndarray], keys: list[np.ndarray], values: list[np.ndarra
 
 
 def formula_bags(spectra: Sequence[Spectrum], *, ppm: float = 10.0, mz_tolerance: float = 0.005,
-                 intensity_power: float = 0.5, explanations: str = "closest",
+                 intensity_power: float = 0.5, explanations: str = "all",
                  min_rdbe: float | None = -0.5) -> tuple[FormulaBags, FormulaBags]:
     """Fragment and loss formula bags of spectra (see the module docstring).
 
@@ -209,12 +209,14 @@ class FormulaAnnotationKernel(InputKernel):
         Peak weight = relative intensity ** intensity_power (0: uniform).
     loss_weight : float in [0, 1]
         Weight of the loss-bag cosine.
-    explanations : {"closest", "all"}
-        One sub-formula per peak (smallest mass error), or all within tolerance sharing the peak's weight.
+    explanations : {"all", "closest"}
+        All sub-formulas within tolerance sharing the peak's weight (default: on val_formula256, SISOKR m_x 2000 /
+        m_y 1000, hit@1 23.8% / MRR 0.363 against 23.0% / 0.353 for the closest), or only the sub-formula of
+        smallest mass error.
     """
 
     def __init__(self, ppm: float = 10.0, mz_tolerance: float = 0.005, intensity_power: float = 0.5,
-                 loss_weight: float = 0.5, explanations: str = "closest") -> None:
+                 loss_weight: float = 0.5, explanations: str = "all") -> None:
         self.ppm = ppm
         self.mz_tolerance = mz_tolerance
         self.intensity_power = intensity_power

@@ -89,13 +89,19 @@ READABLE_VERSIONS = (1, 2)
 #: The defaults (the constructors' and so ``molpredict train``'s), chosen on the shared MassBank data (train_pos,
 #: selection and scoring on val_pos with the val_formula256 candidate sets; hit@1 of the variants, all SISOKR
 #: with lam chosen by validation kernel loss): ppk / m_y=1000: 19.9%; ppk / m_y=2000: 25.7%; ppk, no output
-#: sketch (SIOKR, d=4669): 26.9%; ppk-losses / m_y=1000: 23.5%; count fingerprints / m_y=1000: 19.4%. So: the PPK
-#: on fragments and neutral losses, a binary-Morgan Gaussian-Tanimoto output kernel (gamma from the data), 4000
+#: sketch (SIOKR, d=4669): 26.9%; ppk-losses / m_y=1000: 23.5%; count fingerprints / m_y=1000: 19.4%. So: 4000
 #: sub-sampled input landmarks (the most the default 4 GB budget allows at ~47k spectra) and 2000 output
-#: landmarks (near the un-sketched accuracy, at half its candidate-coordinate size). Fit: ~2.5 CPU-minutes,
-#: ~5 GB RAM for 47k spectra.
-DEFAULT_INPUT_KERNEL = "ppk-losses"
-DEFAULT_OUTPUT_KERNEL = "gaussian-tanimoto"
+#: landmarks (near the un-sketched accuracy, at half its candidate-coordinate size).
+#: Kernels (issue 12 ablation, docs/benchmarks/evidence_ablation.md; lam by validation MRR, val_formula256 hit@1 /
+#: hit@10 / MRR): at m_x 2000 / m_y 1000, ppk-losses with Gaussian-Tanimoto 23.5 / 59.8 / 0.360; every input
+#: kernel alone or combined is within a point of it (formula-annotation 23.8 / 61.3 / 0.363, mkl of both uniform
+#: 23.6 / 60.5 / 0.361, alignment and ALIGNF weights the same); the plain Tanimoto output kernel 24.9 / 60.6 /
+#: 0.373; both, mkl(ppk-losses + formula-annotation) with Tanimoto, 25.5 / 61.7 / 0.379. At these sizes, positive
+#: mode: ppk-losses / Gaussian-Tanimoto 30.8 / 65.5 / 0.430, the default below 32.9 / 66.1 / 0.445 (fit 409 s
+#: on 2 shared cores, the formula bags of 47k spectra take 5 CPU s); negative mode 36.8 / 75.0 / 0.505 and
+#: 38.3 / 75.5 / 0.516.
+DEFAULT_INPUT_KERNEL = "mkl:kernels=ppk-losses+formula-annotation,weights=uniform"
+DEFAULT_OUTPUT_KERNEL = "tanimoto"
 DEFAULT_INPUT_SKETCH = "subsample:m=4000"
 DEFAULT_OUTPUT_SKETCH = "subsample:m=2000"
 DEFAULT_LAM = "1e-5|1e-4|1e-3|1e-2"
