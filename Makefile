@@ -28,7 +28,8 @@ test-all: test
 # MassBank (resumable) and builds a small library from its structures.
 SHARED ?= ../shared/data
 DEMO_ARGS ?= $(if $(wildcard $(SHARED)/massbank/train_pos.mgf),--data $(SHARED)/massbank \
-	--library $(SHARED)/candidates/pool.tsv.gz --val-candidates $(SHARED)/candidates/val_formula256.json)
+	--library $(SHARED)/candidates/pool.tsv.gz --val-candidates $(SHARED)/candidates/val_formula256.json \
+	--val-candidates $(SHARED)/candidates/val_formula.json)
 
 demo: $(STAMP)
 	$(PY) -m molpredict.demo $(DEMO_ARGS)

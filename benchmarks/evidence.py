@@ -10,9 +10,10 @@ Usage::
 Protocol (one run, seeded, every choice made on validation data)
 ----------------------------------------------------------------
 - Each configuration trains one bundle per ion mode on ``massbank/train_{pos,neg}.mgf`` with
-  ``massbank/val_*.mgf`` as validation spectra and ``candidates/val_formula256.json`` as their candidate sets
-  (the bundle's grid points, fusion weights and calibration are chosen there: ``molpredict train ...
-  --val-candidates``); then it is evaluated on ``test_*.mgf`` against ``candidates/test_{file}.json``.
+  ``massbank/val_*.mgf`` as validation spectra and ``candidates/val_formula256.json`` and ``val_formula.json``
+  as their candidate sets (the bundle's grid points, fusion weights and calibration are chosen on both kinds:
+  ``molpredict train ... --val-candidates A --val-candidates B``); then it is evaluated on ``test_*.mgf``
+  against ``candidates/test_{file}.json``.
 - Configurations: ``default`` is ``molpredict train``'s defaults; ``baseline`` is the previous release's model
   (``ppk-losses`` input kernel, lam by validation kernel loss, no prior, no fragments), for the ablation.
 - Rows, all from one evaluation pass of each bundle (:func:`molpredict.evaluate.evaluate` ``views``): the fused
@@ -57,8 +58,8 @@ def train(data: Path, mode: str, config: dict[str, Any], out: Path, log) -> tupl
     from molpredict.training import TrainOptions, train_bundle
 
     short = MODES[mode]
-    options = TrainOptions(ion_modes=[mode], val_candidates=str(data / "candidates" / "val_formula256.json"),
-                           **config)
+    options = TrainOptions(ion_modes=[mode], val_candidates=[str(data / "candidates" / f"val_{name}.json")
+                                                             for name in ("formula256", "formula")], **config)
     t0 = time.perf_counter()
     bundle, summary = train_bundle([data / "massbank" / f"train_{short}.mgf"], options,
                                    val_paths=[data / "massbank" / f"val_{short}.mgf"], progress=False, log=log)
@@ -96,8 +97,8 @@ def rows(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 def markdown(results: dict[str, Any]) -> str:
     lines = ["# Spectrum evidence benchmark", "",
-             f"Machine: {results['machine']}. Train on train_*, every choice on val_* with val_formula256 sets, "
-             "report on test_*.", ""]
+             f"Machine: {results['machine']}. Train on train_*, every choice on val_* with the val_formula256 and "
+             "val_formula candidate sets, report on test_*.", ""]
     for key, run in results["runs"].items():
         lines += [f"## {key}", "", f"fit {run.get('fit_s', float('nan')):.0f} s", ""]
         for name, result in run.get("files", {}).items():

@@ -113,7 +113,7 @@ def library_for(data: Path, library: str | None = None) -> tuple[Any, str]:
     return built, described
 
 
-def train_default(data: Path, bundle_path: Path, device: str, val_candidates: str | None = None,
+def train_default(data: Path, bundle_path: Path, device: str, val_candidates: list[str] | None = None,
                   library: str | None = None) -> None:
     """Train the default bundle; the validation candidate sets (for the ranking-aware selection, the fusion with
     the prior and the calibration) come from ``val_candidates``, else from ``library``'s same-formula
@@ -168,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--url", default=None, help="download MassBank from this URL (a mirror of the release "
                         ".tar.gz) instead of GitHub")
     parser.add_argument("--release", default=None, help="MassBank-data release to download")
-    parser.add_argument("--val-candidates", default=None, help="candidate sets of the validation structures "
-                        "(MassSpecGym JSON) for training; default: same-formula sets from the library")
+    parser.add_argument("--val-candidates", action="append", default=None,
+                        help="candidate sets of the validation structures (MassSpecGym JSON; repeatable) for "
+                        "training; default: same-formula sets from the library")
     parser.add_argument("--n", type=int, default=5, help="test spectra to identify (default 5)")
     parser.add_argument("--top", type=int, default=5, help="candidates shown per spectrum (default 5)")
     parser.add_argument("--retrain", action="store_true", help="train even if the default model exists")

@@ -85,6 +85,16 @@ class ValidationTerms:
     def n_queries(self) -> int:
         return len(self.offsets) - 1
 
+    @classmethod
+    def concatenate(cls, parts: Sequence["ValidationTerms"]) -> "ValidationTerms":
+        """The queries of several ``ValidationTerms`` (with the same terms) as one."""
+        offsets = [parts[0].offsets]
+        for part in parts[1:]:
+            offsets.append(offsets[-1][-1] + part.offsets[1:])
+        return cls(np.concatenate(offsets), np.concatenate([p.is_true for p in parts]),
+                   {k: np.concatenate([p.terms[k] for p in parts]) for k in parts[0].terms},
+                   [g for p in parts for g in p.groups])
+
     def subset(self, queries: np.ndarray) -> "ValidationTerms":
         """The queries ``queries`` (indices) as their own flat arrays."""
         sizes = np.diff(self.offsets)[queries]
@@ -213,47 +223,49 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
 
 
 
-def ranking_candidates(molecules: Sequence[Any], sets: Mapping[str, Sequence[tuple[str, str]]]) -> Any:
-    """:class:`~molpredict.models.base.CandidateSets` for validation labels ``molecules`` (one set per input whose
-    structure has a set in ``sets``), or None when none has one."""
+def ranking_candidates(molecules: Sequence[Any], collections: Sequence[Mapping[str, Sequence[tuple[str, str]]]]
+                       ) -> Any:
+    """:class:`~molpredict.models.base.CandidateSets` for validation labels ``molecules``: for each collection of
+    sets, one set per input whose structure has a set there (an input may rank once per collection), or None
+    when no input has one."""
     from .models.base import CandidateSets
     from .molecules import Molecule
 
     index: dict[tuple[str, str], int] = {}
     pool: list[Any] = []
-    per_structure: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     chosen, truth, positions = [], [], []
-    for position, molecule in enumerate(molecules):
-        key = molecule.inchikey14
-        if key not in per_structure:
-            entries = sets.get(key)
-            if not entries:
-                per_structure[key] = None  # type: ignore[assignment]
-                continue
-            ids = []
-            for pair in dict.fromkeys((str(k), str(s)) for k, s in entries):
-                j = index.get(pair)
-                if j is None:
-                    j = index[pair] = len(pool)
-                    pool.append(Molecule(pair[1], inchikey14=pair[0]))
-                ids.append(j)
-            ids_a = np.asarray(ids, dtype=np.int64)
-            per_structure[key] = (ids_a, np.array([pool[j].inchikey14 == key for j in ids], dtype=bool))
-        found = per_structure[key]
-        if found is None:
-            continue
-        chosen.append(found[0])
-        truth.append(found[1])
-        positions.append(position)
+    for sets in collections:
+        per_structure: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
+        for position, molecule in enumerate(molecules):
+            key = molecule.inchikey14
+            if key not in per_structure:
+                per_structure[key] = None
+                entries = sets.get(key)
+                if entries:
+                    ids = []
+                    for pair in dict.fromkeys((str(k), str(s)) for k, s in entries):
+                        j = index.get(pair)
+                        if j is None:
+                            j = index[pair] = len(pool)
+                            pool.append(Molecule(pair[1], inchikey14=pair[0]))
+                        ids.append(j)
+                    per_structure[key] = (np.asarray(ids, dtype=np.int64),
+                                          np.array([pool[j].inchikey14 == key for j in ids], dtype=bool))
+            found = per_structure[key]
+            if found is not None:
+                chosen.append(found[0])
+                truth.append(found[1])
+                positions.append(position)
     if not chosen:
         return None
     return CandidateSets(pool, chosen, truth, positions)
 
 
-def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any], sets: Mapping[str, Sequence[tuple[str, str]]],
-                         metric: str = "mrr", seed: int = 0, log: Any = None,
-                         max_structures: int | None = None) -> dict[str, Any]:
-    """Fit ``sub``'s fusion and calibration, with and without its prior, on validation candidate sets.
+def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
+                         collections: Sequence[Mapping[str, Sequence[tuple[str, str]]]], metric: str = "mrr",
+                         seed: int = 0, log: Any = None, max_structures: int | None = None) -> dict[str, Any]:
+    """Fit ``sub``'s fusion and calibration, with and without its prior, on validation candidate sets (every
+    validation spectrum ranks once per collection of sets).
 
     Sets ``sub.scoring`` (see :mod:`molpredict.evidence`) and returns the JSON-ready report (per variant).
     ``max_structures`` bounds the cost (the fragment score fragments every candidate): the spectra of a seeded
@@ -267,23 +279,26 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any], sets: Mapping[str
 
     say = log or (lambda message: None)
     bundle = ModelBundle({sub.ion_mode: sub})
-    identifier = Identifier(bundle, SetSource(dict(sets)), IdentifyOptions(), cache_root=False)
-    evidence = Evidence(identifier.coordinates, use_prior=True)
     wanted = [PRIOR] * (sub.prior is not None) + [FRAGMENTS] * (sub.fragments is not None)
-
-    def term(name: str):
-        def compute(queries):  # the term alone, in blocks (the prior is computed once per block's union)
-            out = []
-            for start in range(0, len(queries), 256):
-                chunk = queries[start:start + 256]
-                zeros = [np.zeros(len(q.ids)) for q in chunk]
-                out.extend(t[name] for t in evidence.terms(chunk, zeros, identifier.timings, wanted=[name]))
-            return out
-        return compute
-
     if max_structures is not None:
         val_spectra = structure_sample(val_spectra, max_structures, seed)
-    data = validation_terms(identifier, val_spectra, {name: term(name) for name in wanted})
+    parts = []
+    for sets in collections:
+        identifier = Identifier(bundle, SetSource(dict(sets)), IdentifyOptions(), cache_root=False)
+        evidence = Evidence(identifier.coordinates, use_prior=True)
+
+        def term(name: str, identifier=identifier, evidence=evidence):
+            def compute(queries):  # the term alone, in blocks (the prior is computed once per block's union)
+                out = []
+                for start in range(0, len(queries), 256):
+                    chunk = queries[start:start + 256]
+                    zeros = [np.zeros(len(q.ids)) for q in chunk]
+                    out.extend(t[name] for t in evidence.terms(chunk, zeros, identifier.timings, wanted=[name]))
+                return out
+            return compute
+
+        parts.append(validation_terms(identifier, val_spectra, {name: term(name) for name in wanted}))
+    data = ValidationTerms.concatenate(parts)
     scoring, report = {}, {}
     for variant, names in ((WITH_PRIOR, list(data.terms)), (WITHOUT_PRIOR, [n for n in data.terms if n != PRIOR])):
         if variant == WITH_PRIOR and PRIOR not in data.terms:

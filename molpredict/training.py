@@ -74,8 +74,11 @@ class TrainOptions:
         None: the model's default (``mrr`` for the IOKR family). How grid points and the score fusion are chosen on validation data: a ranking metric of the true
         structures in validation candidate sets (needs ``val_candidates`` or ``library``; otherwise the kernel
         loss is used), or the kernel loss.
-    val_candidates : path or None
-        MassSpecGym-style candidate sets for the validation structures (e.g. ``val_formula256.json``).
+    val_candidates : path, sequence of paths, or None
+        MassSpecGym-style candidate sets for the validation structures (e.g. ``val_formula256.json``). With
+        several files every validation spectrum ranks once per file, so the selection and the fusion weights
+        serve every kind of candidate set given (hard padded sets and real library sets weigh the prior
+        differently: fitted on both, the fusion costs little on either).
     library : path or None
         A candidate library: without ``val_candidates``, same-formula sets for the validation structures are
         drawn from it (at most 256 each, the truth included); default: the configured default library
@@ -106,7 +109,7 @@ class TrainOptions:
     cleaning: dict | None = None
     extra_params: dict[str, Any] = field(default_factory=dict)
     select_by: str | None = None
-    val_candidates: str | None = None
+    val_candidates: str | Sequence[str] | None = None
     library: str | None = None
     prior: str = "train"
     fragments: bool = False
@@ -383,14 +386,16 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
 
 
 def _validation_sets(options: TrainOptions, val: LabelledSet, modes: Sequence[str], say: Any
-                     ) -> dict[str, list[tuple[str, str]]] | None:
-    """Candidate sets for the validation structures: from ``val_candidates``, else drawn from ``library``, else
-    None (ranking-aware selection then falls back on the kernel loss)."""
+                     ) -> list[dict[str, list[tuple[str, str]]]] | None:
+    """Candidate-set collections for the validation structures: one per ``val_candidates`` file, else one drawn
+    from ``library``, else None (ranking-aware selection then falls back on the kernel loss)."""
     from .candidates import load_candidate_sets
     from .ranking_validation import candidate_sets_from_library
 
     if options.val_candidates:
-        return load_candidate_sets(options.val_candidates)
+        paths = [options.val_candidates] if isinstance(options.val_candidates, (str, Path)) \
+            else list(options.val_candidates)
+        return [load_candidate_sets(path) for path in paths]
     from . import config
 
     library_path = options.library or config.default_library()
@@ -402,7 +407,7 @@ def _validation_sets(options: TrainOptions, val: LabelledSet, modes: Sequence[st
         sets = candidate_sets_from_library(library, molecules, seed=options.seed)
         say(f"validation candidate sets: {len(sets)} structures with their same-formula structures from "
             f"{library_path}" + ("" if options.library else " (the configured default library)"))
-        return sets
+        return [sets]
     say("no validation candidate sets (--val-candidates, --library or a configured library): grid points are "
         "chosen by the kernel loss, and the bundle has no fusion with the prior and no probability")
     return None

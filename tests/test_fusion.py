@@ -176,9 +176,12 @@ def test_validation_sets_from_a_library_and_ranking_candidates():
     assert len(sets[val[2].inchikey14]) == 1  # ethanol: no isomer in the library
     capped = candidate_sets_from_library(library, val[:1], max_candidates=2, seed=3)
     assert len(capped[truth]) == 2 and capped[truth][0][0] == truth
-    candidates = ranking_candidates(val, {truth: sets[truth]})
+    candidates = ranking_candidates(val, [{truth: sets[truth]}])
     assert candidates.positions.tolist() == [0, 1]  # ethanol's spectrum has no set: it does not rank
     assert len(candidates.molecules) == 4 and np.array_equal(candidates.sets[0], candidates.sets[1])
     assert [candidates.molecules[j].inchikey14 == truth for j in candidates.sets[0]] == \
         candidates.is_true[0].tolist()
     assert candidates.is_true[0].sum() == 1
+    # two collections: every input with a set ranks once per collection
+    twice = ranking_candidates(val, [{truth: sets[truth]}, {truth: sets[truth][:2]}])
+    assert twice.positions.tolist() == [0, 1, 0, 1] and len(twice.sets[2]) == 2 and len(twice.molecules) == 4

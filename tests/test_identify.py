@@ -477,12 +477,12 @@ def test_training_fits_the_fusion_with_fragments_on_validation_sets(bundle, libr
     for m in molecules:
         same = [Molecule.from_smiles(s) for s in SMILES + DECOYS]
         sets[m.inchikey14] = [(c.inchikey14, c.smiles) for c in same if c.formula == m.formula]
-    report = fit_submodel_scoring(sub, val, sets, metric="mrr", seed=0, max_structures=3)
+    report = fit_submodel_scoring(sub, val, [sets, sets], metric="mrr", seed=0, max_structures=3)
     assert set(sub.scoring) == {"with_prior", "without_prior"}
     assert set(sub.scoring["with_prior"]["fusion"]["weights"]) == {"spectrum", "prior", "fragments"}
     assert set(sub.scoring["without_prior"]["fusion"]["weights"]) == {"spectrum", "fragments"}
     # max_structures: only the spectra of three structures were used
-    assert report["with_prior"]["n_queries"] == 3 * 2
+    assert report["with_prior"]["n_queries"] == 2 * 3 * 2  # two collections x three structures x two spectra
     # identification with a fragment weight: the rows carry the scorer's own score of each candidate. The
     # queries' peaks are protonated fragment ions of their structures, so the scores are not all zero.
     from molpredict.spectra import Spectrum

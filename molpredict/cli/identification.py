@@ -127,8 +127,9 @@ class ModelDefaultOption(click.Option):
               help="Choose grid points and the score fusion by a ranking metric of the validation structures in "
                    "their candidate sets (mrr, hit@K; needs --val-candidates or --library), or kernel-loss "
                    "(default: the model's, mrr for the IOKR family).")
-@click.option("--val-candidates", default=None, type=click.Path(dir_okay=False),
-              help="Candidate sets of the validation structures (MassSpecGym JSON, e.g. val_formula256.json).")
+@click.option("--val-candidates", multiple=True, type=click.Path(dir_okay=False),
+              help="Candidate sets of the validation structures (MassSpecGym JSON, e.g. val_formula256.json); "
+                   "repeat to fit the selection and fusion on several kinds of sets.")
 @click.option("--library", "train_library", default=None, type=click.Path(dir_okay=False),
               help="Without --val-candidates: draw same-formula validation candidate sets from this library.")
 @click.option("--prior", "prior_reference", default="train", show_default=True,
@@ -162,7 +163,8 @@ def train(train_files, output, val_files, model_spec, input_kernel, output_kerne
     options = TrainOptions(model=model_spec, input_kernel=input_kernel, output_kernel=output_kernel,
                            input_sketch=input_sketch, output_sketch=output_sketch, lam=lam, ion_modes=modes,
                            exclude_licenses=tuple(exclude_licenses), device=device, seed=seed,
-                           select_by=select_by, val_candidates=val_candidates, library=train_library,
+                           select_by=select_by, val_candidates=list(val_candidates) or None,
+                           library=train_library,
                            prior=prior_reference, fragments=fragments)
     t0 = time.perf_counter()
     bundle, summary = train_bundle(list(train_files), options, val_paths=list(val_files),
