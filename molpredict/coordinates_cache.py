@@ -35,6 +35,7 @@ import json
 import os
 import time
 import uuid
+from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -50,6 +51,18 @@ __all__ = ["CoordinatesCache", "CorruptedSegment", "molecule_key", "default_cach
 LAYOUT_VERSION = 2
 ENCODINGS = ("int8", "float16", "float32", "float64")
 DEFAULT_ENCODING = "int8"
+
+
+def _memory_budget(default_mb: float = 512.0) -> int:
+    try:
+        mb = float(os.environ.get("MOLPREDICT_STORE_MEMORY_MB", default_mb))
+    except ValueError:
+        mb = default_mb  # a mistyped setting must not stop identification: the default budget applies
+    return int(max(mb, 0.0) * 2**20)
+
+
+#: bytes of whole segments' codes one open store keeps in memory (MOLPREDICT_STORE_MEMORY_MB, default 512)
+MEMORY_BUDGET_BYTES = _memory_budget()
 #: rows per checksummed inner chunk of a segment (a read decodes only the inner chunks it touches)
 INNER_ROWS = 128
 
@@ -146,6 +159,11 @@ class CoordinatesCache:
         self._row_local: list[int] = []         # per row: row inside its segment
         self._row_arrays: tuple[np.ndarray, np.ndarray] | None = None  # the two lists above as arrays
         self._arrays: dict[str, tuple[Any, np.ndarray]] = {}  # open (codes array, scale) per segment
+        # whole segments' codes read once and kept (least recently used first out, within a byte budget): a warm
+        # identification reads the same segments block after block, and zarr's per-read chunk decoding and
+        # checksums dominated it (14 of 20 s for test_pos x formula256)
+        self._loaded: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._loaded_bytes = 0
         self._read_meta()
         if self._local:
             self._migrate_layout_1()
@@ -244,6 +262,24 @@ class CoordinatesCache:
             self._arrays[name] = (codes, scale)
         return self._arrays[name]
 
+    def _segment_codes(self, name: str, codes_array: Any) -> np.ndarray | None:
+        """A segment's whole codes array from memory (read and kept within :data:`MEMORY_BUDGET_BYTES`), or None
+        when the segment alone is over the budget (then rows are read from the store)."""
+        hit = self._loaded.get(name)
+        if hit is not None:
+            self._loaded.move_to_end(name)
+            return hit
+        nbytes = int(np.prod(codes_array.shape)) * codes_array.dtype.itemsize
+        if nbytes > MEMORY_BUDGET_BYTES:
+            return None
+        codes = np.asarray(codes_array[:])
+        self._loaded[name] = codes
+        self._loaded_bytes += nbytes
+        while self._loaded_bytes > MEMORY_BUDGET_BYTES and len(self._loaded) > 1:
+            _, dropped = self._loaded.popitem(last=False)
+            self._loaded_bytes -= dropped.nbytes
+        return codes
+
     def read(self, rows: np.ndarray) -> np.ndarray:
         """Coordinates of committed rows, ndarray of shape (len(rows), d), float64.
 
@@ -269,7 +305,9 @@ class CoordinatesCache:
             wanted, inverse = np.unique(local[at], return_inverse=True)
             try:
                 codes_array, scale = self._open_segment(name)
-                codes = np.asarray(codes_array.get_orthogonal_selection((wanted, slice(None))))
+                whole = self._segment_codes(name, codes_array)
+                codes = whole[wanted] if whole is not None else \
+                    np.asarray(codes_array.get_orthogonal_selection((wanted, slice(None))))
                 bad = (codes == -128).any() if codes.dtype == np.int8 else np.isnan(codes).any()
                 bad = bad or not np.isfinite(scale[wanted]).all()
             except (ValueError, OSError, KeyError, RuntimeError, IndexError):
@@ -290,6 +328,9 @@ class CoordinatesCache:
             except (FileNotFoundError, OSError):
                 pass
         self._arrays.pop(name, None)
+        dropped = self._loaded.pop(name, None)
+        if dropped is not None:
+            self._loaded_bytes -= dropped.nbytes
         keep = [i for i, s in enumerate(self._row_segment) if s != seg]
         self._keys = [self._keys[i] for i in keep]
         self._row_segment = [self._row_segment[i] for i in keep]

@@ -189,3 +189,35 @@ def test_old_layout_is_migrated_never_misread(tmp_path):
     f = Featurizer()
     np.testing.assert_array_equal(CoordinatesCache(tmp_path, "j", encoding="float64").get(mols(6), f), data)
     assert len(sum(f.asked, [])) == 6
+
+
+@pytest.mark.parametrize("budget_segments", [0, 1, 10])
+def test_segments_kept_in_memory_read_the_same_within_their_budget(tmp_path, monkeypatch, budget_segments):
+    """Whole segments are kept in memory within a byte budget (least recently used out); reads give the same
+    values whether they come from memory or the store, and the budget bounds what is kept."""
+    import molpredict.coordinates_cache as cc
+
+    molecules = mols(12)
+    CoordinatesCache(tmp_path, "k").get(molecules, Featurizer(), block_size=4)  # three segments of 4 rows
+    reference = CoordinatesCache(tmp_path, "k")
+    monkeypatch.setattr(cc, "MEMORY_BUDGET_BYTES", 0)
+    expected = reference.read(reference.rows([molecule_key(m) for m in molecules]))
+    assert not reference._loaded  # over budget: nothing kept, rows read from the store
+    segment_bytes = 4 * 5  # int8 codes, 4 rows x 5 coordinates
+    monkeypatch.setattr(cc, "MEMORY_BUDGET_BYTES", budget_segments * segment_bytes)
+    cache = CoordinatesCache(tmp_path, "k")
+    rows = cache.rows([molecule_key(m) for m in molecules])
+    for order in (np.arange(12), np.arange(12)[::-1], np.array([5, 0, 11, 5])):
+        np.testing.assert_array_equal(cache.read(rows[order]), expected[order])
+        assert cache._loaded_bytes <= max(budget_segments, 1) * segment_bytes
+        assert cache._loaded_bytes == sum(a.nbytes for a in cache._loaded.values())
+    assert len(cache._loaded) == (0 if budget_segments == 0 else min(budget_segments, 3))
+
+
+def test_a_mistyped_memory_budget_falls_back_to_the_default(monkeypatch):
+    import molpredict.coordinates_cache as cc
+
+    monkeypatch.setenv("MOLPREDICT_STORE_MEMORY_MB", "lots")
+    assert cc._memory_budget() == 512 * 2**20
+    monkeypatch.setenv("MOLPREDICT_STORE_MEMORY_MB", "64")
+    assert cc._memory_budget() == 64 * 2**20
