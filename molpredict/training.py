@@ -363,7 +363,7 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
                 sub.fragments = FragmentScorer().get_params()
             metric = options.select_by if options.select_by not in (None, "kernel-loss") else "mrr"
             sample = options.fusion_structures if sub.fragments is not None else None
-            say(f"fitting the score fusion and its calibration on the validation spectra"
+            say("fitting the score fusion and its calibration on the validation spectra"
                 + (f" of {sample} structures (the fragment score fragments every candidate)" if sample else ""))
             validation["ranking"] = fit_submodel_scoring(sub, val.spectra[mode], sets, metric=metric,
                                                          seed=options.seed, log=say, max_structures=sample)

@@ -11,7 +11,6 @@ import math
 import os
 import re
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 from typing import IO
 
 import numpy as np

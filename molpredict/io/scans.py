@@ -1,0 +1,108 @@
+"""What the XML scan formats (mzML, mzXML) share: the streaming loop over pyteomics' scans with its error and skip
+handling, the peak checks, and the signed charge and ion mode of a precursor.
+
+Each format module supplies only how to open its pyteomics reader and how to read its own fields.
+"""
+from __future__ import annotations
+
+import gzip
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError
+from ..spectrum import Spectrum, ion_mode_from
+from .common import SkipReport, _Skipper
+
+__all__ = ["iter_scans", "scan_peaks", "precursor_charge_and_mode"]
+
+
+def iter_scans(path: Path, report: SkipReport | None, open_reader: Callable[[Any], Any],
+               to_spectrum: Callable[[dict, int], Spectrum | str | None], kind: str, empty: str
+               ) -> Iterator[Spectrum]:
+    """Stream the spectra of an XML scan file (optionally gzipped).
+
+    Parameters
+    ----------
+    path : Path
+    report : SkipReport, optional
+        Receives one entry per skipped scan (record = 1-based position of the scan in the file).
+    open_reader : callable
+        ``open_reader(binary handle)`` -> the pyteomics reader (a context manager iterating scan dicts).
+    to_spectrum : callable
+        ``to_spectrum(scan, 0-based position)`` -> a Spectrum, a skip reason, or None for a scan passed over.
+    kind : str
+        The format's name, for error messages (``mzML``).
+    empty : str
+        What a file without any scan lacks, for its error message (``spectrum``, ``scan``).
+
+    Raises
+    ------
+    InputError
+        pyteomics cannot parse the file, or it holds no scan.
+    """
+    from lxml import etree
+    from pyteomics.auxiliary import PyteomicsError
+
+    skip = _Skipper(str(path), report)
+    with open(path, "rb") as probe:
+        compressed = probe.read(2) == b"\x1f\x8b"
+    # Our own handle, closed below: pyteomics leaks the one it opens when the constructor fails.
+    source: Any = gzip.open(path, "rb") if compressed else open(path, "rb")
+    n_scans = 0
+    try:
+        with open_reader(source) as reader:
+            for scan in reader:
+                n_scans += 1
+                result = to_spectrum(scan, n_scans - 1)
+                if result is None:
+                    continue
+                if isinstance(result, str):
+                    skip(n_scans, result)
+                else:
+                    result.file = str(path)
+                    result.record = n_scans
+                    yield result
+    except (etree.LxmlError, PyteomicsError, UnicodeDecodeError, OSError, EOFError, ValueError,
+            KeyError) as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise InputError(f"not an {kind} file ({message})", path=str(path)) from None
+    finally:
+        source.close()
+    if n_scans == 0:
+        raise InputError(f"not an {kind} file (no {empty})", path=str(path))
+    skip.close()
+
+
+def scan_peaks(scan: dict, level_key: str) -> tuple[int, np.ndarray, np.ndarray] | str | None:
+    """``(MS level, mz, intensities)`` of an MS/MS scan, peaks sorted by m/z (float64); the reason they are
+    unusable; or None for a scan below MS2 (passed over, not skipped). ``level_key`` names the format's MS level
+    field."""
+    level = scan.get(level_key)
+    if level is None or int(level) < 2:
+        return None
+    mz = scan.get("m/z array")
+    intensities = scan.get("intensity array")
+    if mz is None or intensities is None or len(mz) == 0:
+        return "no peaks"
+    mz = np.asarray(mz, dtype=np.float64)
+    intensities = np.asarray(intensities, dtype=np.float64)
+    if mz.shape != intensities.shape:
+        return "m/z and intensity arrays differ in length"
+    if not (np.isfinite(mz).all() and np.isfinite(intensities).all()):
+        return "non-finite peak"
+    order = np.argsort(mz, kind="stable")
+    return int(level), mz[order], intensities[order]
+
+
+def precursor_charge_and_mode(charge: Any, ion_mode: str | None) -> tuple[int | None, str | None]:
+    """The precursor charge signed by the scan polarity, and the ion mode (from the charge when the scan has no
+    polarity)."""
+    charge = int(charge) if charge else None
+    if charge is not None and ion_mode == "negative" and charge > 0:
+        charge = -charge
+    if ion_mode is None:
+        ion_mode = ion_mode_from(charge, None)
+    return charge, ion_mode
