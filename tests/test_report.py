@@ -11,6 +11,7 @@ import sys
 import types
 from pathlib import Path
 
+import html5lib
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -25,7 +26,6 @@ from molpredict.report import Report, ReportOptions, compact_svg, decode_report_
 from molpredict.spectra import CleaningPipeline, Spectrum, write_mgf
 from molpredict.training import build_model
 
-html5lib = pytest.importorskip("html5lib")
 
 ISOMERS = ["CC1Cc2cccc(O)c2C(=O)O1", "CC1Cc2ccc(O)cc2C(=O)O1", "CC1Cc2cc(O)ccc2C(=O)O1"]  # C10H10O3
 SVG = "{http://www.w3.org/2000/svg}"   # the namespace an HTML parser gives inline <svg> elements
