@@ -223,8 +223,11 @@ def main(argv: list[str] | None = None) -> int:
         true14 = (spectrum.inchikey or "")[:14]
         n_c = group[0]["n_candidates"] if group else 0
         _say("")
+        probability = group[0].get("probability") if group else None
+        confident = "" if probability is None or probability != probability else \
+            f"  P(rank 1 right) {probability:.2f}"
         _say(f"{spectrum.id}  {_shorten(spectrum.metadata.get('compound_name'), 40)}  {spectrum.formula}  "
-             f"{spectrum.adduct or ''}  precursor m/z {spectrum.precursor_mz}  {n_c} candidates")
+             f"{spectrum.adduct or ''}  precursor m/z {spectrum.precursor_mz}  {n_c} candidates{confident}")
         _say(f"  {'rank':>4}  {'score':>7}  {'margin':>7}  {'':4}  {'InChIKey':<27}  SMILES")
         for r in group:
             mark = "TRUE" if r["inchikey"][:14] == true14 else ""
