@@ -114,8 +114,8 @@ def validation_terms(identifier: Any, spectra: Sequence[Any], terms: Mapping[str
     spectra : sequence of Spectrum
         Labelled validation spectra (their INCHIKEY picks the set); those without a set are left out.
     terms : mapping
-        Term name -> callable ``(queries, scored) -> list of score arrays``, for terms other than
-        ``spectrum`` (which is the model's own score); see :func:`molpredict.scoring` users.
+        Term name -> callable ``compute(queries) -> list of score arrays`` (one per query, aligned with its
+        candidate ids), for the terms other than ``spectrum`` (the model's own score, always computed).
 
     Returns
     -------
@@ -188,7 +188,7 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
     """
     fusion = fit_fusion(data.terms, data.offsets, data.is_true, metric=metric)
     folds = _folds(data.groups, n_folds, seed)
-    features, correct, oof_fused_hits = [], [], []
+    features, correct = [], []
     for k in range(n_folds):
         train_q, test_q = np.flatnonzero(folds != k), np.flatnonzero(folds == k)
         if not len(train_q) or not len(test_q):
@@ -197,9 +197,7 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
         fold_fusion = fit_fusion(tr.terms, tr.offsets, tr.is_true, metric=metric)
         fused = fold_fusion.combine_flat(te.terms, te.offsets)
         features.append(ranking_features_flat(fused, te.offsets, fold_fusion.temperature))
-        hits = true_ranks(fused, te.offsets, te.is_true) == 1
-        correct.append(hits)
-        oof_fused_hits.append(hits)
+        correct.append(true_ranks(fused, te.offsets, te.is_true) == 1)
     if features:
         calibrator = Calibrator.fit(np.concatenate(features), np.concatenate(correct))
     else:  # one structure only: no out-of-fold data, calibrate in-sample
@@ -214,7 +212,7 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
         "metric": metric, "n_queries": data.n_queries, "weights": fusion.weights,
         "temperature": fusion.temperature, "fused": fusion.validation["fused"],
         **{k: v for k, v in fusion.validation.items() if k.endswith("_alone")},
-        "out_of_fold_hit@1": float(np.mean(np.concatenate(oof_fused_hits))) if oof_fused_hits else math.nan,
+        "out_of_fold_hit@1": float(np.mean(np.concatenate(correct))) if correct else math.nan,
         "calibration": {"ece_out_of_fold": calibrator.validation.get("ece"),
                         "ece_in_sample": expected_calibration_error(probability, hits), "n_bins": 10,
                         "confident_at_fdr_0.1": n_confident, "threshold": threshold},
