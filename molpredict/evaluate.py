@@ -45,7 +45,7 @@ from .kernels.base import DegenerateObjectWarning
 from .modelfile import ModelBundle
 from .scoring import Executor, InProcessExecutor, Query, chunked, shared_candidate_scores
 
-__all__ = ["KS", "LabelledQuery", "collect_queries", "RankedBlock", "evaluate_block", "rank_queries",
+__all__ = ["KS", "LabelledQuery", "collect_queries", "labelled_queries", "RankedBlock", "evaluate_block", "rank_queries",
            "summarize_ranks", "evaluate",
            "evaluate_text", "format_report", "plot_curves"]
 
@@ -110,40 +110,44 @@ class RankedBlock:
     views: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
 
 
+def labelled_queries(identifier: Identifier, labelled: Sequence[tuple[int, Any, str]]) -> list[Query]:
+    """The queries of ``(position, spectrum, true inchikey14)`` against their candidate sets (the identifier's
+    source is a :class:`SetSource`): routed and cleaned, spectra cleaned down to no peaks kept; the others are
+    in the identifier's skipped list."""
+    source = identifier.source
+    prepared: list[Query] = []
+    for position, spectrum, inchikey14 in labelled:
+        routed = identifier.route(spectrum, keep_empty=True)
+        if routed is None:
+            continue
+        mode, sub, cleaned = routed
+        prepared.append(Query(position, cleaned, mode, sub, source.set_ids(inchikey14), true_key=inchikey14))
+    return prepared
+
+
 def evaluate_block(identifier: Identifier, block: Sequence[tuple[int, Any, str]]) -> RankedBlock:
     """Rank the true structure of each ``(position, spectrum, true inchikey14)`` in its candidate set by the
     identifier's ranking score (the fusion of the bundle's terms, see :mod:`molpredict.evidence`), and in the same
     pass by each term alone and by the fusion without the prior (``views``). Leaves ``identifier``'s accounting
     untouched."""
-    from .evidence import WITHOUT_PRIOR, ScoringVariant
+    from .fusion import PRIOR
 
     worker = identifier.fresh()
     source = worker.source
-    prepared: list[Query] = []
-    for position, spectrum, inchikey14 in block:
-        routed = worker.route(spectrum, keep_empty=True)
-        if routed is None:
-            continue
-        mode, sub, cleaned = routed
-        prepared.append(Query(position, cleaned, mode, sub, source.set_ids(inchikey14), true_key=inchikey14))
+    prepared = labelled_queries(worker, block)
     out = RankedBlock([], [], [], [], [], [], [], len(block), [], {})
     with warnings.catch_warnings():
         # Spectra cleaned down to no peaks are kept on purpose (and counted in ``n_empty_spectra``).
         warnings.simplefilter("ignore", DegenerateObjectWarning)
-        without: dict[int, Any] = {}
         for query, result in worker.fused(prepared):
             is_true = source.inchikey14(query.ids) == query.true_key
             a, b, f = true_rank_counts(result.score, is_true)
             out.probability.append(result.probability)
             alternatives = {f"{name}_alone": values for name, values in result.terms.items()}
-            key = id(query.sub)
-            if key not in without:
-                settings = (query.sub.scoring or {}).get(WITHOUT_PRIOR)
-                without[key] = ScoringVariant.from_dict(settings).fusion if settings and len(result.terms) > 1 \
-                    else None
-            if without[key] is not None:
-                alternatives["without_prior"] = without[key].combine(
-                    {k: v for k, v in result.terms.items() if k != "prior"})
+            without = worker.evidence.variant(query.sub, use_prior=False) if len(result.terms) > 1 else None
+            if without is not None:
+                alternatives["without_prior"] = without.fusion.combine(
+                    {k: v for k, v in result.terms.items() if k != PRIOR})
             for name, values in alternatives.items():
                 va, vb, _ = true_rank_counts(values, is_true)
                 lists = out.views.setdefault(name, ([], []))

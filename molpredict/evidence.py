@@ -93,15 +93,17 @@ class Evidence:
     def __init__(self, coordinates: Any, use_prior: bool = True) -> None:
         self.coordinates = coordinates
         self.use_prior = use_prior
-        self._variants: dict[int, ScoringVariant | None] = {}
+        self._variants: dict[tuple[int, bool], ScoringVariant | None] = {}
         self._fragmenters: dict[int, Any] = {}
 
     # -- settings of a sub-model ---------------------------------------------------------------------------
-    def variant(self, sub: Any) -> ScoringVariant | None:
-        """The fusion (and calibration) ``sub`` uses under this ``use_prior`` setting, or None."""
-        key = id(sub)
+    def variant(self, sub: Any, use_prior: bool | None = None) -> ScoringVariant | None:
+        """The fusion (and calibration) ``sub`` uses under ``use_prior`` (default: this evidence's setting), or
+        None when the bundle has none."""
+        with_prior = (self.use_prior if use_prior is None else use_prior) and sub.prior is not None
+        key = (id(sub), with_prior)
         if key not in self._variants:
-            settings = (sub.scoring or {}).get(variant_name(self.use_prior and sub.prior is not None))
+            settings = (sub.scoring or {}).get(variant_name(with_prior))
             self._variants[key] = ScoringVariant.from_dict(settings) if settings else None
         return self._variants[key]
 

@@ -49,12 +49,7 @@ def standardize(scores: np.ndarray) -> np.ndarray:
     scores = np.asarray(scores, dtype=np.float64)
     if scores.size == 0:
         return scores.copy()
-    centred = scores - scores.mean()
-    sd = math.sqrt(float(np.mean(centred * centred)))
-    # a spread at rounding level is no evidence: treat it as constant rather than amplify noise to unit scale
-    if not np.isfinite(sd) or sd <= 1e-12 * max(1.0, float(np.max(np.abs(scores)))):
-        return np.zeros_like(scores)
-    return centred / sd
+    return standardize_within_sets(scores, np.array([0, scores.size]))
 
 
 def set_index(offsets: np.ndarray) -> np.ndarray:

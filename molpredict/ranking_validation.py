@@ -21,7 +21,8 @@ import numpy as np
 
 from .calibration import Calibrator, confident_at_fdr, expected_calibration_error, ranking_features_flat
 from .errors import InputError
-from .fusion import SPECTRUM, ScoreFusion, fit_fusion, true_ranks
+from .evidence import Evidence
+from .fusion import ScoreFusion, fit_fusion, true_ranks
 
 __all__ = ["candidate_sets_from_library", "ranking_candidates", "fit_submodel_scoring", "ValidationTerms", "validation_terms",
            "fit_scoring"]
@@ -104,42 +105,43 @@ class ValidationTerms:
                                {k: v[flat] for k, v in self.terms.items()}, [self.groups[q] for q in queries])
 
 
-def validation_terms(identifier: Any, spectra: Sequence[Any], terms: Mapping[str, Any]) -> ValidationTerms:
-    """Score every validation spectrum's candidate set with every term.
+def validation_terms(identifier: Any, spectra: Sequence[Any], wanted: Sequence[str] = (),
+                     block: int = 256) -> ValidationTerms:
+    """Score every validation spectrum's candidate set with the model and the other ``wanted`` terms.
 
     Parameters
     ----------
     identifier : Identifier
-        Over a bundle holding the spectrum model, and a ``SetSource`` of the validation candidate sets.
+        Over a bundle holding the sub-model, and a ``SetSource`` of the validation candidate sets.
     spectra : sequence of Spectrum
         Labelled validation spectra (their INCHIKEY picks the set); those without a set are left out.
-    terms : mapping
-        Term name -> callable ``compute(queries) -> list of score arrays`` (one per query, aligned with its
-        candidate ids), for the terms other than ``spectrum`` (the model's own score, always computed).
+    wanted : sequence of str
+        Terms besides ``spectrum`` (the model's own score, always computed): ``prior``, ``fragments``.
+    block : int
+        Queries per :meth:`~molpredict.evidence.Evidence.terms` call (the prior is scored once per block's union
+        of candidates).
 
     Returns
     -------
     ValidationTerms
     """
-    from .evaluate import collect_queries
-    from .identify import Query
+    from .evaluate import collect_queries, labelled_queries
 
     source = identifier.source
     labelled, _ = collect_queries(spectra, source)
-    prepared = []
-    for position, lq in enumerate(labelled):
-        routed = identifier.route(lq.spectrum, keep_empty=True)
-        if routed is None:
-            continue
-        mode, sub, cleaned = routed
-        prepared.append(Query(position, cleaned, mode, sub, source.set_ids(lq.inchikey14), true_key=lq.inchikey14))
+    prepared = labelled_queries(identifier, [(i, lq.spectrum, lq.inchikey14) for i, lq in enumerate(labelled)])
     if not prepared:
         raise InputError("no validation spectrum has a candidate set (check --val-candidates / --library)")
     scored = list(identifier.scored(prepared))
-    columns: dict[str, list[np.ndarray]] = {SPECTRUM: [s for _, s in scored]}
     queries = [q for q, _ in scored]
-    for name, compute in terms.items():
-        columns[name] = compute(queries)
+    evidence = Evidence(identifier.coordinates, use_prior=True)
+    columns: dict[str, list[np.ndarray]] = {}
+    for start in range(0, len(scored), block):
+        chunk = scored[start:start + block]
+        for terms in evidence.terms([q for q, _ in chunk], [s for _, s in chunk], identifier.timings,
+                                    wanted=list(wanted)):
+            for name, values in terms.items():
+                columns.setdefault(name, []).append(values)
     sizes = [len(q.ids) for q in queries]
     return ValidationTerms(
         offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
@@ -270,7 +272,7 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
     sample of that many validation structures are used (all when None).
     """
     from .candidate_sources import SetSource
-    from .evidence import WITH_PRIOR, WITHOUT_PRIOR, Evidence, ScoringVariant
+    from .evidence import WITH_PRIOR, WITHOUT_PRIOR, ScoringVariant
     from .fusion import FRAGMENTS, PRIOR
     from .identify import Identifier, IdentifyOptions
     from .modelfile import ModelBundle
@@ -280,22 +282,8 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
     wanted = [PRIOR] * (sub.prior is not None) + [FRAGMENTS] * (sub.fragments is not None)
     if max_structures is not None:
         val_spectra = structure_sample(val_spectra, max_structures, seed)
-    parts = []
-    for sets in collections:
-        identifier = Identifier(bundle, SetSource(dict(sets)), IdentifyOptions(), cache_root=False)
-        evidence = Evidence(identifier.coordinates, use_prior=True)
-
-        def term(name: str, identifier=identifier, evidence=evidence):
-            def compute(queries):  # the term alone, in blocks (the prior is computed once per block's union)
-                out = []
-                for start in range(0, len(queries), 256):
-                    chunk = queries[start:start + 256]
-                    zeros = [np.zeros(len(q.ids)) for q in chunk]
-                    out.extend(t[name] for t in evidence.terms(chunk, zeros, identifier.timings, wanted=[name]))
-                return out
-            return compute
-
-        parts.append(validation_terms(identifier, val_spectra, {name: term(name) for name in wanted}))
+    parts = [validation_terms(Identifier(bundle, SetSource(dict(sets)), IdentifyOptions(), cache_root=False),
+                              val_spectra, wanted) for sets in collections]
     data = ValidationTerms.concatenate(parts)
     scoring, report = {}, {}
     for variant, names in ((WITH_PRIOR, list(data.terms)), (WITHOUT_PRIOR, [n for n in data.terms if n != PRIOR])):
