@@ -3,10 +3,10 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import errors as _errors
-from .errors import InputError, ModelFileError, MolpredictError, PluginError, ResourceError, SpecError
-from .registry import create, get_registry
-from .specs import ComponentSpec, parse_spec
+from molpredict import errors as _errors
+from molpredict.errors import InputError, ModelFileError, MolpredictError, PluginError, ResourceError, SpecError
+from molpredict.registry import create, get_registry
+from molpredict.specs import ComponentSpec, parse_spec
 
 # The data types and entry points most scripts need, imported on first use so that `import molpredict` (and the
 # CLI's start-up) stays cheap.

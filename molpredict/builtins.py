@@ -4,7 +4,7 @@ Targets are lazy ``"module:Class"`` references so that ``molpredict --help`` imp
 """
 from __future__ import annotations
 
-from .hookspecs import Register, hookimpl
+from molpredict.hookspecs import Register, hookimpl
 
 INPUT_KERNELS = {
     "ppk": "molpredict.kernels.spectra:PPKernel",

@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from .errors import InputError
+from molpredict.errors import InputError
 
 if TYPE_CHECKING:
-    from .identify import IdentifyOptions
+    from molpredict.identify import IdentifyOptions
 
 __all__ = ["CandidateSource", "LibrarySource", "SetSource", "precursor_tolerance", "UNIT_RESOLUTION_DECIMALS",
            "UNIT_RESOLUTION_TOLERANCE"]
@@ -101,7 +101,7 @@ class LibrarySource(CandidateSource):
         written precision allows (:func:`precursor_tolerance`, times ``|charge| / multiplier``; unless
         ``options.precision_window`` is off); the window reported is ``"<ppm> ppm"`` or, when the precision
         decided, ``"<tolerance> m/z"``."""
-        from .molecules import neutral_mass, normalize_formula
+        from molpredict.molecules import neutral_mass, normalize_formula
 
         if formula and self.options.by is None:
             try:
@@ -230,7 +230,7 @@ class SetSource(CandidateSource):
         return self._tie[ids]
 
     def molecules(self, ids: np.ndarray) -> list[Any]:
-        from .molecules import Molecule
+        from molpredict.molecules import Molecule
         return [Molecule(s, inchikey14=k) for k, s in zip(self._ik14[ids], self._smiles[ids])]
 
     def inchikey14(self, ids: np.ndarray) -> np.ndarray:

@@ -24,10 +24,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .cache import discard_entry, library_entry, load_library_entry, store_library_entry
-from .errors import InputError
-from .io.structures import StructureRecord, is_gzip, open_table_text, read_sdf_records, read_smiles_records
-from .molecules import Adduct, Molecule, neutral_mass, normalize_formula, parse_adduct
+from molpredict.cache import discard_entry, library_entry, load_library_entry, store_library_entry
+from molpredict.errors import InputError
+from molpredict.io.structures import StructureRecord, is_gzip, open_table_text, read_sdf_records, read_smiles_records
+from molpredict.molecules import Adduct, Molecule, neutral_mass, normalize_formula, parse_adduct
 
 __all__ = [
     "COLUMNS",
@@ -180,7 +180,7 @@ def describe_many(smiles: Sequence[str], n_jobs: int = 1, progress: bool = False
                   desc: str = "molecules") -> list[tuple[str, str, str, float] | None]:
     """:func:`describe_smiles` over many SMILES, on ``n_jobs`` processes (``-1``: all cores), in input order,
     with an optional tqdm progress bar on stderr."""
-    from .molecules import _n_workers
+    from molpredict.molecules import _n_workers
 
     workers = _n_workers(n_jobs)
     bar = None
@@ -521,7 +521,7 @@ class CandidateLibrary:
     def to_tsv(self, path: str | os.PathLike) -> None:
         """Write the library TSV (gzipped when ``path`` ends in ``.gz``): :data:`COLUMNS` present, in order;
         masses with 6 decimals."""
-        from .io.atomic import atomic_text
+        from molpredict.io.atomic import atomic_text
 
         path = Path(path)
         names = [c for c in COLUMNS if self.has_column(c)]

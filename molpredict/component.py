@@ -4,7 +4,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, ClassVar
 
-from .specs import ComponentSpec, format_value
+from molpredict.specs import ComponentSpec, format_value
 
 __all__ = ["Component", "frozen_spec"]
 

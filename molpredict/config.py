@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import InputError
+from molpredict.errors import InputError
 
 __all__ = ["SETTINGS", "Setting", "config_path", "read_config", "set_value", "unset_value", "resolve",
            "default_library", "default_model", "no_library_message", "show"]
@@ -128,7 +128,7 @@ def resolve(key: str) -> tuple[str | None, str]:
     if stored:
         return stored, "config file"
     if key == "model":
-        from .modelfile import default_bundle_path
+        from molpredict.modelfile import default_bundle_path
         return str(default_bundle_path()), "default"
     return None, "unset"
 

@@ -42,8 +42,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .errors import ModelFileError
-from .io.atomic import fsync_directory
+from molpredict.errors import ModelFileError
+from molpredict.io.atomic import fsync_directory
 
 __all__ = ["CoordinatesCache", "CorruptedSegment", "molecule_key", "default_cache_root",
            "cached_candidate_coordinates", "ENCODINGS", "encode", "decode"]
@@ -69,7 +69,7 @@ INNER_ROWS = 128
 
 def default_cache_root() -> Path:
     """``$MOLPREDICT_HOME/coordinates`` (or the user cache directory's ``coordinates``)."""
-    from .modelfile import home_dir
+    from molpredict.modelfile import home_dir
     return home_dir() / "coordinates"
 
 

@@ -38,7 +38,7 @@ def _shorten(text: Any, width: int) -> str:
 
 def default_data_dir() -> Path:
     """Where the demo keeps the MassBank split it downloads: ``$MOLPREDICT_HOME/data/massbank``."""
-    from .modelfile import home_dir
+    from molpredict.modelfile import home_dir
     return home_dir() / "data" / "massbank"
 
 
@@ -66,7 +66,7 @@ def find_data(data: str | None, url: str | None = None, release: str | None = No
                 "  python -m molpredict.demo --data massbank_data\n"
                 "or run the demo without --data: it downloads MassBank itself.")
         return directory
-    from .massbank import DEFAULT_RELEASE, fetch_massbank
+    from molpredict.massbank import DEFAULT_RELEASE, fetch_massbank
 
     directory = default_data_dir()
     if not _missing(directory):
@@ -88,9 +88,9 @@ def find_data(data: str | None, url: str | None = None, release: str | None = No
 def library_for(data: Path, library: str | None = None) -> tuple[Any, str]:
     """``(library, description)``: ``library``, else the configured default, else a library of every structure
     in ``data``'s MGF files (saved as ``data/library.tsv`` and made the default when none is set)."""
-    from . import config
-    from .candidates import CandidateLibrary, read_library
-    from .spectra import read_spectra
+    from molpredict import config
+    from molpredict.candidates import CandidateLibrary, read_library
+    from molpredict.spectra import read_spectra
 
     chosen = library or config.default_library()
     if chosen:
@@ -118,7 +118,7 @@ def train_default(data: Path, bundle_path: Path, device: str, val_candidates: li
     """Train the default bundle; the validation candidate sets (for the ranking-aware selection, the fusion with
     the prior and the calibration) come from ``val_candidates``, else from ``library``'s same-formula
     structures."""
-    from .training import TrainOptions, format_summary, train_bundle
+    from molpredict.training import TrainOptions, format_summary, train_bundle
 
     train = [data / f"train_{m}.mgf" for m in ("pos", "neg") if _nonempty(data / f"train_{m}.mgf")]
     val = [data / f"val_{m}.mgf" for m in ("pos", "neg") if _nonempty(data / f"val_{m}.mgf")]
@@ -137,7 +137,7 @@ def train_default(data: Path, bundle_path: Path, device: str, val_candidates: li
 def pick_queries(data: Path, library: Any, bundle: Any, n: int) -> list:
     """The first ``n`` distinct-structure test_pos spectra with peaks left after cleaning and at least 5
     same-formula candidates in the library (so that the ranking has something to do)."""
-    from .spectra import read_spectra
+    from molpredict.spectra import read_spectra
 
     sub = bundle.for_mode("positive")
     clean = sub.cleaning_pipeline() if sub is not None else None
@@ -177,11 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     args = parser.parse_args(argv)
 
-    from .errors import MolpredictError
-    from .candidate_sources import LibrarySource
-    from .identify import Identifier, IdentifyOptions
-    from .kernels.base import DegenerateObjectWarning
-    from .modelfile import ModelBundle, default_bundle_path
+    from molpredict.errors import MolpredictError
+    from molpredict.candidate_sources import LibrarySource
+    from molpredict.identify import Identifier, IdentifyOptions
+    from molpredict.kernels.base import DegenerateObjectWarning
+    from molpredict.modelfile import ModelBundle, default_bundle_path
 
     warnings.simplefilter("ignore", DegenerateObjectWarning)
     try:
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             _say(f"[2/3] the default model cannot be loaded ({exc}); training a new one")
     if bundle is None:
         try:
-            from . import config
+            from molpredict import config
             library_path = args.library or config.default_library() or (
                 str(data / "library.tsv") if (data / "library.tsv").is_file() else None)
             train_default(data, bundle_path, args.device, args.val_candidates, library_path)

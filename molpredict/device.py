@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .errors import ResourceError, SpecError
+from molpredict.errors import ResourceError, SpecError
 
 __all__ = ["resolve_device", "resolve_dtype", "DTYPES"]
 

@@ -26,10 +26,10 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from .component import Component
-from .errors import ModelFileError, SpecError
-from .features import bin_spectra
-from .nystrom import Nystrom
+from molpredict.component import Component
+from molpredict.errors import ModelFileError, SpecError
+from molpredict.features import bin_spectra
+from molpredict.nystrom import Nystrom
 
 __all__ = ["Encoder", "KernelMLPEncoder", "MLPEncoder", "TransformerEncoder", "TextEmbeddingEncoder",
            "mlp_layers"]
@@ -134,7 +134,7 @@ class KernelMLPEncoder(Encoder):
     @property
     def input_type(self) -> str:  # type: ignore[override]
         """The input kernel's."""
-        from .registry import get_registry
+        from molpredict.registry import get_registry
         return get_registry().input_type("input_kernel", self.input_kernel) or "spectrum"
 
     def fit(self, inputs: Sequence[Any], device: torch.device | None = None) -> "KernelMLPEncoder":
@@ -396,12 +396,12 @@ class TextEmbeddingEncoder(Encoder):
         """Frozen: embeddings, shape (n, 384) float32. Fine-tuned: the strings (tokenised per batch)."""
         if self.finetune_:
             return np.asarray([str(t) for t in inputs], dtype=object)
-        from .kernels.text import embed_texts
+        from molpredict.kernels.text import embed_texts
         return embed_texts([str(t) for t in inputs], int(self.batch_size), getattr(self, "device_", "cpu"))
 
     def to_tensor(self, features: Any, device: torch.device) -> Any:
         if self.finetune_:
-            from .kernels.text import load_sentence_model
+            from molpredict.kernels.text import load_sentence_model
             model = load_sentence_model(str(device))
             # sentence-transformers >= 5 renamed tokenize to preprocess (and adds non-tensor entries)
             prepare = getattr(model, "preprocess", None) or model.tokenize
@@ -415,12 +415,12 @@ class TextEmbeddingEncoder(Encoder):
             return head
         import copy
 
-        from .kernels.text import load_sentence_model
+        from molpredict.kernels.text import load_sentence_model
         body = copy.deepcopy(load_sentence_model("cpu"))  # each network trains its own copy
         return _SentenceNet(body, head)
 
     def get_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        from .kernels.text import EMBEDDING_PACKAGE
+        from molpredict.kernels.text import EMBEDDING_PACKAGE
         return {}, {"finetune": bool(self.finetune_), "package": EMBEDDING_PACKAGE}
 
     def set_state(self, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> "TextEmbeddingEncoder":

@@ -36,14 +36,14 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .decoding import (bootstrap_ci, group_means, query_metrics, random_expectation, topk_curve,
+from molpredict.decoding import (bootstrap_ci, group_means, query_metrics, random_expectation, topk_curve,
                        true_rank_counts)
-from .errors import InputError, ResourceError
-from .candidate_sources import SetSource
-from .identify import Identifier, IdentifierState, IdentifyOptions
-from .kernels.base import DegenerateObjectWarning
-from .modelfile import ModelBundle
-from .scoring import Executor, InProcessExecutor, Query, chunked, shared_candidate_scores
+from molpredict.errors import InputError, ResourceError
+from molpredict.candidate_sources import SetSource
+from molpredict.identify import Identifier, IdentifierState, IdentifyOptions
+from molpredict.kernels.base import DegenerateObjectWarning
+from molpredict.modelfile import ModelBundle
+from molpredict.scoring import Executor, InProcessExecutor, Query, chunked, shared_candidate_scores
 
 __all__ = ["KS", "LabelledQuery", "collect_queries", "labelled_queries", "RankedBlock", "evaluate_block", "rank_queries",
            "summarize_ranks", "evaluate",
@@ -64,7 +64,7 @@ class LabelledQuery:
 
 def collect_queries(spectra: Iterable[Any], source: SetSource) -> tuple[list[LabelledQuery], Counter]:
     """Spectra with a structure that has a candidate set; the others counted by reason."""
-    from .molecules import Molecule
+    from molpredict.molecules import Molecule
 
     skipped: Counter = Counter()
     queries = []
@@ -130,7 +130,7 @@ def evaluate_block(identifier: Identifier, block: Sequence[tuple[int, Any, str]]
     identifier's ranking score (the fusion of the bundle's terms, see :mod:`molpredict.evidence`), and in the same
     pass by each term alone and by the fusion without the prior (``views``). Leaves ``identifier``'s accounting
     untouched."""
-    from .fusion import PRIOR
+    from molpredict.fusion import PRIOR
 
     worker = identifier.fresh()
     source = worker.source
@@ -231,7 +231,7 @@ def rank_queries(identifier: Identifier, queries: Sequence[LabelledQuery], execu
 def calibration_report(ranks: dict[str, Any], max_fdr: float = 0.1, n_bins: int = 10) -> dict[str, Any] | None:
     """ECE, the reliability curve and the queries confident at an estimated FDR <= ``max_fdr``, from
     :func:`rank_queries` output (None when no query has a probability)."""
-    from .calibration import confident_at_fdr, expected_calibration_error, reliability_curve
+    from molpredict.calibration import confident_at_fdr, expected_calibration_error, reliability_curve
 
     p = ranks.get("probability")
     known = np.isfinite(p) if p is not None else None
@@ -293,7 +293,7 @@ def summarize_ranks(ranks: dict[str, Any], n_boot: int = 1000, seed: int = 0) ->
 def _kernel_loss(identifier: Identifier, routed: list[tuple[Any, str | None, str]]) -> float | None:
     """Mean kernel loss over the evaluated queries (per ion mode, weighted by counts), on the spectra cleaned
     by each mode's pipeline (cleaning again here is cheaper than shipping cleaned spectra back from workers)."""
-    from .molecules import Molecule
+    from molpredict.molecules import Molecule
 
     total, count = 0.0, 0
     by_mode: dict[str, list[tuple[Any, str]]] = {}
@@ -355,7 +355,7 @@ def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, M
     dict
         ``{label: metrics}`` (see :func:`summarize_ranks`), each with ``n_queries``, ``n_skipped``, ``skipped``.
     """
-    from .spectra import SkipReport, read_spectra
+    from molpredict.spectra import SkipReport, read_spectra
 
     report = SkipReport()
     spectra = [s for path in spectra_paths for s in read_spectra(path, report=report)]
@@ -403,7 +403,7 @@ def _view_summary(ranks: dict[str, Any], counts: tuple[np.ndarray, np.ndarray], 
 
 
 def _canonical_lookup(smiles: Sequence[str], cache: dict[str, str | None]) -> list[str | None]:
-    from .text_pairs import canonical_smiles
+    from molpredict.text_pairs import canonical_smiles
     out = []
     for s in smiles:
         if s not in cache:
@@ -443,9 +443,9 @@ def evaluate_text(pairs_paths: Sequence[str | Path], bundles: Sequence[tuple[str
     InputError
         Neither or both of ``library`` and ``sets``; a bundle without a text model.
     """
-    from .candidate_sources import LibrarySource
-    from .modelfile import TEXT_MODE
-    from .text_pairs import PairsReport, read_text_pairs
+    from molpredict.candidate_sources import LibrarySource
+    from molpredict.modelfile import TEXT_MODE
+    from molpredict.text_pairs import PairsReport, read_text_pairs
 
     if (library is None) == (sets is None):
         raise InputError("text evaluation needs either a candidate library or candidate sets")

@@ -26,8 +26,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .calibration import Calibrator, ranking_features
-from .fusion import FRAGMENTS, PRIOR, SPECTRUM, ScoreFusion
+from molpredict.calibration import Calibrator, ranking_features
+from molpredict.fusion import FRAGMENTS, PRIOR, SPECTRUM, ScoreFusion
 
 __all__ = ["ScoringVariant", "QueryScores", "Evidence", "WITH_PRIOR", "WITHOUT_PRIOR", "variant_name"]
 
@@ -112,7 +112,7 @@ class Evidence:
         if key not in self._fragmenters:
             scorer = None
             if sub.fragments is not None:
-                from .fragments import FragmentScorer
+                from molpredict.fragments import FragmentScorer
                 scorer = FragmentScorer(**sub.fragments)
             self._fragmenters[key] = scorer
         return self._fragmenters[key]

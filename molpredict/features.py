@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from .errors import SpecError
+from molpredict.errors import SpecError
 
 __all__ = ["bin_spectra", "n_bins"]
 

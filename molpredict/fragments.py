@@ -43,10 +43,10 @@ from rdkit import Chem
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from .component import Component
-from .errors import InputError, SpecError
-from .molecules import ELECTRON_MASS, Adduct, Molecule, parse_adduct, parse_formula
-from .spectra import Spectrum
+from molpredict.component import Component
+from molpredict.errors import InputError, SpecError
+from molpredict.molecules import ELECTRON_MASS, Adduct, Molecule, parse_adduct, parse_formula
+from molpredict.spectra import Spectrum
 
 __all__ = [
     "FragmentSet",

@@ -43,16 +43,16 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .candidate_sources import CandidateSource
-from .decoding import margins, rank_candidates
-from .errors import InputError, MolpredictError
-from .evidence import Evidence, QueryScores
-from .fusion import FRAGMENTS, PRIOR, SPECTRUM
-from .modelfile import ModelBundle, SubModel
-from .scoring import (CandidateCoordinates, Executor, InProcessExecutor, Query, WorkerState, chunked,
+from molpredict.candidate_sources import CandidateSource
+from molpredict.decoding import margins, rank_candidates
+from molpredict.errors import InputError, MolpredictError
+from molpredict.evidence import Evidence, QueryScores
+from molpredict.fusion import FRAGMENTS, PRIOR, SPECTRUM
+from molpredict.modelfile import ModelBundle, SubModel
+from molpredict.scoring import (CandidateCoordinates, Executor, InProcessExecutor, Query, WorkerState, chunked,
                       load_bundle_once, require_bundle_path, resolved_cache_root, score_queries, scored,
                       shared_candidate_scores)
-from .spectra import spectrum_ion_mode
+from molpredict.spectra import spectrum_ion_mode
 
 __all__ = [
     "IdentifyOptions",
@@ -130,7 +130,7 @@ def read_formula_hints(path: str | os.PathLike) -> dict[str, str]:
     InputError
         Missing file, a line without two columns, or an unparsable formula (naming the line).
     """
-    from .molecules import normalize_formula
+    from molpredict.molecules import normalize_formula
 
     path = Path(path)
     if not path.is_file():
@@ -159,8 +159,8 @@ def read_formula_hints(path: str | os.PathLike) -> dict[str, str]:
 def _usable_adducts(spectrum: Any, mode: str, sub: SubModel) -> tuple[list[Any], bool]:
     """The adducts to try: the spectrum's own when usable (known and of its polarity; written without brackets
     and charge as GNPS does, ``M+H``, it is read as the common adduct it names), else the defaults."""
-    from .io.common import adduct_from_name
-    from .molecules import DEFAULT_ADDUCTS, parse_adduct
+    from molpredict.io.common import adduct_from_name
+    from molpredict.molecules import DEFAULT_ADDUCTS, parse_adduct
 
     if spectrum.adduct:
         try:
@@ -421,7 +421,7 @@ class Identifier:
         InputError
             The bundle has no text model, or the source has no candidates.
         """
-        from .modelfile import TEXT_MODE
+        from molpredict.modelfile import TEXT_MODE
 
         sub = self.bundle.for_mode(TEXT_MODE)
         if sub is None:

@@ -37,11 +37,11 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from . import __version__
-from .cache import file_sha256, home_dir  # noqa: F401  (re-exported: the bundle's home and content hashes)
-from .errors import ModelFileError, PluginError, SpecError
-from .specs import ComponentSpec, Grid, parse_spec
-from .spectrum import ION_MODES  # the bundle is keyed by ion mode (re-exported)
+from molpredict import __version__
+from molpredict.cache import file_sha256, home_dir  # noqa: F401  (re-exported: the bundle's home and content hashes)
+from molpredict.errors import ModelFileError, PluginError, SpecError
+from molpredict.specs import ComponentSpec, Grid, parse_spec
+from molpredict.spectrum import ION_MODES  # the bundle is keyed by ion mode (re-exported)
 
 __all__ = [
     "FORMAT_NAME",
@@ -177,7 +177,7 @@ class SubModel:
         """The :class:`~molpredict.spectra.CleaningPipeline` to apply to queries (None: no cleaning)."""
         if not self.cleaning:
             return None
-        from .spectra import CleaningPipeline
+        from molpredict.spectra import CleaningPipeline
         return CleaningPipeline.from_dict(self.cleaning)
 
 
@@ -326,7 +326,7 @@ class ModelBundle:
         if not isinstance(modes, list) or not modes or any(m not in MODES for m in modes):
             raise ModelFileError(f"{path / BUNDLE_FILE}: field ion_modes is missing or invalid")
         if registry is None:
-            from .registry import get_registry
+            from molpredict.registry import get_registry
             registry = get_registry()
         wanted = set(ion_modes) if ion_modes is not None else set(modes)
         models = {mode: cls._load_submodel(path / mode, mode, registry) for mode in modes if mode in wanted}
@@ -419,7 +419,7 @@ class ModelBundle:
 
 def _check_scoring(extras: dict[str, Any], meta_path: Path) -> None:
     """Refuse scoring settings this version cannot read (a clear error, not a wrong score)."""
-    from .evidence import ScoringVariant
+    from molpredict.evidence import ScoringVariant
 
     for variant, settings in (extras.get("scoring") or {}).items():
         try:

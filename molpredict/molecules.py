@@ -15,7 +15,7 @@ from rdkit import Chem, RDLogger
 from rdkit.Chem import Descriptors, MACCSkeys, rdMolDescriptors
 from rdkit.Chem import rdFingerprintGenerator
 
-from .errors import InputError, SpecError
+from molpredict.errors import InputError, SpecError
 
 __all__ = [
     "Molecule",

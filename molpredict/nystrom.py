@@ -28,11 +28,11 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
-from .component import frozen_spec
-from .errors import ModelFileError, SpecError
-from .linalg import truncated_eigh
-from .sketches import Sketch, make_sketch
-from .specs import ComponentSpec, nested_spec, parse_spec
+from molpredict.component import frozen_spec
+from molpredict.errors import ModelFileError, SpecError
+from molpredict.linalg import truncated_eigh
+from molpredict.sketches import Sketch, make_sketch
+from molpredict.specs import ComponentSpec, nested_spec, parse_spec
 
 __all__ = ["Nystrom", "objects_to_state", "objects_from_state", "create_component", "restrict_kernel"]
 
@@ -55,14 +55,14 @@ def objects_to_state(objects: Sequence[Any], prefix: str) -> tuple[dict[str, np.
     objects = list(objects)
     if not objects:
         return {}, {"type": "empty"}
-    from .molecules import Molecule
-    from .spectra import Spectrum
+    from molpredict.molecules import Molecule
+    from molpredict.spectra import Spectrum
     if all(isinstance(o, Molecule) for o in objects):
         return {}, {"type": "molecule", "smiles": [m.smiles for m in objects]}
     if all(isinstance(o, str) for o in objects):
         return {}, {"type": "text", "strings": [str(s) for s in objects]}
     if all(isinstance(o, Spectrum) for o in objects):
-        from .io.arrays import spectra_to_arrays
+        from molpredict.io.arrays import spectra_to_arrays
         # landmark formulas are kernel input (formula-annotation); other metadata is not saved
         arrays, meta = spectra_to_arrays(objects, metadata_keys=("formula",))
         return {f"{prefix}.{k}": v for k, v in arrays.items()}, {"type": "spectrum", "spectra": meta}
@@ -83,12 +83,12 @@ def objects_from_state(arrays: dict[str, np.ndarray], meta: dict[str, Any], pref
     if kind == "empty":
         return []
     if kind == "molecule":
-        from .molecules import Molecule
+        from molpredict.molecules import Molecule
         return [Molecule.from_smiles(s) for s in meta["smiles"]]
     if kind == "text":
         return list(meta["strings"] if "strings" in meta else meta["values"])
     if kind == "spectrum":
-        from .io.arrays import spectra_from_arrays
+        from molpredict.io.arrays import spectra_from_arrays
         for sep in (".", "_"):
             sub = {k[len(prefix) + 1:]: v for k, v in arrays.items() if k.startswith(prefix + sep)}
             if sub:
@@ -106,7 +106,7 @@ def create_component(kind: str, spec: Any, **overrides: Any) -> Any:
     """A registered component from a spec (nested specs with ``;`` accepted); an instance is copied as given."""
     if not isinstance(spec, (str, ComponentSpec)):
         return copy.deepcopy(spec)
-    from .registry import create
+    from molpredict.registry import create
     return create(kind, parse_spec(nested_spec(spec)), **overrides)
 
 

@@ -19,10 +19,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from .calibration import Calibrator, confident_at_fdr, expected_calibration_error, ranking_features_flat
-from .errors import InputError
-from .evidence import Evidence
-from .fusion import ScoreFusion, fit_fusion, true_ranks
+from molpredict.calibration import Calibrator, confident_at_fdr, expected_calibration_error, ranking_features_flat
+from molpredict.errors import InputError
+from molpredict.evidence import Evidence
+from molpredict.fusion import ScoreFusion, fit_fusion, true_ranks
 
 __all__ = ["candidate_sets_from_library", "ranking_candidates", "fit_submodel_scoring", "ValidationTerms", "validation_terms",
            "fit_scoring"]
@@ -125,7 +125,7 @@ def validation_terms(identifier: Any, spectra: Sequence[Any], wanted: Sequence[s
     -------
     ValidationTerms
     """
-    from .evaluate import collect_queries, labelled_queries
+    from molpredict.evaluate import collect_queries, labelled_queries
 
     source = identifier.source
     labelled, _ = collect_queries(spectra, source)
@@ -228,8 +228,8 @@ def ranking_candidates(molecules: Sequence[Any], collections: Sequence[Mapping[s
     """:class:`~molpredict.models.base.CandidateSets` for validation labels ``molecules``: for each collection of
     sets, one set per input whose structure has a set there (an input may rank once per collection), or None
     when no input has one."""
-    from .models.base import CandidateSets
-    from .molecules import Molecule
+    from molpredict.models.base import CandidateSets
+    from molpredict.molecules import Molecule
 
     index: dict[tuple[str, str], int] = {}
     pool: list[Any] = []
@@ -271,11 +271,11 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
     ``max_structures`` bounds the cost (the fragment score fragments every candidate): the spectra of a seeded
     sample of that many validation structures are used (all when None).
     """
-    from .candidate_sources import SetSource
-    from .evidence import WITH_PRIOR, WITHOUT_PRIOR, ScoringVariant
-    from .fusion import FRAGMENTS, PRIOR
-    from .identify import Identifier, IdentifyOptions
-    from .modelfile import ModelBundle
+    from molpredict.candidate_sources import SetSource
+    from molpredict.evidence import WITH_PRIOR, WITHOUT_PRIOR, ScoringVariant
+    from molpredict.fusion import FRAGMENTS, PRIOR
+    from molpredict.identify import Identifier, IdentifyOptions
+    from molpredict.modelfile import ModelBundle
 
     say = log or (lambda message: None)
     bundle = ModelBundle({sub.ion_mode: sub})

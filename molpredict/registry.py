@@ -28,9 +28,9 @@ from typing import Any, Iterable
 
 import pluggy
 
-from . import hookspecs
-from .errors import PluginError, SpecError
-from .specs import ComponentSpec, nested_spec, parse_spec
+from molpredict import hookspecs
+from molpredict.errors import PluginError, SpecError
+from molpredict.specs import ComponentSpec, nested_spec, parse_spec
 
 __all__ = [
     "KINDS",
@@ -149,7 +149,7 @@ class Registry:
         for name in _env_list("MOLPREDICT_BLOCK_PLUGINS") or []:
             self.pm.set_blocked(name)
 
-        from . import __version__, builtins
+        from molpredict import __version__, builtins
         self._add_plugin(builtins, BUILTIN_PROVIDER, __version__)
         if load_external:
             self._load_entry_points()

@@ -225,8 +225,8 @@ def _fragment_explainer() -> Any:
 def _explained_peaks(explain: Any, spectrum: Any, smiles: str, adduct: str) -> list[list[Any]] | None:
     """``[[m/z, relative intensity 0..1000, ion formula], ...]`` of the peaks the structure explains (``explain``
     from :func:`_fragment_explainer`), or None when annotation is not possible for this query."""
-    from .errors import MolpredictError
-    from .molecules import Molecule
+    from molpredict.errors import MolpredictError
+    from molpredict.molecules import Molecule
 
     try:
         molecule = Molecule.from_smiles(smiles)
@@ -416,7 +416,7 @@ class Report:
     def write(self, path: str | Path) -> int:
         """Write the page to ``path``; returns its size in bytes."""
         text = self.html()
-        from .io.atomic import atomic_write
+        from molpredict.io.atomic import atomic_write
 
         with atomic_write(path) as handle:
             handle.write(text)
@@ -460,7 +460,7 @@ class Report:
 
 def versions() -> dict[str, str]:
     """molpredict, Python, numpy, RDKit and torch versions (for the parameters table)."""
-    from . import __version__
+    from molpredict import __version__
 
     out = {"molpredict": __version__, "python": platform.python_version(), "numpy": np.__version__}
     try:
@@ -536,9 +536,9 @@ def build_report_from_files(results: str | Path, spectra: str | Path, output: st
     (int, Report)
         The page's size in bytes and the report.
     """
-    from .identify import unique_ids
-    from .io.results import read_result_rows, read_skipped
-    from .spectra import SkipReport, read_spectra
+    from molpredict.identify import unique_ids
+    from molpredict.io.results import read_result_rows, read_skipped
+    from molpredict.spectra import SkipReport, read_spectra
 
     options = ReportOptions(top_k=top_k, explain=fragments)
     if title:
@@ -565,7 +565,7 @@ def build_report_from_files(results: str | Path, spectra: str | Path, output: st
         report.add_skipped(str(spectrum.id), f"no rows in {Path(results).name}")
     bundle = None
     if model_path:
-        from .modelfile import ModelBundle
+        from molpredict.modelfile import ModelBundle
         bundle = ModelBundle.load(model_path)
     report.parameters = run_parameters(bundle, library, spectra=str(spectra), results=str(results))
     size = report.write(output)

@@ -35,9 +35,9 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from .coordinates_cache import CoordinatesCache
-from .errors import InputError
-from .modelfile import ModelBundle, SubModel
+from molpredict.coordinates_cache import CoordinatesCache
+from molpredict.errors import InputError
+from molpredict.modelfile import ModelBundle, SubModel
 
 __all__ = ["Query", "CandidateCoordinates", "score_queries", "query_blocks", "scored", "shared_candidate_scores",
            "score_library", "load_bundle_once", "WorkerState", "Executor", "InProcessExecutor", "DaskExecutor", "executor_for",
@@ -515,7 +515,7 @@ def require_bundle_path(bundle: ModelBundle) -> str:
 def resolved_cache_root(cache_root: Any) -> Any:
     """The cache root made explicit (None: this process's default), so workers use the same one."""
     if cache_root is None:
-        from .coordinates_cache import default_cache_root
+        from molpredict.coordinates_cache import default_cache_root
         return default_cache_root()
     return cache_root
 

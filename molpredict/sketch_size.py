@@ -26,11 +26,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import SpecError
-from .models.basis import SketchedOutputBasis, distinct_objects
-from .nystrom import Nystrom, create_component
-from .models.dsokr import CandidateSets, candidate_sets, coordinate_metrics
-from .specs import ComponentSpec, nested_spec, parse_spec
+from molpredict.errors import SpecError
+from molpredict.models.basis import SketchedOutputBasis, distinct_objects
+from molpredict.nystrom import Nystrom, create_component
+from molpredict.models.dsokr import CandidateSets, candidate_sets, coordinate_metrics
+from molpredict.specs import ComponentSpec, nested_spec, parse_spec
 
 __all__ = ["perfect_h_curve", "recommend", "effective_dimension", "plot_curve", "DEFAULT_GRID"]
 
@@ -192,18 +192,18 @@ def read_structures(path: str, ion_mode: str | None = None) -> tuple[list[Any], 
     """
     from pathlib import Path
 
-    from .errors import InputError
-    from .molecules import Molecule
+    from molpredict.errors import InputError
+    from molpredict.molecules import Molecule
 
     name = Path(path).name.lower().removesuffix(".gz")
     smiles: list[str | None] = []
     if Path(name).suffix in (".mgf", ".msp", ".mzml"):
-        from .io import read_spectra
+        from molpredict.io import read_spectra
         for spectrum in read_spectra(path):
             if ion_mode is None or spectrum.ion_mode == ion_mode:
                 smiles.append(spectrum.smiles)
     else:
-        from .io.common import open_text
+        from molpredict.io.common import open_text
         with open_text(path, "SMILES or TSV") as handle:
             lines = [line.rstrip("\n") for line in handle if line.strip()]
         separator = "\t" if lines and "\t" in lines[0] else ("," if name.endswith(".csv") else None)

@@ -35,9 +35,9 @@ from typing import Any, ClassVar
 import numpy as np
 import scipy.sparse as sp
 
-from .component import Component
-from .errors import ResourceError, SpecError
-from .kernels.base import Kernel
+from molpredict.component import Component
+from molpredict.errors import ResourceError, SpecError
+from molpredict.kernels.base import Kernel
 
 __all__ = [
     "Sketch",
@@ -116,7 +116,7 @@ def leverage_scores(kernel: Kernel, lam: float, n_landmarks: int, rng: np.random
     k = min(n, max(1, int(n_landmarks)))
     landmarks = np.sort(rng.choice(n, size=k, replace=False))
     K_ln = kernel.gram(landmarks)  # (k, n)
-    from .linalg import truncated_eigh
+    from molpredict.linalg import truncated_eigh
     s, V = truncated_eigh(K_ln[:, landmarks])
     features = K_ln.T @ (V / np.sqrt(s))  # (n, r): K ~= features @ features.T
     gram = features.T @ features
@@ -593,5 +593,5 @@ def make_sketch(spec: "str | Sketch | None", **overrides: Any) -> Sketch:
         return spec
     if spec is None or str(spec).strip().lower() in ("", "none", "identity"):
         return IdentitySketch()
-    from .registry import create
+    from molpredict.registry import create
     return create("sketch", spec, **overrides)

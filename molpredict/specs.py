@@ -16,7 +16,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import SpecError
+from molpredict.errors import SpecError
 
 __all__ = ["Grid", "ComponentSpec", "nested_spec", "parse_spec", "parse_value", "parse_values", "format_value"]
 

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import SpecError
-from .spectrum import Spectrum, spectrum_ion_mode
+from molpredict.errors import SpecError
+from molpredict.spectrum import Spectrum, spectrum_ion_mode
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come lazily from __getattr__ below
-    from .io import (SkipEntry, SkipReport, read_mgf, read_msp, read_mzml, read_mzxml, read_spectra,
+    from molpredict.io import (SkipEntry, SkipReport, read_mgf, read_msp, read_mzml, read_mzxml, read_spectra,
                      spectra_from_arrays, spectra_to_arrays, write_mgf)
 
 __all__ = [
@@ -58,7 +58,7 @@ def __getattr__(name: str) -> Any:
     # Re-exported lazily (PEP 562) so that ``import molpredict.spectra`` stays light (pyteomics, lxml, gzip).
     # The readers import the record from molpredict.spectrum, not from here: no import cycle.
     if name in _IO_NAMES:
-        from . import io
+        from molpredict import io
         return getattr(io, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -18,10 +18,10 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .errors import InputError, SpecError
-from .modelfile import ION_MODES, ModelBundle, SubModel, file_sha256, json_ready
-from .specs import Grid, parse_spec
-from .spectra import spectrum_ion_mode
+from molpredict.errors import InputError, SpecError
+from molpredict.modelfile import ION_MODES, ModelBundle, SubModel, file_sha256, json_ready
+from molpredict.specs import Grid, parse_spec
+from molpredict.spectra import spectrum_ion_mode
 
 __all__ = ["TrainOptions", "DEFAULT_MODEL", "LabelledSet", "load_labelled", "train_bundle", "train_text_bundle",
            "model_defaults", "license_excluded", "build_model", "format_summary"]
@@ -39,7 +39,7 @@ def model_defaults(model_spec: str, input_type: str = "spectrum", n_inputs: int 
     defaults updated with :meth:`~molpredict.models.base.Model.train_defaults` (which may depend on the input
     type and the data size). Parameters given in ``model_spec`` itself are not included."""
     if registry is None:
-        from .registry import get_registry
+        from molpredict.registry import get_registry
         registry = get_registry()
     cls = registry.get("model", parse_spec(model_spec).name)
     params = {p.name: p.default for p in inspect.signature(cls.__init__).parameters.values()
@@ -184,8 +184,8 @@ def load_labelled(paths: Iterable[str | Path], options: TrainOptions, progress: 
     InputError
         A file that is not spectra (unknown extension, binary...), from the readers.
     """
-    from .molecules import label_structure
-    from .spectra import CleaningPipeline, SkipReport, read_spectra
+    from molpredict.molecules import label_structure
+    from molpredict.spectra import CleaningPipeline, SkipReport, read_spectra
 
     cleaning = CleaningPipeline.from_dict(options.cleaning) if options.cleaning else CleaningPipeline()
     wanted = set(options.ion_modes) if options.ion_modes else None
@@ -242,7 +242,7 @@ def build_model(model_spec: str, params: dict[str, Any], registry: Any = None) -
     """Instantiate a model from ``name[:key=value,...]`` plus ``params`` (only those the model accepts; values
     given in the spec win). Grids (``a|b``) are passed to the model as strings for it to search."""
     if registry is None:
-        from .registry import get_registry
+        from molpredict.registry import get_registry
         registry = get_registry()
     spec = parse_spec(model_spec)
     cls = registry.get("model", spec.name)
@@ -287,7 +287,7 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
     InputError
         No usable training spectra (for an asked ion mode).
     """
-    from .text_pairs import split_inputs
+    from molpredict.text_pairs import split_inputs
 
     if split_inputs(list(train_paths) + list(val_paths), what="train"):
         return train_text_bundle(train_paths, options, val_paths=val_paths, log=log)
@@ -310,8 +310,8 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
         if not train.n_used(mode):
             raise InputError(f"no usable {mode} training spectra (use --ion-mode to train other modes)",
                              path=", ".join(str(p) for p in train_paths))
-    from .molecules import DEFAULT_ADDUCTS
-    from .spectra import CleaningPipeline
+    from molpredict.molecules import DEFAULT_ADDUCTS
+    from molpredict.spectra import CleaningPipeline
 
     cleaning = (CleaningPipeline.from_dict(options.cleaning) if options.cleaning else CleaningPipeline()).to_dict()
     train_hash = file_sha256(train_paths, extra=options.filters())
@@ -327,8 +327,8 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
         spectra, molecules = train.spectra[mode], train.molecules[mode]
         val_pair = None
         if val is not None and val.n_used(mode):
-            from .models.base import ValidationData
-            from .ranking_validation import ranking_candidates
+            from molpredict.models.base import ValidationData
+            from molpredict.ranking_validation import ranking_candidates
 
             candidates = ranking_candidates(val.molecules[mode], sets) if sets else None
             val_pair = ValidationData(val.spectra[mode], val.molecules[mode], candidates)
@@ -356,10 +356,10 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
         t0 = time.perf_counter()
         sub.prior = _fit_prior(options, spectra, molecules)
         if sets and val_pair is not None and getattr(val_pair, "candidates", None) is not None:
-            from .ranking_validation import fit_submodel_scoring
+            from molpredict.ranking_validation import fit_submodel_scoring
 
             if options.fragments:
-                from .fragments import FragmentScorer
+                from molpredict.fragments import FragmentScorer
                 sub.fragments = FragmentScorer().get_params()
             metric = options.select_by if options.select_by not in (None, "kernel-loss") else "mrr"
             sample = options.fusion_structures if sub.fragments is not None else None
@@ -389,18 +389,18 @@ def _validation_sets(options: TrainOptions, val: LabelledSet, modes: Sequence[st
                      ) -> list[dict[str, list[tuple[str, str]]]] | None:
     """Candidate-set collections for the validation structures: one per ``val_candidates`` file, else one drawn
     from ``library``, else None (ranking-aware selection then falls back on the kernel loss)."""
-    from .candidates import load_candidate_sets
-    from .ranking_validation import candidate_sets_from_library
+    from molpredict.candidates import load_candidate_sets
+    from molpredict.ranking_validation import candidate_sets_from_library
 
     if options.val_candidates:
         paths = [options.val_candidates] if isinstance(options.val_candidates, (str, Path)) \
             else list(options.val_candidates)
         return [load_candidate_sets(path) for path in paths]
-    from . import config
+    from molpredict import config
 
     library_path = options.library or config.default_library()
     if library_path:
-        from .candidates import read_library
+        from molpredict.candidates import read_library
 
         library = read_library(library_path)
         molecules = [m for mode in modes for m in val.molecules.get(mode, [])]
@@ -421,7 +421,7 @@ def _fit_prior(options: TrainOptions, spectra: Sequence[Any], molecules: Sequenc
     prior = build_model("prior", {})  # through the registry: the bundle names it by its registry name
     if options.prior == "train":
         return prior.fit(spectra, molecules)
-    from .candidates import read_library
+    from molpredict.candidates import read_library
 
     library = read_library(options.prior)
     reference = library.molecules(np.arange(len(library)))
@@ -506,8 +506,8 @@ def train_text_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
     SpecError
         A model / input kernel / encoder that does not take text.
     """
-    from .modelfile import TEXT_MODE
-    from .text_pairs import PairsReport, read_text_pairs
+    from molpredict.modelfile import TEXT_MODE
+    from molpredict.text_pairs import PairsReport, read_text_pairs
 
     say = log or (lambda message: None)
     where = ", ".join(str(p) for p in train_paths)

@@ -10,8 +10,8 @@ import sys
 
 import click
 
-from ..errors import MolpredictError
-from .group import cli
+from molpredict.errors import MolpredictError
+from molpredict.cli.group import cli
 
 __all__ = ["cli", "main"]
 
@@ -26,17 +26,17 @@ def _preset_plugins_dir(argv: list[str]) -> None:
 
 
 # Command modules attach their commands to ``cli`` (from .group) on import.
-from . import plugins  # noqa: E402,F401
-from . import spectra  # noqa: E402,F401
-from . import candidates  # noqa: E402,F401
-from . import identification  # noqa: E402,F401
-from . import dsokr  # noqa: E402,F401
-from . import config  # noqa: E402,F401
-from . import report  # noqa: E402,F401
+from molpredict.cli import plugins  # noqa: E402,F401
+from molpredict.cli import spectra  # noqa: E402,F401
+from molpredict.cli import candidates  # noqa: E402,F401
+from molpredict.cli import identification  # noqa: E402,F401
+from molpredict.cli import dsokr  # noqa: E402,F401
+from molpredict.cli import config  # noqa: E402,F401
+from molpredict.cli import report  # noqa: E402,F401
 
 
 def _add_plugin_commands() -> None:
-    from ..registry import get_registry
+    from molpredict.registry import get_registry
     try:
         get_registry().register_commands(cli)
     except MolpredictError as exc:

@@ -5,7 +5,7 @@ import json
 
 import click
 
-from .group import cli
+from molpredict.cli.group import cli
 
 __all__ = ["config_group"]
 
@@ -26,7 +26,7 @@ def config_set(key: str, value: str) -> None:
       molpredict config set library ~/data/pool.tsv.gz
       molpredict config set model ~/models/massbank
     """
-    from ..config import read_config, set_value
+    from molpredict.config import read_config, set_value
 
     path = set_value(key, value)
     click.echo(f"molpredict: {key} = {read_config()[key]} (saved in {path})", err=True)
@@ -36,7 +36,7 @@ def config_set(key: str, value: str) -> None:
 @click.argument("key", type=click.Choice(["library", "model"]))
 def config_unset(key: str) -> None:
     """Forget the stored KEY."""
-    from ..config import unset_value
+    from molpredict.config import unset_value
 
     path = unset_value(key)
     click.echo(f"molpredict: {key} unset (in {path})", err=True)
@@ -46,7 +46,7 @@ def config_unset(key: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def config_show(as_json: bool) -> None:
     """Print each setting, its value and where it comes from (environment, config file, default, unset)."""
-    from ..config import SETTINGS, show
+    from molpredict.config import SETTINGS, show
 
     info = show()
     if as_json:

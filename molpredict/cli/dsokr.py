@@ -5,8 +5,8 @@ import json
 
 import click
 
-from ..errors import InputError, SpecError
-from .group import cli
+from molpredict.errors import InputError, SpecError
+from molpredict.cli.group import cli
 
 __all__ = ["select_sketch_size"]
 
@@ -62,8 +62,8 @@ def select_sketch_size(train: str, val_path: str, grid: str, output_kernel: str,
     --tolerance of the best)."""
     import numpy as np
 
-    from ..models.basis import distinct_objects
-    from ..sketch_size import effective_dimension, perfect_h_curve, plot_curve, read_structures, recommend
+    from molpredict.models.basis import distinct_objects
+    from molpredict.sketch_size import effective_dimension, perfect_h_curve, plot_curve, read_structures, recommend
 
     def say(message: str) -> None:
         if not quiet:
@@ -84,7 +84,7 @@ def select_sketch_size(train: str, val_path: str, grid: str, output_kernel: str,
         raise InputError("no validation structures", path=val_path)
     candidates = None
     if candidates_path:
-        from ..candidates import candidate_set_molecules, load_candidate_sets
+        from molpredict.candidates import candidate_set_molecules, load_candidate_sets
         sets = load_candidate_sets(candidates_path)
         missing = [t for t in truths if t.inchikey14 not in sets]
         truths = [t for t in truths if t.inchikey14 in sets]
@@ -120,7 +120,7 @@ def select_sketch_size(train: str, val_path: str, grid: str, output_kernel: str,
         plot_curve(rows, plot_path, choice, title=f"Perfect h ({output_kernel}, {sketch})")
         say(f"wrote {plot_path}")
     if json_path:
-        from ..io.atomic import atomic_write
+        from molpredict.io.atomic import atomic_write
         with atomic_write(json_path) as handle:
             json.dump({"train": train, "val": val_path, "candidates": candidates_path, "output_kernel": output_kernel,
                        "sketch": sketch, "repeats": repeats, "n_queries": len(truths), "curve": rows,

@@ -9,8 +9,8 @@ import os
 
 import click
 
-from .. import __version__
-from ..errors import MolpredictError
+from molpredict import __version__
+from molpredict.errors import MolpredictError
 
 __all__ = ["cli", "MolpredictGroup"]
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import click
 
-from ..errors import InputError, ModelFileError
-from .group import cli
+from molpredict.errors import InputError, ModelFileError
+from molpredict.cli.group import cli
 
 __all__ = ["train", "identify", "evaluate", "score_library", "model_group", "data"]
 
@@ -34,8 +34,8 @@ def _say(quiet: bool):
 
 
 def _load_bundle(path: str | None, say=None):
-    from ..config import resolve
-    from ..modelfile import ModelBundle
+    from molpredict.config import resolve
+    from molpredict.modelfile import ModelBundle
 
     if path is None:
         default, origin = resolve("model")
@@ -66,7 +66,7 @@ _cluster_option = click.option(
 
 
 def _executor(cluster: str | None, say):
-    from ..scoring import executor_for
+    from molpredict.scoring import executor_for
 
     executor = executor_for(cluster)
     if not executor.in_process:
@@ -90,7 +90,7 @@ class ModelDefaultOption(click.Option):
         if record is None:
             return None
         try:
-            from ..training import DEFAULT_MODEL, model_defaults
+            from molpredict.training import DEFAULT_MODEL, model_defaults
             spectra = model_defaults(DEFAULT_MODEL).get(self.name)
             text = model_defaults(DEFAULT_MODEL, "text", n_inputs=10**9, n_structures=10**9).get(self.name)
         except Exception:  # a broken model plugin must not break --help
@@ -156,7 +156,7 @@ def train(train_files, output, val_files, model_spec, input_kernel, output_kerne
     (default input kernel text-ngram; rows with an empty description or an unusable SMILES are skipped and
     counted, the first ones named by file, line and field). Tables and spectra cannot be mixed in one call.
     """
-    from ..training import TrainOptions, format_summary, train_bundle
+    from molpredict.training import TrainOptions, format_summary, train_bundle
 
     say = _say(quiet)
     modes = None if ion_mode is None else (["positive", "negative"] if ion_mode == "both" else [ion_mode])
@@ -176,8 +176,8 @@ def train(train_files, output, val_files, model_spec, input_kernel, output_kerne
         click.echo(format_summary(summary), err=True)
         click.echo(f"molpredict: saved model bundle {path} ({summary['total_s']:.1f} s)", err=True)
     if summary_json:
-        from ..modelfile import json_ready
-        from ..io.atomic import atomic_write
+        from molpredict.modelfile import json_ready
+        from molpredict.io.atomic import atomic_write
         with atomic_write(summary_json) as handle:
             handle.write(json.dumps(json_ready(summary), indent=2) + "\n")
 
@@ -195,7 +195,7 @@ def _spool_stdin() -> str:
 
 def _library_path(library: str | None) -> str:
     """``--library``, else the configured default; without either, the one-line error saying how to set one."""
-    from ..config import default_library, no_library_message
+    from molpredict.config import default_library, no_library_message
 
     library = library or default_library()
     if library is None:
@@ -204,7 +204,7 @@ def _library_path(library: str | None) -> str:
 
 
 def _load_library(library: str | None, say, progress: bool, cache: bool | None = None):
-    from ..candidates import read_library
+    from molpredict.candidates import read_library
 
     library = _library_path(library)
     t0 = time.perf_counter()
@@ -280,10 +280,10 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     Example:
       molpredict identify --text "The molecule is a ..." --model textmodel --library molecules.tsv
     """
-    from ..candidate_sources import LibrarySource
-    from ..identify import IdentifyOptions, Identifier, Skipped, read_formula_hints
-    from ..io.results import ResultWriter, ResumableOutput, output_format, write_skipped
-    from ..spectra import SkipReport, read_spectra
+    from molpredict.candidate_sources import LibrarySource
+    from molpredict.identify import IdentifyOptions, Identifier, Skipped, read_formula_hints
+    from molpredict.io.results import ResultWriter, ResumableOutput, output_format, write_skipped
+    from molpredict.spectra import SkipReport, read_spectra
 
     say = _say(quiet)
     show = _progress_default(progress)
@@ -323,8 +323,8 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
                                 cache_root=_cache_root(cache_dir, no_cache), progress=show)
         html = None
         if report_path:
-            from ..identify import unique_ids
-            from ..report import Report, ReportOptions
+            from molpredict.identify import unique_ids
+            from molpredict.report import Report, ReportOptions
             html = Report(ReportOptions(top_k=min(top_k, 5)))
             spectra = html.watch(unique_ids(spectra))   # the ids the rows will carry
         t0 = time.perf_counter()
@@ -374,7 +374,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     if skipped_path:
         write_skipped(skipped, skipped_path)
     if html is not None:
-        from ..report import run_parameters
+        from molpredict.report import run_parameters
         for s in skipped:
             html.add_skipped(s.query_id, s.reason, s.file, s.record)
         html.parameters = run_parameters(bundle, lib.path or library, len(lib), options,
@@ -415,7 +415,7 @@ def _run_fingerprint(spectra_file, spool, model_path, library, by, ppm, precisio
 
 def _restore(identifier, blocks: list[dict]) -> None:
     """The accounting of the blocks an interrupted run finished (from the resumable output's journal)."""
-    from ..identify import Skipped
+    from molpredict.identify import Skipped
 
     for block in blocks:
         identifier.n_candidates.extend(block.get("n_candidates", []))
@@ -428,11 +428,11 @@ def _identify_text(texts: list[str], text_file: str | None, model_path: str | No
                    sources, top_k: int, output: str | None, out_format: str, cache_dir: str | None,
                    no_cache: bool, show: bool, quiet: bool) -> None:
     """``identify --text``: every description against the whole library (or its --source rows)."""
-    from ..candidate_sources import LibrarySource
-    from ..identify import IdentifyOptions, Identifier
-    from ..io.atomic import atomic_write
-    from ..io.results import ResultWriter
-    from ..text_pairs import read_text_lines
+    from molpredict.candidate_sources import LibrarySource
+    from molpredict.identify import IdentifyOptions, Identifier
+    from molpredict.io.atomic import atomic_write
+    from molpredict.io.results import ResultWriter
+    from molpredict.text_pairs import read_text_lines
 
     say = _say(quiet)
     texts = [" ".join(t.split()) for t in texts]
@@ -500,10 +500,10 @@ def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot
     For text, each description is ranked against the whole --library (ChEBI-20: molecules.tsv) or its
     structure's candidate set; a hit is the same molecule (canonical isomeric SMILES, stereo included).
     """
-    from ..candidates import load_candidate_sets
-    from ..evaluate import evaluate as run_evaluation
-    from ..evaluate import evaluate_text, format_report, plot_curves
-    from ..text_pairs import split_inputs
+    from molpredict.candidates import load_candidate_sets
+    from molpredict.evaluate import evaluate as run_evaluation
+    from molpredict.evaluate import evaluate_text, format_report, plot_curves
+    from molpredict.text_pairs import split_inputs
 
     say = _say(quiet)
     text = split_inputs(spectra_files, what="evaluate")
@@ -569,7 +569,7 @@ def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot
 @_quiet_option
 def score_library(library, model_path, ion_mode, block_size, cache_dir, cluster, progress, quiet) -> None:
     """Precompute candidate coordinates of a whole LIBRARY for a model (resumable: rerun after an interrupt)."""
-    from ..scoring import score_library as run
+    from molpredict.scoring import score_library as run
 
     say = _say(quiet)
     show = _progress_default(progress)
@@ -599,7 +599,7 @@ def model_group() -> None:
 @click.argument("model_path", metavar="[MODEL]", required=False, type=click.Path())
 def model_info(model_path) -> None:
     """Show what a bundle holds: per ion mode the model, training data, licences and validation metrics."""
-    from ..modelfile import json_ready
+    from molpredict.modelfile import json_ready
 
     bundle = _load_bundle(model_path)
     click.echo(json.dumps(json_ready(bundle.describe()), indent=2))
@@ -632,7 +632,7 @@ def _print_import(summary: dict, out: str) -> None:
 def import_massbank(path, output, train_fraction, val_fraction, progress) -> None:
     """Import MassBank records (a MassBank-data checkout, or a .zip / .tar.gz release archive) into
     {train,val,test}_{pos,neg}.mgf, split by a hash of the InChIKey first block (structure-disjoint)."""
-    from ..massbank import import_massbank as run
+    from molpredict.massbank import import_massbank as run
 
     test_fraction = 1.0 - train_fraction - val_fraction
     summary = run(path, output, fractions=(("train", train_fraction), ("val", val_fraction),
@@ -655,7 +655,7 @@ def fetch() -> None:
 def fetch_massbank(output, release, keep_archive, url, progress) -> None:
     """Download the MassBank-data release archive from GitHub and import it (see `data import-massbank`).
     An interrupted download resumes where it stopped when run again."""
-    from ..massbank import fetch_massbank as run
+    from molpredict.massbank import fetch_massbank as run
 
     summary = run(output, release=release, keep_archive=keep_archive, progress=_progress_default(progress),
                   url=url)

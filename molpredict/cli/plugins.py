@@ -5,8 +5,8 @@ import json
 
 import click
 
-from ..registry import KINDS, get_registry
-from .group import cli
+from molpredict.registry import KINDS, get_registry
+from molpredict.cli.group import cli
 
 
 @cli.group()

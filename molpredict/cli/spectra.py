@@ -7,7 +7,7 @@ from collections import Counter
 import click
 import numpy as np
 
-from .group import cli
+from molpredict.cli.group import cli
 
 __all__ = ["spectra", "spectra_info", "summarize_spectra"]
 
@@ -28,7 +28,7 @@ def summarize_spectra(path: str) -> dict:
     InputError
         The file is not a spectra file.
     """
-    from ..io import SkipReport, read_spectra, spectra_format
+    from molpredict.io import SkipReport, read_spectra, spectra_format
 
     report = SkipReport()
     ion_modes: Counter = Counter()

@@ -8,14 +8,14 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..errors import InputError
-from ..spectrum import Spectrum
-from .arrays import spectra_from_arrays, spectra_to_arrays
-from .common import SkipEntry, SkipReport
-from .mgf import read_mgf, write_mgf
-from .msp import read_msp
-from .mzml import read_mzml
-from .mzxml import read_mzxml
+from molpredict.errors import InputError
+from molpredict.spectrum import Spectrum
+from molpredict.io.arrays import spectra_from_arrays, spectra_to_arrays
+from molpredict.io.common import SkipEntry, SkipReport
+from molpredict.io.mgf import read_mgf, write_mgf
+from molpredict.io.msp import read_msp
+from molpredict.io.mzml import read_mzml
+from molpredict.io.mzxml import read_mzxml
 
 __all__ = ["read_spectra", "read_mgf", "read_msp", "read_mzml", "read_mzxml", "write_mgf", "SkipReport", "SkipEntry",
            "spectra_to_arrays", "spectra_from_arrays", "SPECTRA_READERS", "spectra_format"]

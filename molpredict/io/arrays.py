@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelFileError
-from ..spectrum import Spectrum
+from molpredict.errors import ModelFileError
+from molpredict.spectrum import Spectrum
 
 __all__ = ["spectra_to_arrays", "spectra_from_arrays", "ARRAYS_FORMAT_VERSION"]
 

@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import IO, Iterator, NamedTuple
 
-from ..errors import InputError
+from molpredict.errors import InputError
 
 __all__ = ["SkipEntry", "SkipReport", "open_text", "file_stem", "parse_charge", "normalize_ion_mode",
            "parse_ms_level", "adduct_from_name"]
@@ -232,8 +232,8 @@ def adduct_from_name(name: str | None, ion_mode: str | None = None) -> str | Non
     >>> adduct_from_name("Caffeine M+H"), adduct_from_name("X [M-H]-"), adduct_from_name("Vitamin E")
     ('[M+H]+', '[M-H]-', None)
     """
-    from ..errors import MolpredictError
-    from ..molecules import ADDUCTS, parse_adduct
+    from molpredict.errors import MolpredictError
+    from molpredict.molecules import ADDUCTS, parse_adduct
 
     if not name or not name.split():
         return None
@@ -260,8 +260,8 @@ def adduct_from_name(name: str | None, ion_mode: str | None = None) -> str | Non
 
 
 def _known_adduct(text: str, table: dict) -> bool:
-    from ..errors import MolpredictError
-    from ..molecules import parse_adduct
+    from molpredict.errors import MolpredictError
+    from molpredict.molecules import parse_adduct
 
     try:
         return parse_adduct(text).name in table

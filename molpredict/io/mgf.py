@@ -17,9 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import InputError
-from ..spectrum import Spectrum, ion_mode_from
-from .common import (SkipReport, _Skipper, adduct_from_name, file_stem, normalize_ion_mode,
+from molpredict.errors import InputError
+from molpredict.spectrum import Spectrum, ion_mode_from
+from molpredict.io.common import (SkipReport, _Skipper, adduct_from_name, file_stem, normalize_ion_mode,
                      open_text, parse_charge, parse_ms_level)
 
 __all__ = ["read_mgf", "write_mgf", "MGF_KEY_MAP"]
@@ -383,7 +383,7 @@ def write_mgf(spectra: Iterable[Spectrum], path_or_file: str | os.PathLike | IO[
     ``precursor_intensity``), and an absent ion mode comes back inferred from the charge or adduct.
     """
     if isinstance(path_or_file, (str, os.PathLike)):
-        from .atomic import atomic_text
+        from molpredict.io.atomic import atomic_text
 
         with atomic_text(path_or_file, newline="\n") as handle:  # a failed write leaves no half file
             return _write_mgf(spectra, handle)

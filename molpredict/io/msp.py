@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..errors import InputError
-from ..spectrum import Spectrum, ion_mode_from
-from .common import (SkipReport, _Skipper, adduct_from_name, file_stem, normalize_ion_mode,
+from molpredict.errors import InputError
+from molpredict.spectrum import Spectrum, ion_mode_from
+from molpredict.io.common import (SkipReport, _Skipper, adduct_from_name, file_stem, normalize_ion_mode,
                      open_text, parse_charge, parse_ms_level)
 
 __all__ = ["read_msp", "MSP_KEY_MAP"]

@@ -6,10 +6,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..errors import InputError, MolpredictError
-from ..spectrum import Spectrum
-from .common import SkipReport
-from .scans import iter_scans, precursor_charge_and_mode, scan_peaks
+from molpredict.errors import InputError, MolpredictError
+from molpredict.spectrum import Spectrum
+from molpredict.io.common import SkipReport
+from molpredict.io.scans import iter_scans, precursor_charge_and_mode, scan_peaks
 
 __all__ = ["read_mzml"]
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
-from ..spectrum import Spectrum, ion_mode_from
-from .common import SkipReport, _Skipper
+from molpredict.errors import InputError
+from molpredict.spectrum import Spectrum, ion_mode_from
+from molpredict.io.common import SkipReport, _Skipper
 
 __all__ = ["iter_scans", "scan_peaks", "precursor_charge_and_mode"]
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from molpredict.errors import InputError
 
 __all__ = ["StructureRecord", "read_smiles_records", "read_sdf_records", "sdf_items", "open_table_text", "is_gzip"]
 

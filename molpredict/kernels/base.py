@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from ..component import Component
+from molpredict.component import Component
 
 __all__ = ["Kernel", "InputKernel", "OutputKernel", "DegenerateObjectWarning", "normalize_block"]
 

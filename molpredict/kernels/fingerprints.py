@@ -23,9 +23,9 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import SpecError
-from ..molecules import Molecule, fingerprint_matrix
-from .base import OutputKernel
+from molpredict.errors import SpecError
+from molpredict.molecules import Molecule, fingerprint_matrix
+from molpredict.kernels.base import OutputKernel
 
 __all__ = ["tanimoto_bits", "minmax_counts", "cosine_fingerprints", "TanimotoKernel", "GaussianTanimotoKernel",
            "FingerprintCosineKernel"]

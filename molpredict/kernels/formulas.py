@@ -32,12 +32,12 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import SpecError
-from ..formulas import explain_masses, precursor_ion_formula, subformula_table
-from ..molecules import ELECTRON_MASS
-from ..spectra import Spectrum
-from .base import InputKernel, normalize_block
-from .spectra import _check_positive, _clean_peaks, _precision_of
+from molpredict.errors import SpecError
+from molpredict.formulas import explain_masses, precursor_ion_formula, subformula_table
+from molpredict.molecules import ELECTRON_MASS
+from molpredict.spectra import Spectrum
+from molpredict.kernels.base import InputKernel, normalize_block
+from molpredict.kernels.spectra import _check_positive, _clean_peaks, _precision_of
 
 __all__ = ["FormulaBags", "formula_bags", "bag_dot", "FormulaAnnotationKernel"]
 

@@ -33,9 +33,9 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from ..errors import SpecError
-from ..molecules import Molecule
-from .base import OutputKernel
+from molpredict.errors import SpecError
+from molpredict.molecules import Molecule
+from molpredict.kernels.base import OutputKernel
 
 __all__ = ["WLSubtreeKernel", "NSPDKernel", "CoreWLKernel", "molecule_graphs"]
 

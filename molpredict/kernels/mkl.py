@@ -41,10 +41,10 @@ import numpy as np
 import scipy.linalg
 import scipy.optimize
 
-from ..component import frozen_spec
-from ..errors import InputError, SpecError
-from ..specs import format_value
-from .base import DegenerateObjectWarning, InputKernel, _warn_degenerate, normalize_block
+from molpredict.component import frozen_spec
+from molpredict.errors import InputError, SpecError
+from molpredict.specs import format_value
+from molpredict.kernels.base import DegenerateObjectWarning, InputKernel, _warn_degenerate, normalize_block
 
 __all__ = ["split_kernel_list", "centered_gram", "centered_alignment", "alignf_weights", "MKLKernel"]
 
@@ -179,7 +179,7 @@ class MKLKernel(InputKernel):
 
     # -- fitting -----------------------------------------------------------------------------------------
     def fit(self, objects: Sequence[Any]) -> "MKLKernel":
-        from ..registry import create
+        from molpredict.registry import create
 
         objects = list(objects)
         self.subkernels_ = []
@@ -202,8 +202,8 @@ class MKLKernel(InputKernel):
         return self
 
     def _learn_weights(self, objects: list[Any]) -> np.ndarray:
-        from ..molecules import Molecule
-        from ..registry import create
+        from molpredict.molecules import Molecule
+        from molpredict.registry import create
 
         labelled = [i for i, o in enumerate(objects) if getattr(o, "smiles", None)]
         rng = np.random.default_rng(int(self.seed))

@@ -18,9 +18,9 @@ from typing import ClassVar, Sequence
 
 import numpy as np
 
-from ..errors import SpecError
-from ..molecules import Molecule
-from .fingerprints import GaussianTanimotoKernel, TanimotoKernel
+from molpredict.errors import SpecError
+from molpredict.molecules import Molecule
+from molpredict.kernels.fingerprints import GaussianTanimotoKernel, TanimotoKernel
 
 __all__ = ["parse_fingerprint_list", "MultiFingerprintKernel"]
 

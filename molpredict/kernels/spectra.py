@@ -61,9 +61,9 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import SpecError
-from ..spectra import Spectrum
-from .base import InputKernel, normalize_block
+from molpredict.errors import SpecError
+from molpredict.spectra import Spectrum
+from molpredict.kernels.base import InputKernel, normalize_block
 
 __all__ = [
     "PeakSet",

@@ -21,8 +21,8 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import PluginError, SpecError
-from .base import InputKernel
+from molpredict.errors import PluginError, SpecError
+from molpredict.kernels.base import InputKernel
 
 __all__ = [
     "ngrams",

@@ -18,9 +18,9 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from ..component import Component
-from ..errors import InputError
-from ..specs import ComponentSpec
+from molpredict.component import Component
+from molpredict.errors import InputError
+from molpredict.specs import ComponentSpec
 
 __all__ = ["Model", "TEXT_OUTPUT_KERNEL", "check_pairs", "CandidateSets", "ValidationData"]
 
@@ -53,7 +53,7 @@ class Model(Component, ABC):
         A model may override this with a class attribute. Worked out through
         :meth:`molpredict.registry.Registry.input_type`, the one place that resolves component input types.
         """
-        from ..registry import get_registry
+        from molpredict.registry import get_registry
         params = self.get_params()
         for kind in ("input_kernel", "encoder"):
             value = params.get(kind)

@@ -29,14 +29,14 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from ..errors import ModelFileError
-from ..device import resolve_device
-from ..features import bin_spectra
-from ..molecules import Molecule, fingerprint_matrix
-from ..errors import SpecError
-from ..specs import ComponentSpec
-from .base import Model, check_pairs
-from .distinct import distinct_objects, split_by_structure, structure_key
+from molpredict.errors import ModelFileError
+from molpredict.device import resolve_device
+from molpredict.features import bin_spectra
+from molpredict.molecules import Molecule, fingerprint_matrix
+from molpredict.errors import SpecError
+from molpredict.specs import ComponentSpec
+from molpredict.models.base import Model, check_pairs
+from molpredict.models.distinct import distinct_objects, split_by_structure, structure_key
 
 __all__ = [
     "RandomBaseline",
@@ -198,7 +198,7 @@ class PriorBaseline(_FingerprintMixin, Model):
 
     def _kernel(self) -> Any:
         """The registered output kernel that gives the similarity, with this model's fingerprint settings."""
-        from ..registry import create
+        from molpredict.registry import create
         if self.similarity not in _SIMILARITY_KERNELS:
             raise SpecError(f"prior: unknown similarity {self.similarity!r}; valid: "
                             f"{', '.join(_SIMILARITY_KERNELS)}")
@@ -525,7 +525,7 @@ class LibraryKNN(_FingerprintMixin, Model):
         self.block_size = block_size
 
     def _make_kernel(self):
-        from ..registry import create
+        from molpredict.registry import create
         return create("input_kernel", self.input_kernel)
 
     def fit(self, inputs, molecules, val=None) -> "LibraryKNN":
@@ -581,7 +581,7 @@ class LibraryKNN(_FingerprintMixin, Model):
 
     def get_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         _check_fitted(self, "kernel_")
-        from ..spectra import spectra_to_arrays
+        from molpredict.spectra import spectra_to_arrays
         train_arrays, train_meta = spectra_to_arrays(self.train_inputs_)
         arrays = {f"train.{name}": value for name, value in train_arrays.items()}
         arrays["structure_fingerprints"] = self.structure_fingerprints_
@@ -593,7 +593,7 @@ class LibraryKNN(_FingerprintMixin, Model):
 
     @classmethod
     def from_state(cls, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> "LibraryKNN":
-        from ..spectra import spectra_from_arrays
+        from molpredict.spectra import spectra_from_arrays
         model = cls(**_state_params(cls, metadata))
         train = {name[len("train."):]: value for name, value in arrays.items() if name.startswith("train.")}
         model.train_inputs_ = spectra_from_arrays(train, metadata.get("train_spectra", {}))

@@ -25,10 +25,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import SpecError
-from ..nystrom import Nystrom
-from ..specs import ComponentSpec, nested_spec, parse_spec
-from .distinct import distinct_objects, output_key
+from molpredict.errors import SpecError
+from molpredict.nystrom import Nystrom
+from molpredict.specs import ComponentSpec, nested_spec, parse_spec
+from molpredict.models.distinct import distinct_objects, output_key
 
 __all__ = ["output_key", "distinct_objects", "SketchedOutputBasis"]
 

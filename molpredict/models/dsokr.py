@@ -37,12 +37,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..decoding import query_metrics, true_rank_counts
-from ..errors import ModelFileError, SpecError
-from ..specs import nested_spec
-from .base import Model, check_pairs
-from .basis import SketchedOutputBasis, distinct_objects, output_key
-from .losses import make_loss, squared_distance
+from molpredict.decoding import query_metrics, true_rank_counts
+from molpredict.errors import ModelFileError, SpecError
+from molpredict.specs import nested_spec
+from molpredict.models.base import Model, check_pairs
+from molpredict.models.basis import SketchedOutputBasis, distinct_objects, output_key
+from molpredict.models.losses import make_loss, squared_distance
 
 __all__ = ["DSOKR", "CandidateSets", "candidate_sets", "coordinate_metrics", "state_dict_to_arrays"]
 
@@ -274,7 +274,7 @@ class DSOKR(Model):
         make_loss(nested_spec(self.loss))
 
     def _device(self) -> torch.device:
-        from ..device import resolve_device
+        from molpredict.device import resolve_device
         return resolve_device(self.device)
 
     def _forward(self, network: torch.nn.Module, features: Any, device: torch.device, block: int = 1024
@@ -314,7 +314,7 @@ class DSOKR(Model):
             raise SpecError("dsokr: member_weights=fit needs validation data")
         device = self._device()
         loss_fn = make_loss(nested_spec(self.loss))
-        from ..registry import create
+        from molpredict.registry import create
         self.encoder_ = create("encoder", nested_spec(self.encoder)).fit(inputs, device=device)
         features = self.encoder_.featurize(inputs)
         val_data = self._prepare_val(val) if val is not None else None
@@ -524,7 +524,7 @@ class DSOKR(Model):
 
     @classmethod
     def from_state(cls, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> "DSOKR":
-        from ..registry import create
+        from molpredict.registry import create
         try:
             model = cls(**metadata["params"])
             output = metadata["output"]
@@ -542,8 +542,8 @@ class DSOKR(Model):
             model.networks_.append(network)
         model.weights_ = np.asarray(output["weights"], dtype=np.float64)
         model.history_ = metadata.get("history", [])
-        from ..device import resolve_device
-        from ..errors import ResourceError
+        from molpredict.device import resolve_device
+        from molpredict.errors import ResourceError
         try:
             device = resolve_device(model.device)
         except ResourceError:  # trained on a GPU, reloaded where there is none

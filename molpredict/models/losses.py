@@ -26,8 +26,8 @@ from typing import Callable
 
 import torch
 
-from ..errors import SpecError
-from ..specs import nested_spec, parse_spec
+from molpredict.errors import SpecError
+from molpredict.specs import nested_spec, parse_spec
 
 __all__ = [
     "squared_distance",

@@ -69,16 +69,16 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from ..component import frozen_spec
-from ..device import resolve_device, resolve_dtype
-from ..errors import InputError, ModelFileError, MolpredictError, ResourceError, SpecError
-from ..registry import create, get_registry
-from ..linalg import lapack_threads
-from ..nystrom import Nystrom, objects_from_state, objects_to_state
-from ..sketches import Sketch, make_sketch
-from ..specs import ComponentSpec, Grid, parse_spec, parse_values
-from .base import Model, check_pairs
-from .distinct import distinct_positions, split_by_structure
+from molpredict.component import frozen_spec
+from molpredict.device import resolve_device, resolve_dtype
+from molpredict.errors import InputError, ModelFileError, MolpredictError, ResourceError, SpecError
+from molpredict.registry import create, get_registry
+from molpredict.linalg import lapack_threads
+from molpredict.nystrom import Nystrom, objects_from_state, objects_to_state
+from molpredict.sketches import Sketch, make_sketch
+from molpredict.specs import ComponentSpec, Grid, parse_spec, parse_values
+from molpredict.models.base import Model, check_pairs
+from molpredict.models.distinct import distinct_positions, split_by_structure
 
 __all__ = ["IOKR", "SIOKR", "ISOKR", "SISOKR"]
 
@@ -311,7 +311,7 @@ class _OutputSide:
     def val_ranking(self, core: torch.Tensor, candidates: Any, metric: str) -> float:
         """The ranking ``metric`` (mrr, hit@k) of the validation queries' true structures in their candidate sets,
         from the core coordinates (d_core x n_val), ties counted against the truth."""
-        from ..fusion import ranking_metrics
+        from molpredict.fusion import ranking_metrics
 
         core = core.to(torch.float32)
         offsets, flat, is_true = candidates.flat()

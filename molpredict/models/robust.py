@@ -24,12 +24,12 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..errors import ModelFileError, SpecError
-from ..specs import nested_spec, parse_spec
-from .base import Model, check_pairs
-from ..nystrom import Nystrom
-from .basis import SketchedOutputBasis
-from .losses import make_loss
+from molpredict.errors import ModelFileError, SpecError
+from molpredict.specs import nested_spec, parse_spec
+from molpredict.models.base import Model, check_pairs
+from molpredict.nystrom import Nystrom
+from molpredict.models.basis import SketchedOutputBasis
+from molpredict.models.losses import make_loss
 
 __all__ = ["RobustOKR", "ridge_solution"]
 
@@ -128,7 +128,7 @@ class RobustOKR(Model):
         loss_fn = make_loss(nested_spec(self.loss))
         inputs, molecules = list(inputs), list(molecules)
         check_pairs(inputs, molecules)
-        from ..device import resolve_device
+        from molpredict.device import resolve_device
         device = resolve_device(self.device)
 
         self.input_features_ = Nystrom(nested_spec(self.input_kernel),
@@ -208,7 +208,7 @@ class RobustOKR(Model):
 
     def kernel_loss(self, inputs: Sequence[Any], molecules: Sequence[Any]) -> float:
         """Mean ||h(x) - psi_y(y)||^2 on labelled pairs."""
-        from .losses import squared_distance
+        from molpredict.models.losses import squared_distance
         self._check_fitted()
         molecules = list(molecules)
         g = torch.as_tensor(self.predict_coordinates(inputs))

@@ -2,8 +2,8 @@
 
 >>> from molpredict.testing import check_kernel, check_model, check_sketch
 """
-from .kernels import check_kernel
-from .models import check_model
-from .sketches import check_sketch
+from molpredict.testing.kernels import check_kernel
+from molpredict.testing.models import check_model
+from molpredict.testing.sketches import check_sketch
 
 __all__ = ["check_kernel", "check_model", "check_sketch"]

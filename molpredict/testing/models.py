@@ -71,7 +71,7 @@ def check_model(model: Any, inputs: Sequence[Any], molecules: Sequence[Any],
     n_queries : int
     rtol : float
     """
-    from ..errors import InputError, ModelFileError, MolpredictError
+    from molpredict.errors import InputError, ModelFileError, MolpredictError
 
     inputs, molecules = list(inputs), list(molecules)
     if len(inputs) != len(molecules) or len(inputs) < 2:

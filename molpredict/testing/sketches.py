@@ -18,8 +18,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import scipy.sparse as sp
 
-from ..kernels.base import Kernel
-from ..sketches import Sketch
+from molpredict.kernels.base import Kernel
+from molpredict.sketches import Sketch
 
 __all__ = ["check_sketch", "RBFKernel"]
 
