@@ -219,7 +219,7 @@ def labelled_spectra(path: Path, limit: int | None, cache: dict) -> tuple[list, 
     clean them; those left without peaks are dropped."""
     from molpredict.io import read_spectra
     from molpredict.molecules import Molecule
-    from molpredict.spectra import CleaningPipeline
+    from molpredict.spectra.cleaning import CleaningPipeline
     clean = CleaningPipeline()
     spectra, labels = [], []
     for spectrum in itertools.islice(read_spectra(path), limit):

@@ -58,7 +58,9 @@ def load(mode: str, data: Path) -> dict[str, Any]:
     from molpredict.candidates import load_candidate_sets
     from molpredict.evaluate import collect_queries
     from molpredict.ranking_validation import ranking_candidates
-    from molpredict.spectra import CleaningPipeline, read_spectra, spectrum_ion_mode
+    from molpredict.spectra.cleaning import CleaningPipeline
+    from molpredict.io import read_spectra
+    from molpredict.spectra.record import spectrum_ion_mode
     from molpredict.training import TrainOptions, load_labelled
 
     tag = MODES[mode]

@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     from molpredict.candidates import load_candidate_sets
     from molpredict.molecules import Molecule
-    from molpredict.spectra import read_spectra
+    from molpredict.io import read_spectra
 
     sets_raw = load_candidate_sets(args.candidates)
     spectra = [s for s in read_spectra(args.spectra) if s.inchikey and s.inchikey[:14] in sets_raw]

@@ -10,7 +10,7 @@ Protocol (one run, seeded, no decision taken on test data)
 - Train on ``massbank/train_{pos,neg}.mgf``, select on ``val_*.mgf`` (ridge ``lam`` by validation kernel loss
   for the kernel models, early stopping for the fingerprint FFN; the prior's variant was chosen on val once, see
   :class:`molpredict.models.baselines.PriorBaseline`), report on ``test_*.mgf``. Spectra are read, labelled and
-  cleaned by :func:`molpredict.training.load_labelled` (default :class:`~molpredict.spectra.CleaningPipeline`).
+  cleaned by :func:`molpredict.training.load_labelled` (default :class:`~molpredict.spectra.cleaning.CleaningPipeline`).
 - Candidates: ``candidates/test_formula256.json``, ``test_formula.json`` and ``test_mass.json``; every test
   spectrum whose structure has a set is one query; a hit is a candidate with the true InChIKey first block.
   Ranking, metrics and intervals come from :mod:`molpredict.evaluate` / :mod:`molpredict.decoding`: hit@1/5/10/20
@@ -324,7 +324,9 @@ def load_mode(mode: str, data: Path, shared: SharedSetSource, quick: bool, seed:
     ``report_split``: ``test``, or ``val`` for decisions that must not look at test data)."""
     from molpredict.candidates import load_candidate_sets
     from molpredict.evaluate import collect_queries
-    from molpredict.spectra import CleaningPipeline, read_spectra, spectrum_ion_mode
+    from molpredict.spectra.cleaning import CleaningPipeline
+    from molpredict.io import read_spectra
+    from molpredict.spectra.record import spectrum_ion_mode
     from molpredict.training import TrainOptions, load_labelled
 
     tag = MODES[mode]

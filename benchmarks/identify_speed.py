@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> dict:
     from molpredict.identify import Identifier, IdentifyOptions
     from molpredict.kernels.base import DegenerateObjectWarning
     from molpredict.modelfile import ModelBundle, default_bundle_path
-    from molpredict.spectra import read_spectra
+    from molpredict.io import read_spectra
 
     warnings.simplefilter("ignore", DegenerateObjectWarning)
     t0 = time.perf_counter()

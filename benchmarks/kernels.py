@@ -185,7 +185,8 @@ def main() -> None:
     from molpredict.kernels.fingerprints import GaussianTanimotoKernel
     from molpredict.kernels.spectra import CosineKernel, PPKernel, PPKLossesKernel
     from molpredict.molecules import Molecule
-    from molpredict.spectra import CleaningPipeline, read_mgf
+    from molpredict.spectra.cleaning import CleaningPipeline
+    from molpredict.io import read_mgf
 
     report: dict = {
         "benchmark": "kernels",

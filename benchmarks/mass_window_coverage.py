@@ -25,7 +25,8 @@ from molpredict.candidate_sources import LibrarySource
 from molpredict.candidates import read_library
 from molpredict.identify import IdentifyOptions
 from molpredict.molecules import DEFAULT_ADDUCTS, parse_adduct
-from molpredict.spectra import read_spectra, spectrum_ion_mode
+from molpredict.io import read_spectra
+from molpredict.spectra.record import spectrum_ion_mode
 
 
 def _adducts(spectrum, mode):

@@ -1,4 +1,4 @@
-"""Time reading every shared MassBank MGF file with ``molpredict.spectra.read_mgf`` (and, optionally, pyteomics).
+"""Time reading every shared MassBank MGF file with ``molpredict.io.read_mgf`` (and, optionally, pyteomics).
 
 Usage: python benchmarks/read_spectra.py [--data DIR] [--output JSON] [--repeats N] [--reference]
                                          [--clean]
@@ -45,7 +45,8 @@ def main() -> None:
     parser.add_argument("--clean", action="store_true", help="also time the default CleaningPipeline")
     args = parser.parse_args()
 
-    from molpredict.spectra import CleaningPipeline, SkipReport, read_mgf
+    from molpredict.spectra.cleaning import CleaningPipeline
+    from molpredict.io import SkipReport, read_mgf
 
     rows = []
     for name in FILES:

@@ -280,7 +280,7 @@ def main(argv: list[str] | None = None) -> dict:
     from molpredict.candidates import CandidateLibrary, load_candidate_sets
     from molpredict.kernels.base import DegenerateObjectWarning
     from molpredict.modelfile import ModelBundle
-    from molpredict.spectra import read_spectra
+    from molpredict.io import read_spectra
 
     warnings.simplefilter("ignore", DegenerateObjectWarning)
     data = Path(args.data)

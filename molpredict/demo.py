@@ -90,7 +90,7 @@ def library_for(data: Path, library: str | None = None) -> tuple[Any, str]:
     in ``data``'s MGF files (saved as ``data/library.tsv`` and made the default when none is set)."""
     from molpredict import config
     from molpredict.candidates import CandidateLibrary, read_library
-    from molpredict.spectra import read_spectra
+    from molpredict.io import read_spectra
 
     chosen = library or config.default_library()
     if chosen:
@@ -137,7 +137,7 @@ def train_default(data: Path, bundle_path: Path, device: str, val_candidates: li
 def pick_queries(data: Path, library: Any, bundle: Any, n: int) -> list:
     """The first ``n`` distinct-structure test_pos spectra with peaks left after cleaning and at least 5
     same-formula candidates in the library (so that the ranking has something to do)."""
-    from molpredict.spectra import read_spectra
+    from molpredict.io import read_spectra
 
     sub = bundle.for_mode("positive")
     clean = sub.cleaning_pipeline() if sub is not None else None

@@ -28,7 +28,7 @@ from torch import nn
 
 from molpredict.component import Component
 from molpredict.errors import ModelFileError, SpecError
-from molpredict.features import bin_spectra
+from molpredict.spectra.features import bin_spectra
 from molpredict.nystrom import Nystrom
 
 __all__ = ["Encoder", "KernelMLPEncoder", "MLPEncoder", "TransformerEncoder", "TextEmbeddingEncoder",
@@ -171,7 +171,7 @@ class MLPEncoder(Encoder):
     Parameters
     ----------
     bin_width, max_mz, intensity_power, losses, max_loss
-        Binning (see :func:`molpredict.features.bin_spectra`).
+        Binning (see :func:`molpredict.spectra.features.bin_spectra`).
     hidden : int
         Width of the hidden layers.
     layers : int

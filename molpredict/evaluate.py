@@ -355,7 +355,7 @@ def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, M
     dict
         ``{label: metrics}`` (see :func:`summarize_ranks`), each with ``n_queries``, ``n_skipped``, ``skipped``.
     """
-    from molpredict.spectra import SkipReport, read_spectra
+    from molpredict.io import SkipReport, read_spectra
 
     report = SkipReport()
     spectra = [s for path in spectra_paths for s in read_spectra(path, report=report)]

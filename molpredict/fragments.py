@@ -46,7 +46,7 @@ from scipy.sparse.csgraph import connected_components
 from molpredict.component import Component
 from molpredict.errors import InputError, SpecError
 from molpredict.molecules import ELECTRON_MASS, Adduct, Molecule, parse_adduct, parse_formula
-from molpredict.spectra import Spectrum
+from molpredict.spectra.record import Spectrum
 
 __all__ = [
     "FragmentSet",

@@ -52,7 +52,7 @@ from molpredict.modelfile import ModelBundle, SubModel
 from molpredict.scoring import (CandidateCoordinates, Executor, InProcessExecutor, Query, WorkerState, chunked,
                       load_bundle_once, require_bundle_path, resolved_cache_root, score_queries, scored,
                       shared_candidate_scores)
-from molpredict.spectra import spectrum_ion_mode
+from molpredict.spectra.record import spectrum_ion_mode
 
 __all__ = [
     "IdentifyOptions",

@@ -41,7 +41,7 @@ from molpredict import __version__
 from molpredict.cache import file_sha256, home_dir  # noqa: F401  (re-exported: the bundle's home and content hashes)
 from molpredict.errors import ModelFileError, PluginError, SpecError
 from molpredict.specs import ComponentSpec, Grid, parse_spec
-from molpredict.spectrum import ION_MODES  # the bundle is keyed by ion mode (re-exported)
+from molpredict.spectra.record import ION_MODES  # the bundle is keyed by ion mode (re-exported)
 
 __all__ = [
     "FORMAT_NAME",
@@ -174,10 +174,10 @@ class SubModel:
     fragments: dict[str, Any] | None = None
 
     def cleaning_pipeline(self):
-        """The :class:`~molpredict.spectra.CleaningPipeline` to apply to queries (None: no cleaning)."""
+        """The :class:`~molpredict.spectra.cleaning.CleaningPipeline` to apply to queries (None: no cleaning)."""
         if not self.cleaning:
             return None
-        from molpredict.spectra import CleaningPipeline
+        from molpredict.spectra.cleaning import CleaningPipeline
         return CleaningPipeline.from_dict(self.cleaning)
 
 

@@ -56,7 +56,7 @@ def objects_to_state(objects: Sequence[Any], prefix: str) -> tuple[dict[str, np.
     if not objects:
         return {}, {"type": "empty"}
     from molpredict.molecules import Molecule
-    from molpredict.spectra import Spectrum
+    from molpredict.spectra.record import Spectrum
     if all(isinstance(o, Molecule) for o in objects):
         return {}, {"type": "molecule", "smiles": [m.smiles for m in objects]}
     if all(isinstance(o, str) for o in objects):

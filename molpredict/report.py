@@ -538,7 +538,7 @@ def build_report_from_files(results: str | Path, spectra: str | Path, output: st
     """
     from molpredict.identify import unique_ids
     from molpredict.io.results import read_result_rows, read_skipped
-    from molpredict.spectra import SkipReport, read_spectra
+    from molpredict.io import SkipReport, read_spectra
 
     options = ReportOptions(top_k=top_k, explain=fragments)
     if title:

@@ -21,7 +21,7 @@ import numpy as np
 from molpredict.errors import InputError, SpecError
 from molpredict.modelfile import ION_MODES, ModelBundle, SubModel, file_sha256, json_ready
 from molpredict.specs import Grid, parse_spec
-from molpredict.spectra import spectrum_ion_mode
+from molpredict.spectra.record import spectrum_ion_mode
 
 __all__ = ["TrainOptions", "DEFAULT_MODEL", "LabelledSet", "load_labelled", "train_bundle", "train_text_bundle",
            "model_defaults", "license_excluded", "build_model", "format_summary"]
@@ -185,7 +185,8 @@ def load_labelled(paths: Iterable[str | Path], options: TrainOptions, progress: 
         A file that is not spectra (unknown extension, binary...), from the readers.
     """
     from molpredict.molecules import label_structure
-    from molpredict.spectra import CleaningPipeline, SkipReport, read_spectra
+    from molpredict.spectra.cleaning import CleaningPipeline
+    from molpredict.io import SkipReport, read_spectra
 
     cleaning = CleaningPipeline.from_dict(options.cleaning) if options.cleaning else CleaningPipeline()
     wanted = set(options.ion_modes) if options.ion_modes else None
@@ -311,7 +312,7 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
             raise InputError(f"no usable {mode} training spectra (use --ion-mode to train other modes)",
                              path=", ".join(str(p) for p in train_paths))
     from molpredict.molecules import DEFAULT_ADDUCTS
-    from molpredict.spectra import CleaningPipeline
+    from molpredict.spectra.cleaning import CleaningPipeline
 
     cleaning = (CleaningPipeline.from_dict(options.cleaning) if options.cleaning else CleaningPipeline()).to_dict()
     train_hash = file_sha256(train_paths, extra=options.filters())

@@ -15,7 +15,7 @@ from molpredict.models.baselines import (FingerprintFFN, LibraryKNN, PriorBaseli
                                          unit_rows)
 from molpredict.models.distinct import distinct_objects, structure_key
 from molpredict.registry import Registry, get_registry, reset_registry
-from molpredict.spectra import Spectrum
+from molpredict.spectra.record import Spectrum
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

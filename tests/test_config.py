@@ -62,7 +62,8 @@ def test_cli_config_and_identify_defaults(home, tmp_path, monkeypatch):
     from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra
     from molpredict.candidates import CandidateLibrary
     from molpredict.modelfile import ModelBundle, SubModel
-    from molpredict.spectra import CleaningPipeline, write_mgf
+    from molpredict.spectra.cleaning import CleaningPipeline
+    from molpredict.io import write_mgf
     from molpredict.training import build_model
 
     install_fake_model()

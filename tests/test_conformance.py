@@ -7,7 +7,7 @@ import pytest
 from molpredict.kernels.base import InputKernel
 from molpredict.molecules import Molecule
 from molpredict.registry import get_registry
-from molpredict.spectra import Spectrum
+from molpredict.spectra.record import Spectrum
 from molpredict.testing import check_kernel
 
 # =========================================================================================================

@@ -42,7 +42,7 @@ def workspace(tmp_path_factory):
              "test": head_mgf(data / "test_pos.mgf", N_TEST, root / "test.mgf")}
     # a library holding the candidate sets of the test structures (the formula256 protocol's candidates)
     from molpredict.candidates import CandidateLibrary, load_candidate_sets
-    from molpredict.spectra import read_spectra
+    from molpredict.io import read_spectra
     sets = load_candidate_sets(sets_path)
     keys = {s.inchikey[:14] for s in read_spectra(files["test"])}
     smiles = sorted({smi for k in keys for _, smi in sets.get(k, [])})
@@ -115,7 +115,8 @@ def test_train_summary_and_bundle(workspace, trained):
 def test_bundle_round_trip_predicts_the_same(workspace, trained, tmp_path):
     from molpredict.candidates import read_library
     from molpredict.modelfile import ModelBundle
-    from molpredict.spectra import CleaningPipeline, read_spectra
+    from molpredict.spectra.cleaning import CleaningPipeline
+    from molpredict.io import read_spectra
     root, files, _ = workspace
     a = ModelBundle.load(trained[0])
     a.save(tmp_path / "copy")
@@ -139,7 +140,7 @@ def test_identify_and_evaluate(workspace, trained, home):
     assert result.exit_code == 0, result.output
     rows = list(csv.DictReader(open(root / "ids.tsv"), delimiter="\t"))
     skipped = list(csv.DictReader(open(root / "skipped.tsv"), delimiter="\t"))
-    from molpredict.spectra import read_spectra
+    from molpredict.io import read_spectra
     queries = {s.id: s for s in read_spectra(files["test"])}
     assert {r["query_id"] for r in rows} | {s["query_id"] for s in skipped} == set(queries)
     assert not {r["query_id"] for r in rows} & {s["query_id"] for s in skipped}
@@ -160,7 +161,7 @@ def test_identify_and_evaluate(workspace, trained, home):
     metrics = json.loads(result.stdout)[str(model_dir)]
     assert metrics["n_queries"] + metrics["n_skipped"] == N_TEST
     assert metrics["n_skipped"] == 0  # empty-after-cleaning spectra are kept in evaluation
-    from molpredict.spectra import CleaningPipeline
+    from molpredict.spectra.cleaning import CleaningPipeline
     assert metrics["n_empty_spectra"] == sum(CleaningPipeline()(s).n_peaks == 0 for s in queries.values())
     assert metrics["hit@1"] <= metrics["hit@5"] <= metrics["hit@10"] <= metrics["hit@20"]
     # a model trained on ~500 spectra is weak, but far better than a random ranking of 256 isomers

@@ -14,7 +14,8 @@ from molpredict.decoding import query_metrics, true_rank_counts
 from molpredict.evaluate import evaluate
 from molpredict.modelfile import ModelBundle, SubModel
 from molpredict.molecules import Molecule
-from molpredict.spectra import CleaningPipeline, write_mgf
+from molpredict.spectra.cleaning import CleaningPipeline
+from molpredict.io import write_mgf
 from molpredict.training import build_model
 
 DECOYS = ["CC1Cc2ccc(O)cc2C(=O)O1", "CC(=O)Nc1cccc(O)c1", "O=C(O)/C=C/c1ccc(O)cc1O", "CCCCN(C)C"]

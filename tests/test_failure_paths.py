@@ -285,7 +285,8 @@ def test_per_structure_metrics_by_hand():
 
 @pytest.mark.parametrize("name", ["out.mgf", "out.mgf.gz"])
 def test_a_failed_mgf_write_leaves_the_previous_file(tmp_path, name):
-    from molpredict.spectra import Spectrum, read_mgf, write_mgf
+    from molpredict.spectra.record import Spectrum
+    from molpredict.io import read_mgf, write_mgf
 
     path = tmp_path / name
     good = [Spectrum("a", mz=[100.0], intensities=[1.0])]

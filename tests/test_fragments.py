@@ -12,7 +12,7 @@ from molpredict.errors import InputError, SpecError
 from molpredict.fragments import (HYDROGEN_MASS, FragmentScorer, fragment_structure, ion_carriers,
                                   load_fragment_sets, save_fragment_sets)
 from molpredict.molecules import ELECTRON_MASS, Molecule, formula_mass
-from molpredict.spectra import Spectrum
+from molpredict.spectra.record import Spectrum
 
 from conftest import require_shared
 
@@ -294,7 +294,7 @@ def test_true_structure_ranks_above_chance_on_real_spectra():
     # candidates, 12 of them) against the first 30 candidates of their formula256 sets: the true structure explains more intensity than
     # most of its same-formula isomers (mean percentile 0.5 would be chance).
     from molpredict.candidates import load_candidate_sets
-    from molpredict.spectra import read_spectra
+    from molpredict.io import read_spectra
 
     sets = load_candidate_sets(require_shared("candidates", "val_formula256.json"))
     spectra = [s for s in read_spectra(require_shared("massbank", "val_pos.mgf"))

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 from molpredict.candidates import CandidateLibrary, load_candidate_sets, read_library
 from molpredict.errors import InputError
 from molpredict.io.common import adduct_from_name
-from molpredict.spectra import SkipReport, Spectrum, read_mgf, read_spectra, write_mgf
+from molpredict.io import SkipReport, read_mgf, read_spectra, write_mgf
+from molpredict.spectra.record import Spectrum
 
 from conftest import FIXTURES
 

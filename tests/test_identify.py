@@ -20,7 +20,8 @@ from molpredict.identify import Identifier, IdentifyOptions, read_formula_hints
 from molpredict.io.results import OUTPUT_COLUMNS, output_format
 from molpredict.scoring import score_library
 from molpredict.modelfile import ModelBundle, SubModel
-from molpredict.spectra import CleaningPipeline, read_spectra, write_mgf
+from molpredict.spectra.cleaning import CleaningPipeline
+from molpredict.io import read_spectra, write_mgf
 from molpredict.training import build_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "identification"
@@ -83,7 +84,7 @@ def test_learned_model_ranks_truth_first_among_isomers(bundle, library, tmp_path
 
 def test_ranking_order_ties_and_confidence(bundle, library, tmp_path):
     """Rows are by score descending; the stereo pair has equal scores and is ordered by InChIKey."""
-    from molpredict.spectra import Spectrum
+    from molpredict.spectra.record import Spectrum
     alanine = Spectrum("ala", mz=[44.05, 90.055], intensities=[100.0, 30.0], precursor_mz=90.0550, charge=1,
                        ion_mode="positive", adduct="[M+H]+", metadata={"formula": "C3H7NO2"})
     rows, _ = run(bundle, library, [alanine] * 2, tmp_path, top_k=5)
@@ -165,7 +166,7 @@ def test_block_size_does_not_change_results(bundle, library, tmp_path):
 
 
 def test_edge_cases_every_spectrum_accounted_for(bundle, library, tmp_path):
-    from molpredict.spectra import SkipReport
+    from molpredict.io import SkipReport
     report = SkipReport()
     rows, ident = run(bundle, library, read_spectra(FIXTURES / "edge_cases.mgf", report=report), tmp_path,
                       top_k=10)
@@ -186,7 +187,7 @@ def test_edge_cases_every_spectrum_accounted_for(bundle, library, tmp_path):
 
 def test_mass_selection_window(bundle, library, tmp_path):
     from molpredict.molecules import precursor_mz
-    from molpredict.spectra import Spectrum
+    from molpredict.spectra.record import Spectrum
     mass = 178.062994  # Mellein and its isomer
     peaks = dict(mz=[133.065, 161.06], intensities=[1.0, 2.0], charge=1, ion_mode="positive", adduct="[M+H]+")
     inside = Spectrum("in", precursor_mz=precursor_mz(mass * (1 + 9e-6), "[M+H]+"), **peaks)
@@ -485,7 +486,7 @@ def test_training_fits_the_fusion_with_fragments_on_validation_sets(bundle, libr
     assert report["with_prior"]["n_queries"] == 2 * 3 * 2  # two collections x three structures x two spectra
     # identification with a fragment weight: the rows carry the scorer's own score of each candidate. The
     # queries' peaks are protonated fragment ions of their structures, so the scores are not all zero.
-    from molpredict.spectra import Spectrum
+    from molpredict.spectra.record import Spectrum
     for variant in sub.scoring.values():
         variant["fusion"]["weights"]["fragments"] = 0.5
     scorer = FragmentScorer(**sub.fragments)

@@ -25,7 +25,9 @@ from molpredict.identify import ORIGINAL_ID, Identifier, IdentifyOptions, unique
 from molpredict.io.results import OUTPUT_COLUMNS, ResultWriter, ResumableOutput
 from molpredict.modelfile import ModelBundle, SubModel
 from molpredict.molecules import Molecule, precursor_mz
-from molpredict.spectra import CleaningPipeline, Spectrum, read_spectra, write_mgf
+from molpredict.spectra.cleaning import CleaningPipeline
+from molpredict.spectra.record import Spectrum
+from molpredict.io import read_spectra, write_mgf
 from molpredict.training import build_model
 
 from conftest import FIXTURES
@@ -82,7 +84,7 @@ def test_rows_and_skips_carry_file_and_record_and_unique_ids(bundle, library, tm
         records.append(f"BEGIN IONS\nSCANS=1\nPEPMASS={precursor:.5f}\n{ion}ADDUCT=[M+H]+\n{peaks}END IONS\n")
     path = tmp_path / "gnps.mgf"
     path.write_text("".join(records))
-    from molpredict.spectra import SkipReport
+    from molpredict.io import SkipReport
     report = SkipReport()
     rows, ident = run(bundle, library, read_spectra(path, report=report), by="mass", top_k=1)
     assert [(r["query_id"], r["file"], r["record"]) for r in rows] == [("1", str(path), 1), ("1#3", str(path), 4)]

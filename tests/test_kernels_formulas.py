@@ -21,7 +21,7 @@ from molpredict.kernels.multifingerprint import MultiFingerprintKernel
 from molpredict.component import frozen_spec
 from molpredict.molecules import ELECTRON_MASS, Molecule, adduct_composition, fingerprint_matrix, formula_mass
 from molpredict.registry import get_registry
-from molpredict.spectra import Spectrum
+from molpredict.spectra.record import Spectrum
 from molpredict.testing import check_kernel
 
 VALENCE = {"C": 4, "N": 3, "P": 3, "O": 2, "S": 2, "H": 1, "Cl": 1, "Na": 1}
@@ -343,7 +343,7 @@ def test_multi_fingerprint_rejects_bad_lists(fps):
 
 
 def test_training_fills_in_the_formula_from_the_label(tmp_path):
-    from molpredict.spectra import write_mgf
+    from molpredict.io import write_mgf
     from molpredict.training import TrainOptions, load_labelled
 
     spectra = [Spectrum("a", [58.07, 100.0], [1.0, 2.0], precursor_mz=196.1, charge=1, ion_mode="positive",

@@ -20,7 +20,7 @@ from molpredict.kernels.spectra import (
     peak_set,
     ppk_cross,
 )
-from molpredict.spectra import Spectrum
+from molpredict.spectra.record import Spectrum
 
 from conftest import require_shared
 
@@ -399,7 +399,7 @@ def test_ppk_cross_with_reversed_roles_is_transpose():
 # ---------------------------------------------------------------------------------------------------------
 def test_ppk_on_massbank_matches_naive():
     path = require_shared("massbank", "val_pos.mgf")
-    from molpredict.spectra import read_mgf
+    from molpredict.io import read_mgf
 
     spectra = list(itertools.islice(read_mgf(path), 400))
     pick = [spectra[i] for i in range(0, 400, 25)]  # 16 spectra, several of one compound

@@ -104,7 +104,7 @@ def test_import_archives_equal_directory(tmp_path):
 
 
 def test_import_output_reads_back(tmp_path):
-    from molpredict import spectra as spectra_mod
+    from molpredict import io as spectra_mod
 
     import_massbank(FIXTURES, tmp_path)
     spectra = [s for p in sorted(tmp_path.glob("*.mgf")) if p.stat().st_size for s in spectra_mod.read_spectra(p)]

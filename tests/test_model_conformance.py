@@ -42,7 +42,8 @@ def _model(spec: str) -> Model:
 def real_spectra():
     from conftest import require_shared
     from molpredict.molecules import Molecule
-    from molpredict.spectra import CleaningPipeline, read_spectra
+    from molpredict.spectra.cleaning import CleaningPipeline
+    from molpredict.io import read_spectra
     cleaning = CleaningPipeline()
     spectra, molecules = [], []
     for spectrum in islice(read_spectra(require_shared("massbank", "train_pos.mgf")), 400):

@@ -10,7 +10,7 @@ import pytest
 
 from molpredict.candidates import read_library
 from molpredict.io.common import adduct_from_name, parse_ms_level
-from molpredict.spectra import SkipReport, read_mzxml, read_spectra
+from molpredict.io import SkipReport, read_mzxml, read_spectra
 
 from conftest import FIXTURES
 

@@ -252,7 +252,7 @@ def test_example_plugin_kernel_values(tmp_path):
         from molpredict_precursor_kernel import PrecursorGaussianKernel
     finally:
         sys.path.remove(str(PLUGIN_DIR))
-    from molpredict.spectra import Spectrum
+    from molpredict.spectra.record import Spectrum
     spectra = [Spectrum(id=str(i), mz=[100.0], intensities=[1.0], precursor_mz=p)
                for i, p in enumerate([100.0, 101.0, None])]
     k = PrecursorGaussianKernel(width=1.0).fit(spectra).gram()

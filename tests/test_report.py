@@ -23,7 +23,9 @@ from molpredict.cli import cli
 from molpredict.io.results import ResultWriter, read_result_rows
 from molpredict.modelfile import ModelBundle, SubModel
 from molpredict.report import Report, ReportOptions, compact_svg, decode_report_data, draw_molecule_svg
-from molpredict.spectra import CleaningPipeline, Spectrum, write_mgf
+from molpredict.spectra.cleaning import CleaningPipeline
+from molpredict.spectra.record import Spectrum
+from molpredict.io import write_mgf
 from molpredict.training import build_model
 
 

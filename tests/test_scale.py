@@ -23,7 +23,8 @@ from molpredict.io.results import ResultWriter
 from molpredict.modelfile import ModelBundle, SubModel
 from molpredict.molecules import Molecule
 from molpredict.scoring import DaskExecutor, InProcessExecutor, executor_for, score_library
-from molpredict.spectra import CleaningPipeline, write_mgf
+from molpredict.spectra.cleaning import CleaningPipeline
+from molpredict.io import write_mgf
 from molpredict.training import build_model
 
 DECOYS = ["CC1Cc2ccc(O)cc2C(=O)O1", "CC(=O)Nc1cccc(O)c1", "O=C(O)/C=C/c1ccc(O)cc1O", "CC(C)Cc1ccc(CC(C)C(=O)O)cc1",

@@ -15,10 +15,9 @@ from click.testing import CliRunner
 import molpredict.io.mgf as mgf_module
 from molpredict.cli import cli
 from molpredict.errors import InputError, ModelFileError, SpecError
-from molpredict.spectra import (CleaningPipeline, SkipReport, Spectrum, count_empty, filter_ms_level,
-                                filter_relative_intensity, keep_top_peaks, merge_close_peaks, normalize_intensities,
-                                read_mgf, read_msp, read_mzml, read_spectra, remove_precursor_peak, select_mz_range,
-                                spectra_from_arrays, spectra_to_arrays, transform_intensities, write_mgf)
+from molpredict.spectra.cleaning import CleaningPipeline, count_empty, filter_ms_level, filter_relative_intensity, keep_top_peaks, merge_close_peaks, normalize_intensities, remove_precursor_peak, select_mz_range, transform_intensities
+from molpredict.io import SkipReport, read_mgf, read_msp, read_mzml, read_spectra, spectra_from_arrays, spectra_to_arrays, write_mgf
+from molpredict.spectra.record import Spectrum
 
 from conftest import FIXTURES, require_shared
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from molpredict.features import bin_spectra
+from molpredict.spectra.features import bin_spectra
 from molpredict.kernels.text import SmilesNgramKernel, TextEmbeddingKernel, TextNgramKernel, ngrams
-from molpredict.spectra import Spectrum
+from molpredict.spectra.record import Spectrum
 from molpredict.testing import check_kernel
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

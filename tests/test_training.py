@@ -10,7 +10,8 @@ from identification_helpers import FAKE_MODEL, install_fake_model, synthetic_spe
 from molpredict.cli import cli
 from molpredict.errors import InputError, SpecError
 from molpredict.modelfile import ModelBundle
-from molpredict.spectra import Spectrum, write_mgf
+from molpredict.spectra.record import Spectrum
+from molpredict.io import write_mgf
 from molpredict.training import TrainOptions, build_model, license_excluded, load_labelled, train_bundle
 
 

@@ -283,7 +283,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     from molpredict.candidate_sources import LibrarySource
     from molpredict.identify import IdentifyOptions, Identifier, Skipped, read_formula_hints
     from molpredict.io.results import ResultWriter, ResumableOutput, output_format, write_skipped
-    from molpredict.spectra import SkipReport, read_spectra
+    from molpredict.io import SkipReport, read_spectra
 
     say = _say(quiet)
     show = _progress_default(progress)

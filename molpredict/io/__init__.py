@@ -1,6 +1,6 @@
 """Spectra file formats: streaming readers (MGF, MSP, mzML, mzXML), the MGF writer, the skip report, array form.
 
-The public names are re-exported by :mod:`molpredict.spectra`, which is where users import them from.
+The public names are re-exported by :mod:`molpredict.spectra.cleaning`, which is where users import them from.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from molpredict.errors import InputError
-from molpredict.spectrum import Spectrum
+from molpredict.spectra.record import Spectrum
 from molpredict.io.arrays import spectra_from_arrays, spectra_to_arrays
 from molpredict.io.common import SkipEntry, SkipReport
 from molpredict.io.mgf import read_mgf, write_mgf

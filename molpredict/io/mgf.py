@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from molpredict.errors import InputError
-from molpredict.spectrum import Spectrum, ion_mode_from
+from molpredict.spectra.record import Spectrum, ion_mode_from
 from molpredict.io.common import (SkipReport, _Skipper, adduct_from_name, file_stem, normalize_ion_mode,
                      open_text, parse_charge, parse_ms_level)
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from molpredict.errors import InputError
-from molpredict.spectrum import Spectrum, ion_mode_from
+from molpredict.spectra.record import Spectrum, ion_mode_from
 from molpredict.io.common import (SkipReport, _Skipper, adduct_from_name, file_stem, normalize_ion_mode,
                      open_text, parse_charge, parse_ms_level)
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from molpredict.errors import InputError
-from molpredict.spectrum import Spectrum
+from molpredict.spectra.record import Spectrum
 from molpredict.io.common import SkipReport
 from molpredict.io.scans import iter_scans, precursor_charge_and_mode, scan_peaks
 

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from molpredict.errors import InputError
-from molpredict.spectrum import Spectrum, ion_mode_from
+from molpredict.spectra.record import Spectrum, ion_mode_from
 from molpredict.io.common import SkipReport, _Skipper
 
 __all__ = ["iter_scans", "scan_peaks", "precursor_charge_and_mode"]

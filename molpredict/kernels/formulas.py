@@ -35,7 +35,7 @@ import scipy.sparse as sp
 from molpredict.errors import SpecError
 from molpredict.formulas import explain_masses, precursor_ion_formula, subformula_table
 from molpredict.molecules import ELECTRON_MASS
-from molpredict.spectra import Spectrum
+from molpredict.spectra.record import Spectrum
 from molpredict.kernels.base import InputKernel, normalize_block
 from molpredict.kernels.spectra import _check_positive, _clean_peaks, _precision_of
 

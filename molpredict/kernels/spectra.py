@@ -29,7 +29,7 @@ and the base class cosine-normalises it to k(x, x) = 1. It is an inner product, 
   queries, is the most similar other training spectrum of the same structure?) the default scored 0.820 on
   raw and 0.806 on cleaned spectra, uniform weights 0.821 / 0.776, uniform weights with ``int_sigma=0.2``
   0.801 / 0.769, ``intensity_power=1`` 0.745 / 0.789. The default cleaning pipeline of
-  :mod:`molpredict.spectra` already takes square roots, so there the default weight is the fourth root of the
+  :mod:`molpredict.spectra.cleaning` already takes square roots, so there the default weight is the fourth root of the
   deposited intensity; ``intensity_power=1`` uses the cleaned intensities as they are.
 - ``ppm``: the m/z width becomes relative, ``sigma_i = max(mz_sigma, ppm * 1e-6 * mz_i)``. With unequal widths
   the kernel uses the inner product of unit-L2 Gaussians, ``sqrt(2 s_i s_j / (s_i^2 + s_j^2)) exp(-d^2 /
@@ -62,7 +62,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from molpredict.errors import SpecError
-from molpredict.spectra import Spectrum
+from molpredict.spectra.record import Spectrum
 from molpredict.kernels.base import InputKernel, normalize_block
 
 __all__ = [

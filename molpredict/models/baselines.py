@@ -31,7 +31,7 @@ import scipy.sparse as sp
 
 from molpredict.errors import ModelFileError
 from molpredict.device import resolve_device
-from molpredict.features import bin_spectra
+from molpredict.spectra.features import bin_spectra
 from molpredict.molecules import Molecule, fingerprint_matrix
 from molpredict.errors import SpecError
 from molpredict.specs import ComponentSpec
@@ -278,7 +278,7 @@ def _dense_batch(matrix: sp.csr_matrix, rows: np.ndarray, device: str):
 class FingerprintFFN(_FingerprintMixin, Model):
     """An MLP predicting Morgan fingerprint bits from a binned spectrum (MassSpecGym's fingerprint FFN).
 
-    Inputs: :func:`molpredict.features.bin_spectra` (``bin_width``, ``max_mz``; intensities relative to the
+    Inputs: :func:`molpredict.spectra.features.bin_spectra` (``bin_width``, ``max_mz``; intensities relative to the
     spectrum's largest peak raised to ``intensity_power``, summed per bin). Network:
     ``n_layers`` hidden layers of ``hidden`` units (ReLU, dropout), logits for ``fp_size`` bits; binary
     cross-entropy, Adam, mini-batches; the epoch with the lowest validation loss is kept (training stops after
@@ -581,7 +581,7 @@ class LibraryKNN(_FingerprintMixin, Model):
 
     def get_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         _check_fitted(self, "kernel_")
-        from molpredict.spectra import spectra_to_arrays
+        from molpredict.io import spectra_to_arrays
         train_arrays, train_meta = spectra_to_arrays(self.train_inputs_)
         arrays = {f"train.{name}": value for name, value in train_arrays.items()}
         arrays["structure_fingerprints"] = self.structure_fingerprints_
@@ -593,7 +593,7 @@ class LibraryKNN(_FingerprintMixin, Model):
 
     @classmethod
     def from_state(cls, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> "LibraryKNN":
-        from molpredict.spectra import spectra_from_arrays
+        from molpredict.io import spectra_from_arrays
         model = cls(**_state_params(cls, metadata))
         train = {name[len("train."):]: value for name, value in arrays.items() if name.startswith("train.")}
         model.train_inputs_ = spectra_from_arrays(train, metadata.get("train_spectra", {}))

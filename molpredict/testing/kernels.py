@@ -5,7 +5,7 @@ Example
 A plugin author's test for a new input kernel (any :class:`molpredict.kernels.base.Kernel` subclass)::
 
     import numpy as np
-    from molpredict.spectra import Spectrum
+    from molpredict.spectra.cleaning import Spectrum
     from molpredict.testing import check_kernel
     from my_plugin import PrecursorGaussianKernel
 

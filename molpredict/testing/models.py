@@ -7,7 +7,7 @@ labelled spectra (a tiny set is enough: the checks are about behaviour, not accu
 
     from itertools import islice
     from molpredict.molecules import Molecule
-    from molpredict.spectra import read_spectra
+    from molpredict.spectra.cleaning import read_spectra
     from molpredict.testing import check_model
     from my_plugin import MyModel
 

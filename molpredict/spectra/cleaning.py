@@ -1,32 +1,21 @@
-"""MS/MS spectra cleaning; the ``Spectrum`` record (:mod:`molpredict.spectrum`) and the file readers and writer,
-re-exported.
+"""MS/MS spectra cleaning: pure steps ``Spectrum -> Spectrum | None`` and the serialisable :class:`CleaningPipeline`.
 
-Cleaning steps are pure functions ``Spectrum -> Spectrum | None`` (they never modify their input; a result
-may share unchanged arrays with it, so treat spectra as immutable) and :class:`CleaningPipeline` chains them
-with serialisable settings. File formats live in
-:mod:`molpredict.io` and are importable from here: ``read_spectra``, ``read_mgf``, ``read_msp``,
-``read_mzml``, ``read_mzxml``, ``write_mgf``, ``SkipReport``, ``spectra_to_arrays``, ``spectra_from_arrays``.
+Cleaning steps never modify their input; a result may share unchanged arrays with it, so treat spectra as
+immutable. :class:`CleaningPipeline` chains them with serialisable settings.
 """
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from molpredict.errors import SpecError
-from molpredict.spectrum import Spectrum, spectrum_ion_mode
-
-if TYPE_CHECKING:  # for type checkers and IDEs; at run time these come lazily from __getattr__ below
-    from molpredict.io import (SkipEntry, SkipReport, read_mgf, read_msp, read_mzml, read_mzxml, read_spectra,
-                     spectra_from_arrays, spectra_to_arrays, write_mgf)
+from molpredict.spectra.record import Spectrum, spectrum_ion_mode
 
 __all__ = [
-    "Spectrum",
-    "spectrum_ion_mode",
-    # cleaning
     "CleaningPipeline",
     "filter_ms_level",
     "select_mz_range",
@@ -37,30 +26,7 @@ __all__ = [
     "transform_intensities",
     "normalize_intensities",
     "count_empty",
-    # file formats (molpredict.io)
-    "read_spectra",
-    "read_mgf",
-    "read_msp",
-    "read_mzml",
-    "read_mzxml",
-    "write_mgf",
-    "SkipReport",
-    "SkipEntry",
-    "spectra_to_arrays",
-    "spectra_from_arrays",
 ]
-
-_IO_NAMES = frozenset(["read_spectra", "read_mgf", "read_msp", "read_mzml", "read_mzxml", "write_mgf", "SkipReport",
-                       "SkipEntry", "spectra_to_arrays", "spectra_from_arrays"])
-
-
-def __getattr__(name: str) -> Any:
-    # Re-exported lazily (PEP 562) so that ``import molpredict.spectra`` stays light (pyteomics, lxml, gzip).
-    # The readers import the record from molpredict.spectrum, not from here: no import cycle.
-    if name in _IO_NAMES:
-        from molpredict import io
-        return getattr(io, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # -- cleaning: pure functions ---------------------------------------------------------------------------------
