@@ -218,7 +218,7 @@ def labelled_spectra(path: Path, limit: int | None, cache: dict) -> tuple[list, 
     """Spectra with a parsable SMILES, cleaned by the default pipeline as ``molpredict train`` / ``identify``
     clean them; those left without peaks are dropped."""
     from molpredict.io import read_spectra
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
     from molpredict.spectra.cleaning import CleaningPipeline
     clean = CleaningPipeline()
     spectra, labels = [], []
@@ -264,7 +264,7 @@ def massbank_rows(args: argparse.Namespace) -> list[Row]:
 
 
 def run_massbank(args: argparse.Namespace, clock: Clock) -> dict[str, Any]:
-    from molpredict.candidates import candidate_set_molecules, load_candidate_sets
+    from molpredict.chem.candidates import candidate_set_molecules, load_candidate_sets
     cache: dict = {}
     with clock("read"):
         train, y = labelled_spectra(args.data / "massbank" / "train_pos.mgf", args.limit, cache)
@@ -299,7 +299,7 @@ def read_tsv(path: Path) -> list[dict[str, str]]:
 
 
 def molecules_of(rows: list[dict[str, str]], cache: dict) -> list:
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
     out = []
     for row in rows:
         smiles = row["smiles"]
@@ -455,7 +455,7 @@ def qm9_molecule(smiles: str) -> tuple[str, Any] | None:
     """
     from rdkit import Chem
 
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
     mol = Chem.MolFromSmiles(smiles)
     if mol is None or mol.GetNumAtoms() < 2:
         return None

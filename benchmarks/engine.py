@@ -40,7 +40,7 @@ def peak_rss_gb() -> float:
 
 
 def load(path: Path, limit: int | None, cache: dict) -> tuple[list, list]:
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
     from molpredict.io import read_mgf
     spectra, labels = [], []
     for spectrum in read_mgf(path):

@@ -70,7 +70,7 @@ def train(data: Path, mode: str, config: dict[str, Any], out: Path, log) -> tupl
 
 
 def evaluate_file(data: Path, mode: str, bundle_path: Path, name: str, n_boot: int) -> dict[str, Any]:
-    from molpredict.candidates import load_candidate_sets
+    from molpredict.chem.candidates import load_candidate_sets
     from molpredict.evaluate import evaluate
     from molpredict.modelfile import ModelBundle
 

@@ -55,7 +55,7 @@ def log(text: str) -> None:
 
 def load(mode: str, data: Path) -> dict[str, Any]:
     from benchmarks.identification import SharedSetSource
-    from molpredict.candidates import load_candidate_sets
+    from molpredict.chem.candidates import load_candidate_sets
     from molpredict.evaluate import collect_queries
     from molpredict.ranking_validation import ranking_candidates
     from molpredict.spectra.cleaning import CleaningPipeline
@@ -93,7 +93,7 @@ def run_config(name: str, spec: tuple[str, str], data: dict[str, Any], m_x: int,
     from molpredict.identify import Identifier, IdentifyOptions
     from molpredict.modelfile import ModelBundle, SubModel
     from molpredict.models.base import ValidationData
-    from molpredict.molecules import DEFAULT_ADDUCTS
+    from molpredict.chem.molecules import DEFAULT_ADDUCTS
     from molpredict.training import build_model
 
     inputs, molecules = data["train"]

@@ -1,4 +1,4 @@
-"""In-silico fragment scoring (molpredict.fragments): fragmentation time per structure, scoring speed, and the
+"""In-silico fragment scoring (molpredict.chem.fragments): fragmentation time per structure, scoring speed, and the
 identification accuracy of the fragment score alone on labelled spectra against candidate sets. Writes JSON.
 
 Usage::
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from molpredict.decoding import query_metrics, true_rank_counts  # noqa: E402
-from molpredict.fragments import (FragmentScorer, fragment_structure, load_fragment_sets,  # noqa: E402
+from molpredict.chem.fragments import (FragmentScorer, fragment_structure, load_fragment_sets,  # noqa: E402
                                   save_fragment_sets)
 
 SEARCH_SPACE = {
@@ -75,7 +75,7 @@ def fragment_all(smiles: list[str], depth: int, jobs: int) -> list:
 
 
 def time_fragmentation(smiles: list[str], depths: list[int]) -> dict:
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
     out = {}
     for depth in depths:
         n_frag = []
@@ -218,8 +218,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="fragments.json")
     args = parser.parse_args(argv)
 
-    from molpredict.candidates import load_candidate_sets
-    from molpredict.molecules import Molecule
+    from molpredict.chem.candidates import load_candidate_sets
+    from molpredict.chem.molecules import Molecule
     from molpredict.io import read_spectra
 
     sets_raw = load_candidate_sets(args.candidates)

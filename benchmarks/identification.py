@@ -264,7 +264,7 @@ class SharedSetSource:
 
     def make(self, sets: dict[str, list[tuple[str, str]]]):
         from molpredict.candidate_sources import SetSource
-        from molpredict.molecules import Molecule
+        from molpredict.chem.molecules import Molecule
 
         pool = self.pool
 
@@ -285,7 +285,7 @@ class SharedSetSource:
 
     def precompute_fingerprints(self, kind: str, radius: int, size: int, counts: bool) -> float:
         """Compute one fingerprint setting for every pooled molecule; returns the seconds taken."""
-        from molpredict import molecules as mol_module
+        from molpredict.chem import molecules as mol_module
 
         t0 = time.perf_counter()
         records = list(self.pool.values())
@@ -322,7 +322,7 @@ def load_mode(mode: str, data: Path, shared: SharedSetSource, quick: bool, seed:
               log: Callable[[str], None], report_split: str = "test") -> ModeData:
     """Read, label and clean one ion mode's splits; build its candidate sources (restricted to the structures of
     ``report_split``: ``test``, or ``val`` for decisions that must not look at test data)."""
-    from molpredict.candidates import load_candidate_sets
+    from molpredict.chem.candidates import load_candidate_sets
     from molpredict.evaluate import collect_queries
     from molpredict.spectra.cleaning import CleaningPipeline
     from molpredict.io import read_spectra
@@ -402,7 +402,7 @@ def _run_method(method: Method, data: ModeData, n_boot: int, seed: int, log: Cal
     from molpredict.evaluate import rank_queries, summarize_ranks
     from molpredict.identify import Identifier, IdentifyOptions
     from molpredict.modelfile import ModelBundle, SubModel, json_ready
-    from molpredict.molecules import DEFAULT_ADDUCTS
+    from molpredict.chem.molecules import DEFAULT_ADDUCTS
     from molpredict.training import build_model
 
     params = okr_defaults(method.model, method.params)

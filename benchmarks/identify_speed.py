@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> dict:
     import numpy as np
     import torch
 
-    from molpredict.candidates import load_candidate_sets
+    from molpredict.chem.candidates import load_candidate_sets
     from molpredict.candidate_sources import SetSource
     from molpredict.identify import Identifier, IdentifyOptions
     from molpredict.kernels.base import DegenerateObjectWarning

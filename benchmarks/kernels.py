@@ -184,7 +184,7 @@ def main() -> None:
 
     from molpredict.kernels.fingerprints import GaussianTanimotoKernel
     from molpredict.kernels.spectra import CosineKernel, PPKernel, PPKLossesKernel
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
     from molpredict.spectra.cleaning import CleaningPipeline
     from molpredict.io import read_mgf
 

@@ -58,9 +58,9 @@ def main() -> None:
     import psutil
 
     from molpredict.cache import file_sha256
-    from molpredict.candidates import read_library
+    from molpredict.chem.candidates import read_library
     from molpredict.errors import InputError
-    from molpredict.molecules import DEFAULT_ADDUCTS, neutral_mass, parse_adduct
+    from molpredict.chem.molecules import DEFAULT_ADDUCTS, neutral_mass, parse_adduct
 
     process = psutil.Process()
     result: dict = {"pool": str(args.pool), "pool_bytes": args.pool.stat().st_size,

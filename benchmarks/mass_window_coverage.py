@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from molpredict.candidate_sources import LibrarySource
-from molpredict.candidates import read_library
+from molpredict.chem.candidates import read_library
 from molpredict.identify import IdentifyOptions
-from molpredict.molecules import DEFAULT_ADDUCTS, parse_adduct
+from molpredict.chem.molecules import DEFAULT_ADDUCTS, parse_adduct
 from molpredict.io import read_spectra
 from molpredict.spectra.record import spectrum_ion_mode
 

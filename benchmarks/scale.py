@@ -66,7 +66,7 @@ def accuracy(bundle, spectra_path, sets, workdir, k_truncated=1000):
     import numpy as np
 
     from molpredict.coordinates_cache import CoordinatesCache
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
 
     model = bundle.for_mode("positive").model
     key = model.coordinates_key()
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> dict:
     import numpy as np
 
     from molpredict.candidate_sources import SetSource
-    from molpredict.candidates import CandidateLibrary, load_candidate_sets
+    from molpredict.chem.candidates import CandidateLibrary, load_candidate_sets
     from molpredict.kernels.base import DegenerateObjectWarning
     from molpredict.modelfile import ModelBundle
     from molpredict.io import read_spectra

@@ -78,7 +78,7 @@ class CandidateSource:
 
 
 class LibrarySource(CandidateSource):
-    """Candidates from a :class:`~molpredict.candidates.CandidateLibrary`, selected by formula or mass."""
+    """Candidates from a :class:`~molpredict.chem.candidates.CandidateLibrary`, selected by formula or mass."""
 
     def __init__(self, library: Any, options: "IdentifyOptions") -> None:
         self.library = library
@@ -101,7 +101,7 @@ class LibrarySource(CandidateSource):
         written precision allows (:func:`precursor_tolerance`, times ``|charge| / multiplier``; unless
         ``options.precision_window`` is off); the window reported is ``"<ppm> ppm"`` or, when the precision
         decided, ``"<tolerance> m/z"``."""
-        from molpredict.molecules import neutral_mass, normalize_formula
+        from molpredict.chem.molecules import neutral_mass, normalize_formula
 
         if formula and self.options.by is None:
             try:
@@ -230,7 +230,7 @@ class SetSource(CandidateSource):
         return self._tie[ids]
 
     def molecules(self, ids: np.ndarray) -> list[Any]:
-        from molpredict.molecules import Molecule
+        from molpredict.chem.molecules import Molecule
         return [Molecule(s, inchikey14=k) for k, s in zip(self._ik14[ids], self._smiles[ids])]
 
     def inchikey14(self, ids: np.ndarray) -> np.ndarray:

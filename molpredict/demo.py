@@ -89,7 +89,7 @@ def library_for(data: Path, library: str | None = None) -> tuple[Any, str]:
     """``(library, description)``: ``library``, else the configured default, else a library of every structure
     in ``data``'s MGF files (saved as ``data/library.tsv`` and made the default when none is set)."""
     from molpredict import config
-    from molpredict.candidates import CandidateLibrary, read_library
+    from molpredict.chem.candidates import CandidateLibrary, read_library
     from molpredict.io import read_spectra
 
     chosen = library or config.default_library()

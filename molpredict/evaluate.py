@@ -64,7 +64,7 @@ class LabelledQuery:
 
 def collect_queries(spectra: Iterable[Any], source: SetSource) -> tuple[list[LabelledQuery], Counter]:
     """Spectra with a structure that has a candidate set; the others counted by reason."""
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
 
     skipped: Counter = Counter()
     queries = []
@@ -293,7 +293,7 @@ def summarize_ranks(ranks: dict[str, Any], n_boot: int = 1000, seed: int = 0) ->
 def _kernel_loss(identifier: Identifier, routed: list[tuple[Any, str | None, str]]) -> float | None:
     """Mean kernel loss over the evaluated queries (per ion mode, weighted by counts), on the spectra cleaned
     by each mode's pipeline (cleaning again here is cheaper than shipping cleaned spectra back from workers)."""
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
 
     total, count = 0.0, 0
     by_mode: dict[str, list[tuple[Any, str]]] = {}
@@ -338,7 +338,7 @@ def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, M
         Spectra files with SMILES / INCHIKEY metadata.
     bundles : sequence of (label, ModelBundle)
     sets : dict
-        From :func:`molpredict.candidates.load_candidate_sets`.
+        From :func:`molpredict.chem.candidates.load_candidate_sets`.
     cache_root : path, False or None
         Candidate coordinates cache (see :class:`~molpredict.identify.Identifier`).
     n_boot, seed : int

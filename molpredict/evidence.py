@@ -6,7 +6,7 @@ A sub-model of a bundle may carry, besides its model:
 - ``prior``: a fitted structure prior (the ``prior`` model: similarity of a candidate to a reference set of
   structures, the training structures by default). Its score depends on the candidate alone, so it is cached on
   disk like any candidate coordinates;
-- ``fragments``: the settings of the candidate fragmentation scorer (:mod:`molpredict.fragments`), which reads each
+- ``fragments``: the settings of the candidate fragmentation scorer (:mod:`molpredict.chem.fragments`), which reads each
   candidate structure against the query's peaks;
 - ``scoring``: per variant (``with_prior``, ``without_prior``: what ``--prior on|off`` picks), the
   :class:`~molpredict.fusion.ScoreFusion` of the terms and the :class:`~molpredict.calibration.Calibrator` of
@@ -112,7 +112,7 @@ class Evidence:
         if key not in self._fragmenters:
             scorer = None
             if sub.fragments is not None:
-                from molpredict.fragments import FragmentScorer
+                from molpredict.chem.fragments import FragmentScorer
                 scorer = FragmentScorer(**sub.fragments)
             self._fragmenters[key] = scorer
         return self._fragmenters[key]

@@ -130,7 +130,7 @@ def read_formula_hints(path: str | os.PathLike) -> dict[str, str]:
     InputError
         Missing file, a line without two columns, or an unparsable formula (naming the line).
     """
-    from molpredict.molecules import normalize_formula
+    from molpredict.chem.molecules import normalize_formula
 
     path = Path(path)
     if not path.is_file():
@@ -160,7 +160,7 @@ def _usable_adducts(spectrum: Any, mode: str, sub: SubModel) -> tuple[list[Any],
     """The adducts to try: the spectrum's own when usable (known and of its polarity; written without brackets
     and charge as GNPS does, ``M+H``, it is read as the common adduct it names), else the defaults."""
     from molpredict.io.common import adduct_from_name
-    from molpredict.molecules import DEFAULT_ADDUCTS, parse_adduct
+    from molpredict.chem.molecules import DEFAULT_ADDUCTS, parse_adduct
 
     if spectrum.adduct:
         try:

@@ -230,7 +230,7 @@ def _precursor(value: str | None) -> float | None:
 def _charge(adduct: str, ion_mode: str) -> str:
     sign = "+" if ion_mode == "positive" else "-"
     if adduct:
-        from molpredict.molecules import parse_adduct
+        from molpredict.chem.molecules import parse_adduct
         try:
             return f"{abs(parse_adduct(adduct).charge)}{sign}"
         except MolpredictError:
@@ -286,7 +286,7 @@ def _ion_mode(record: MassBankRecord) -> str | None:
 
 def check_record(record: MassBankRecord):
     """The record's ``Molecule``, or the reason it is not imported (a string)."""
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
 
     ms_type = (record.first("AC$MASS_SPECTROMETRY MS_TYPE") or "").strip().upper()
     if ms_type != "MS2":

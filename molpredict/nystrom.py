@@ -55,7 +55,7 @@ def objects_to_state(objects: Sequence[Any], prefix: str) -> tuple[dict[str, np.
     objects = list(objects)
     if not objects:
         return {}, {"type": "empty"}
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
     from molpredict.spectra.record import Spectrum
     if all(isinstance(o, Molecule) for o in objects):
         return {}, {"type": "molecule", "smiles": [m.smiles for m in objects]}
@@ -83,7 +83,7 @@ def objects_from_state(arrays: dict[str, np.ndarray], meta: dict[str, Any], pref
     if kind == "empty":
         return []
     if kind == "molecule":
-        from molpredict.molecules import Molecule
+        from molpredict.chem.molecules import Molecule
         return [Molecule.from_smiles(s) for s in meta["smiles"]]
     if kind == "text":
         return list(meta["strings"] if "strings" in meta else meta["values"])

@@ -3,7 +3,7 @@
 Training chooses by how a model *ranks*, so it needs, for each validation spectrum, a candidate set in which the
 true structure competes with plausible alternatives. Those come from a MassSpecGym-style candidate file
 (``--val-candidates val_formula256.json``, read by
-:func:`molpredict.candidates.load_candidate_sets`) or are built from a library: every library structure with the
+:func:`molpredict.chem.candidates.load_candidate_sets`) or are built from a library: every library structure with the
 validation structure's molecular formula (``--library``), at most ``max_candidates`` of them, the truth always in.
 
 :func:`validation_terms` scores every validation query's set with each term the fusion may weigh (the spectrum
@@ -229,7 +229,7 @@ def ranking_candidates(molecules: Sequence[Any], collections: Sequence[Mapping[s
     sets, one set per input whose structure has a set there (an input may rank once per collection), or None
     when no input has one."""
     from molpredict.models.base import CandidateSets
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
 
     index: dict[tuple[str, str], int] = {}
     pool: list[Any] = []

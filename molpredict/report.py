@@ -7,7 +7,7 @@ HTML file: inline CSS, inline vanilla JavaScript, inline SVG; nothing is fetched
 What is stored: each distinct candidate structure once (SMILES, InChIKey, formula, name and its RDKit drawing,
 ``rdMolDraw2D.MolDraw2DSVG``, compacted), and per query the top-k candidates as references into that table with
 their scores and margins, the spectrum's most intense peaks (m/z, relative intensity in 0..1000), the precursor
-m/z and, when :mod:`molpredict.fragments` is available, the peaks explained by the top candidate with their
+m/z and, when :mod:`molpredict.chem.fragments` is available, the peaks explained by the top candidate with their
 formulas. The page renders lazily from this data: the index table shows one page of queries at a time (sortable,
 filterable) and a query's detail (stick plot and candidate cards) is drawn when it is opened, so a report of
 10,000 queries stays responsive. Above ``gzip_above`` bytes of JSON the data is stored gzip-compressed (base64)
@@ -53,7 +53,7 @@ class ReportOptions:
     gzip_above : int
         Store the data gzip-compressed once its JSON exceeds this many bytes (0: always; -1: never).
     explain : bool
-        Annotate the peaks the top candidate explains (:meth:`molpredict.fragments.FragmentScorer.explain_peaks`,
+        Annotate the peaks the top candidate explains (:meth:`molpredict.chem.fragments.FragmentScorer.explain_peaks`,
         default settings) when that module is available.
     drawing_size : (int, int)
         Width and height of the structure drawings (the page scales them).
@@ -207,12 +207,12 @@ def _peaks(spectrum: Any, max_peaks: int) -> tuple[list[float], list[int]]:
 
 
 def _fragment_explainer() -> Any:
-    """A callable ``(spectrum, molecule, adduct) -> annotations`` from :mod:`molpredict.fragments`
+    """A callable ``(spectrum, molecule, adduct) -> annotations`` from :mod:`molpredict.chem.fragments`
     (``FragmentScorer().explain_peaks``), or None when that module is not available."""
     import importlib
 
     try:
-        fragments = importlib.import_module("molpredict.fragments")  # in-silico fragmentation; optional here
+        fragments = importlib.import_module("molpredict.chem.fragments")  # in-silico fragmentation; optional here
     except ImportError:
         return None
     function = getattr(fragments, "explain_peaks", None)
@@ -226,7 +226,7 @@ def _explained_peaks(explain: Any, spectrum: Any, smiles: str, adduct: str) -> l
     """``[[m/z, relative intensity 0..1000, ion formula], ...]`` of the peaks the structure explains (``explain``
     from :func:`_fragment_explainer`), or None when annotation is not possible for this query."""
     from molpredict.errors import MolpredictError
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
 
     try:
         molecule = Molecule.from_smiles(smiles)

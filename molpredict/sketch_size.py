@@ -193,7 +193,7 @@ def read_structures(path: str, ion_mode: str | None = None) -> tuple[list[Any], 
     from pathlib import Path
 
     from molpredict.errors import InputError
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
 
     name = Path(path).name.lower().removesuffix(".gz")
     smiles: list[str | None] = []

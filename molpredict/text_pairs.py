@@ -133,7 +133,7 @@ def _shorten(text: str, limit: int = 60) -> str:
 
 def canonical_smiles(smiles: str) -> str | None:
     """RDKit canonical isomeric SMILES of ``smiles`` (None when RDKit cannot parse it)."""
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
     try:
         return Molecule.from_smiles(smiles).smiles
     except InputError:
@@ -165,7 +165,7 @@ def read_text_pairs(path: str | os.PathLike, report: PairsReport | None = None,
     InputError
         Missing file, not UTF-8 text, or a header without ``description`` and ``smiles`` columns.
     """
-    from molpredict.molecules import label_structure
+    from molpredict.chem.molecules import label_structure
 
     path = Path(path)
     if not path.exists():

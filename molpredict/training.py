@@ -87,7 +87,7 @@ class TrainOptions:
         The structure prior fused with the spectrum score: ``train`` (similarity to the training structures),
         ``none``, or a candidate library / SMILES file whose structures are the reference set.
     fragments : bool
-        Also fuse the candidate fragmentation score (:mod:`molpredict.fragments`) when validation sets exist.
+        Also fuse the candidate fragmentation score (:mod:`molpredict.chem.fragments`) when validation sets exist.
         Off by default: on val_formula256 it adds about 2-3 points of hit@1 to the fusion, but every candidate
         must be fragmented (about 10 ms per structure, cached per process), which identification at
         hundreds of spectra per second cannot afford.
@@ -184,7 +184,7 @@ def load_labelled(paths: Iterable[str | Path], options: TrainOptions, progress: 
     InputError
         A file that is not spectra (unknown extension, binary...), from the readers.
     """
-    from molpredict.molecules import label_structure
+    from molpredict.chem.molecules import label_structure
     from molpredict.spectra.cleaning import CleaningPipeline
     from molpredict.io import SkipReport, read_spectra
 
@@ -311,7 +311,7 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
         if not train.n_used(mode):
             raise InputError(f"no usable {mode} training spectra (use --ion-mode to train other modes)",
                              path=", ".join(str(p) for p in train_paths))
-    from molpredict.molecules import DEFAULT_ADDUCTS
+    from molpredict.chem.molecules import DEFAULT_ADDUCTS
     from molpredict.spectra.cleaning import CleaningPipeline
 
     cleaning = (CleaningPipeline.from_dict(options.cleaning) if options.cleaning else CleaningPipeline()).to_dict()
@@ -360,7 +360,7 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
             from molpredict.ranking_validation import fit_submodel_scoring
 
             if options.fragments:
-                from molpredict.fragments import FragmentScorer
+                from molpredict.chem.fragments import FragmentScorer
                 sub.fragments = FragmentScorer().get_params()
             metric = options.select_by if options.select_by not in (None, "kernel-loss") else "mrr"
             sample = options.fusion_structures if sub.fragments is not None else None
@@ -390,7 +390,7 @@ def _validation_sets(options: TrainOptions, val: LabelledSet, modes: Sequence[st
                      ) -> list[dict[str, list[tuple[str, str]]]] | None:
     """Candidate-set collections for the validation structures: one per ``val_candidates`` file, else one drawn
     from ``library``, else None (ranking-aware selection then falls back on the kernel loss)."""
-    from molpredict.candidates import load_candidate_sets
+    from molpredict.chem.candidates import load_candidate_sets
     from molpredict.ranking_validation import candidate_sets_from_library
 
     if options.val_candidates:
@@ -401,7 +401,7 @@ def _validation_sets(options: TrainOptions, val: LabelledSet, modes: Sequence[st
 
     library_path = options.library or config.default_library()
     if library_path:
-        from molpredict.candidates import read_library
+        from molpredict.chem.candidates import read_library
 
         library = read_library(library_path)
         molecules = [m for mode in modes for m in val.molecules.get(mode, [])]
@@ -422,7 +422,7 @@ def _fit_prior(options: TrainOptions, spectra: Sequence[Any], molecules: Sequenc
     prior = build_model("prior", {})  # through the registry: the bundle names it by its registry name
     if options.prior == "train":
         return prior.fit(spectra, molecules)
-    from molpredict.candidates import read_library
+    from molpredict.chem.candidates import read_library
 
     library = read_library(options.prior)
     reference = library.molecules(np.arange(len(library)))

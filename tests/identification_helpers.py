@@ -133,7 +133,7 @@ def synthetic_spectra(n_per: int = 3, seed: int = 0, ion_mode: str = "positive")
 
     Returns (spectra, molecules): one ``Molecule`` per spectrum.
     """
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
     from molpredict.spectra.record import Spectrum
 
     rng = np.random.default_rng(seed)

@@ -10,7 +10,7 @@ from molpredict.errors import SpecError
 from molpredict.decoding import query_metrics, random_expectation, true_rank_counts
 from molpredict.hookspecs import hookimpl
 from molpredict.kernels.base import InputKernel
-from molpredict.molecules import Molecule
+from molpredict.chem.molecules import Molecule
 from molpredict.models.baselines import (FingerprintFFN, LibraryKNN, PriorBaseline, RandomBaseline,
                                          unit_rows)
 from molpredict.models.distinct import distinct_objects, structure_key

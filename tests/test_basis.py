@@ -186,7 +186,7 @@ def test_frozen_spec_uses_resolved_parameters(registry):
 def test_objects_state_for_text_and_molecules():
     arrays, meta = objects_to_state(["ab", "c"], "x")
     assert arrays == {} and objects_from_state(arrays, meta, "x") == ["ab", "c"]
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
     mols = [Molecule.from_smiles("CCO"), Molecule.from_smiles("c1ccccc1")]
     arrays, meta = objects_to_state(mols, "x")
     back = objects_from_state(arrays, meta, "x")
@@ -258,7 +258,7 @@ def test_select_sketch_size_command(tmp_path):
 
 
 def test_graph_kernel_landmarks_are_refitted():
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
     smiles = ["CCO", "CCCO", "CCCCO", "c1ccccc1", "c1ccccc1O", "CC(=O)O", "CCN", "OCC(O)CO", "CC(C)O", "COC"]
     molecules = [Molecule.from_smiles(s) for s in smiles]
     basis = SketchedOutputBasis("wl-subtree:n_iter=2", "subsample:m=4", seed=0).fit(molecules)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import load_benchmark, require_shared
-from molpredict.molecules import Molecule
+from molpredict.chem.molecules import Molecule
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from conftest import FIXTURES, require_shared
 from molpredict.cache import LIBRARY_CACHE_FORMAT, file_sha256
 from molpredict.cache import library_cache_dir as cache_dir
-from molpredict.candidates import (
+from molpredict.chem.candidates import (
     COLUMNS,
     CandidateLibrary,
     LoadReport,
@@ -27,7 +27,7 @@ from molpredict.candidates import (
     read_library,
 )
 from molpredict.errors import InputError
-from molpredict.molecules import Molecule, neutral_mass, normalize_formula, parse_adduct
+from molpredict.chem.molecules import Molecule, neutral_mass, normalize_formula, parse_adduct
 
 MOLS = FIXTURES / "molecules"
 
@@ -67,7 +67,7 @@ def test_tsv_with_computed_columns_and_bad_rows():
 
 
 def test_complete_tsv_is_taken_as_given(monkeypatch):
-    import molpredict.candidates as cand
+    import molpredict.chem.candidates as cand
 
     monkeypatch.setattr(cand, "describe_many", lambda *a, **k: pytest.fail("RDKit must not run"))
     lib = read_library(MOLS / "complete.tsv")
@@ -170,7 +170,7 @@ def test_from_smiles_and_molecules_and_dedupe():
 
 
 def test_describe_many_parallel_equals_serial(monkeypatch):
-    import molpredict.candidates as cand
+    import molpredict.chem.candidates as cand
 
     smiles = ["CCO", "bad(", "c1ccccc1", "CC(=O)O", "C"] * 3
     serial = describe_many(smiles, n_jobs=1)
@@ -287,7 +287,7 @@ def _write_pool_like(path: Path, n: int, seed: int = 0) -> None:
 
 
 def test_cache_round_trip(tmp_path, monkeypatch):
-    import molpredict.candidates as cand
+    import molpredict.chem.candidates as cand
 
     path = tmp_path / "pool.tsv.gz"
     _write_pool_like(path, 3000)
@@ -319,7 +319,7 @@ def test_cache_round_trip(tmp_path, monkeypatch):
 
 
 def test_damaged_cache_entry_is_rebuilt(tmp_path):
-    import molpredict.candidates as cand
+    import molpredict.chem.candidates as cand
 
     path = tmp_path / "pool.tsv"
     _write_pool_like(path, 200)

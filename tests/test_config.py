@@ -60,7 +60,7 @@ def test_bad_values_and_files(home, tmp_path):
 def test_cli_config_and_identify_defaults(home, tmp_path, monkeypatch):
     """`identify` without --library uses the configured library; a fresh user gets one line naming the command."""
     from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra
-    from molpredict.candidates import CandidateLibrary
+    from molpredict.chem.candidates import CandidateLibrary
     from molpredict.modelfile import ModelBundle, SubModel
     from molpredict.spectra.cleaning import CleaningPipeline
     from molpredict.io import write_mgf

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from molpredict.kernels.base import InputKernel
-from molpredict.molecules import Molecule
+from molpredict.chem.molecules import Molecule
 from molpredict.registry import get_registry
 from molpredict.spectra.record import Spectrum
 from molpredict.testing import check_kernel

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from molpredict.coordinates_cache import CoordinatesCache, decode, encode, molecule_key
-from molpredict.molecules import Molecule
+from molpredict.chem.molecules import Molecule
 
 
 class Featurizer:

@@ -140,7 +140,7 @@ def test_candidate_sets_and_metrics_against_a_hand_example():
 
 
 def test_candidate_sets_stereo_hits():
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
 
     l_ala, d_ala, gly = (Molecule.from_smiles(s) for s in ("C[C@H](N)C(=O)O", "C[C@@H](N)C(=O)O", "NCC(=O)O"))
     by_block = candidate_sets([l_ala], [[l_ala, d_ala, gly]])
@@ -254,7 +254,7 @@ def test_real_massbank_subset_trains_decodes_and_reloads(tmp_path):
 
     from conftest import require_shared
     from molpredict.io import read_spectra
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
     train_path = require_shared("massbank", "train_pos.mgf")
     val_path = require_shared("massbank", "val_pos.mgf")
     train = list(itertools.islice(read_spectra(train_path), 0, 2400, 6))

@@ -41,7 +41,7 @@ def workspace(tmp_path_factory):
              "val": head_mgf(data / "val_pos.mgf", N_VAL, root / "val.mgf"),
              "test": head_mgf(data / "test_pos.mgf", N_TEST, root / "test.mgf")}
     # a library holding the candidate sets of the test structures (the formula256 protocol's candidates)
-    from molpredict.candidates import CandidateLibrary, load_candidate_sets
+    from molpredict.chem.candidates import CandidateLibrary, load_candidate_sets
     from molpredict.io import read_spectra
     sets = load_candidate_sets(sets_path)
     keys = {s.inchikey[:14] for s in read_spectra(files["test"])}
@@ -113,7 +113,7 @@ def test_train_summary_and_bundle(workspace, trained):
 
 @pytest.mark.filterwarnings("ignore::molpredict.kernels.base.DegenerateObjectWarning")
 def test_bundle_round_trip_predicts_the_same(workspace, trained, tmp_path):
-    from molpredict.candidates import read_library
+    from molpredict.chem.candidates import read_library
     from molpredict.modelfile import ModelBundle
     from molpredict.spectra.cleaning import CleaningPipeline
     from molpredict.io import read_spectra

@@ -13,7 +13,7 @@ from molpredict.cli import cli
 from molpredict.decoding import query_metrics, true_rank_counts
 from molpredict.evaluate import evaluate
 from molpredict.modelfile import ModelBundle, SubModel
-from molpredict.molecules import Molecule
+from molpredict.chem.molecules import Molecule
 from molpredict.spectra.cleaning import CleaningPipeline
 from molpredict.io import write_mgf
 from molpredict.training import build_model
@@ -45,7 +45,7 @@ def setup(tmp_path):
 
 
 def _load_sets(path):
-    from molpredict.candidates import load_candidate_sets
+    from molpredict.chem.candidates import load_candidate_sets
     return load_candidate_sets(path)
 
 

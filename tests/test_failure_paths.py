@@ -12,7 +12,7 @@ import torch
 from molpredict.coordinates_cache import CoordinatesCache
 from molpredict.errors import InputError, ModelFileError, MolpredictError, SpecError
 from molpredict.evaluate import summarize_ranks
-from molpredict.molecules import Molecule
+from molpredict.chem.molecules import Molecule
 
 
 # -- DSOKR: early stopping that really stops, with the best weights restored -------------------------------------
@@ -304,13 +304,13 @@ def test_a_failed_mgf_write_leaves_the_previous_file(tmp_path, name):
 
 
 def test_library_tsv_is_written_atomically(tmp_path, monkeypatch):
-    from molpredict.candidates import CandidateLibrary, read_library
+    from molpredict.chem.candidates import CandidateLibrary, read_library
 
     library = CandidateLibrary.from_smiles(["CCO", "c1ccccc1"])
     path = tmp_path / "lib.tsv.gz"
     library.to_tsv(path)
     before = path.read_bytes()
-    monkeypatch.setattr("molpredict.candidates._clean_cell", lambda value: 1 / 0)
+    monkeypatch.setattr("molpredict.chem.candidates._clean_cell", lambda value: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         library.to_tsv(path)
     assert path.read_bytes() == before and len(read_library(path, cache=False)) == 2

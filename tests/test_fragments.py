@@ -1,4 +1,4 @@
-"""In-silico fragmentation and peak explanation (molpredict.fragments): hand-enumerated fragment sets,
+"""In-silico fragmentation and peak explanation (molpredict.chem.fragments): hand-enumerated fragment sets,
 hand-computed ion masses, the vectorised score against a naive loop, invariances, storage, bad input."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from rdkit import Chem
 
 from molpredict.errors import InputError, SpecError
-from molpredict.fragments import (HYDROGEN_MASS, FragmentScorer, fragment_structure, ion_carriers,
+from molpredict.chem.fragments import (HYDROGEN_MASS, FragmentScorer, fragment_structure, ion_carriers,
                                   load_fragment_sets, save_fragment_sets)
-from molpredict.molecules import ELECTRON_MASS, Molecule, formula_mass
+from molpredict.chem.molecules import ELECTRON_MASS, Molecule, formula_mass
 from molpredict.spectra.record import Spectrum
 
 from conftest import require_shared
@@ -293,7 +293,7 @@ def test_true_structure_ranks_above_chance_on_real_spectra():
     # Real MassBank validation spectra (every 100th [M+H]+ one below m/z 500 with >= 5 peaks and a set of >= 30
     # candidates, 12 of them) against the first 30 candidates of their formula256 sets: the true structure explains more intensity than
     # most of its same-formula isomers (mean percentile 0.5 would be chance).
-    from molpredict.candidates import load_candidate_sets
+    from molpredict.chem.candidates import load_candidate_sets
     from molpredict.io import read_spectra
 
     sets = load_candidate_sets(require_shared("candidates", "val_formula256.json"))

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from molpredict.candidates import CandidateLibrary, load_candidate_sets, read_library
+from molpredict.chem.candidates import CandidateLibrary, load_candidate_sets, read_library
 from molpredict.errors import InputError
 from molpredict.io.common import adduct_from_name
 from molpredict.io import SkipReport, read_mgf, read_spectra, write_mgf

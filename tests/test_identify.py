@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from identification_helpers import FAKE_MODEL, SMILES, FingerprintRidge, install_fake_model, synthetic_spectra
-from molpredict.candidates import CandidateLibrary
+from molpredict.chem.candidates import CandidateLibrary
 from molpredict.cli import cli
 from molpredict.candidate_sources import LibrarySource
 from molpredict.identify import Identifier, IdentifyOptions, read_formula_hints
@@ -186,7 +186,7 @@ def test_edge_cases_every_spectrum_accounted_for(bundle, library, tmp_path):
 
 
 def test_mass_selection_window(bundle, library, tmp_path):
-    from molpredict.molecules import precursor_mz
+    from molpredict.chem.molecules import precursor_mz
     from molpredict.spectra.record import Spectrum
     mass = 178.062994  # Mellein and its isomer
     peaks = dict(mz=[133.065, 161.06], intensities=[1.0, 2.0], charge=1, ion_mode="positive", adduct="[M+H]+")
@@ -387,7 +387,7 @@ def _with_fusion(bundle, reference_smiles, prior_weight=0.7):
     from molpredict.calibration import Calibrator
     from molpredict.evidence import WITH_PRIOR, WITHOUT_PRIOR, ScoringVariant
     from molpredict.fusion import ScoreFusion
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
 
     sub = bundle.for_mode("positive")
     reference = [Molecule.from_smiles(s) for s in reference_smiles]
@@ -404,7 +404,7 @@ def test_fused_scores_are_the_weighted_z_scores_and_survive_a_bundle_round_trip(
     candidates), the probability equals the calibrator on the hand-computed ranking features, and a saved and
     reloaded bundle (prior sub-model, fusion, calibration) gives identical rows; --prior off drops the prior."""
     from molpredict.calibration import ranking_features
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
 
     fused = _with_fusion(bundle, DECOYS[:3])
     queries, _ = synthetic_spectra(n_per=2, seed=12)
@@ -466,9 +466,9 @@ def test_training_fits_the_fusion_with_fragments_on_validation_sets(bundle, libr
     """fit_submodel_scoring with the fragment scorer: every term is computed for every validation query, the
     fusion and calibration are stored per variant, and a fused identification then reports the fragment score,
     equal to the scorer's own score of each candidate."""
-    from molpredict.fragments import FragmentScorer
+    from molpredict.chem.fragments import FragmentScorer
     from molpredict.ranking_validation import fit_submodel_scoring
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
 
     sub = _with_fusion(bundle, DECOYS[:3]).for_mode("positive")
     sub.scoring = None

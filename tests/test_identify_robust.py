@@ -19,12 +19,12 @@ from click.testing import CliRunner
 
 from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra
 from molpredict.candidate_sources import LibrarySource, precursor_tolerance
-from molpredict.candidates import CandidateLibrary
+from molpredict.chem.candidates import CandidateLibrary
 from molpredict.cli import cli
 from molpredict.identify import ORIGINAL_ID, Identifier, IdentifyOptions, unique_ids
 from molpredict.io.results import OUTPUT_COLUMNS, ResultWriter, ResumableOutput
 from molpredict.modelfile import ModelBundle, SubModel
-from molpredict.molecules import Molecule, precursor_mz
+from molpredict.chem.molecules import Molecule, precursor_mz
 from molpredict.spectra.cleaning import CleaningPipeline
 from molpredict.spectra.record import Spectrum
 from molpredict.io import read_spectra, write_mgf

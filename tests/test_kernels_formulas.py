@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from molpredict.errors import SpecError
-from molpredict.formulas import (element_key, explain_masses, formula_key, ion_formula, precursor_ion_formula,
+from molpredict.chem.formulas import (element_key, explain_masses, formula_key, ion_formula, precursor_ion_formula,
                                  subformula_table)
 from molpredict.kernels.base import DegenerateObjectWarning
 from molpredict.kernels.formulas import FormulaAnnotationKernel
 from molpredict.kernels.mkl import (MKLKernel, alignf_weights, centered_alignment, split_kernel_list)
 from molpredict.kernels.multifingerprint import MultiFingerprintKernel
 from molpredict.component import frozen_spec
-from molpredict.molecules import ELECTRON_MASS, Molecule, adduct_composition, fingerprint_matrix, formula_mass
+from molpredict.chem.molecules import ELECTRON_MASS, Molecule, adduct_composition, fingerprint_matrix, formula_mass
 from molpredict.registry import get_registry
 from molpredict.spectra.record import Spectrum
 from molpredict.testing import check_kernel

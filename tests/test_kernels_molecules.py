@@ -14,7 +14,7 @@ from molpredict.errors import SpecError
 from molpredict.kernels.fingerprints import (FingerprintCosineKernel, GaussianTanimotoKernel, TanimotoKernel,
                                              cosine_fingerprints, minmax_counts, tanimoto_bits)
 from molpredict.kernels.graphs import CoreWLKernel, NSPDKernel, WLSubtreeKernel
-from molpredict.molecules import Molecule
+from molpredict.chem.molecules import Molecule
 
 SMILES = [
     "CCO", "c1ccccc1O", "CC(=O)O", "CCN", "CC", "c1ccc2ccccc2c1", "OCC(O)C(O)C(O)C(O)CO", "CC(C)NCC(O)c1ccc(O)cc1",

@@ -191,7 +191,7 @@ def _tiny_release(tmp_path, every_split: bool = False) -> bytes:
     root = tmp_path / "release"
     shutil.copytree(FIXTURES, root / "MassBank-data-x")
     if every_split:
-        from molpredict.molecules import Molecule
+        from molpredict.chem.molecules import Molecule
         template = (FIXTURES / "Contributor_A" / "MSBNK-TEST-AC000001.txt").read_text()
         wanted = {"train", "val", "test"}
         for n in range(2, 60):

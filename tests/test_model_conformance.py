@@ -41,7 +41,7 @@ def _model(spec: str) -> Model:
 @pytest.fixture(scope="module")
 def real_spectra():
     from conftest import require_shared
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
     from molpredict.spectra.cleaning import CleaningPipeline
     from molpredict.io import read_spectra
     cleaning = CleaningPipeline()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from molpredict.errors import InputError, SpecError
-from molpredict.molecules import (
+from molpredict.chem.molecules import (
     ADDUCTS,
     DEFAULT_ADDUCTS,
     ELECTRON_MASS,

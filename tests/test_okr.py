@@ -390,7 +390,7 @@ def test_iokr_state_round_trip(data):
 
 
 def test_round_trip_with_spectra_and_molecules():
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
     from molpredict.spectra.record import Spectrum
     smiles = ["CCO", "CCN", "c1ccccc1", "CC(=O)O", "CCCC", "OCC(O)CO", "c1ccncc1", "CC(C)O"]
     rng = np.random.default_rng(0)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from molpredict.candidates import read_library
+from molpredict.chem.candidates import read_library
 from molpredict.io.common import adduct_from_name, parse_ms_level
 from molpredict.io import SkipReport, read_mzxml, read_spectra
 
@@ -238,7 +238,7 @@ def test_sdf_library_gzipped(tmp_path):
 def test_candidate_sets_gzipped_and_with_byte_order_mark(tmp_path):
     import json
 
-    from molpredict.candidates import load_candidate_sets
+    from molpredict.chem.candidates import load_candidate_sets
 
     sets = {"RYYVLZVUVIJVGH": [["RYYVLZVUVIJVGH", "Cn1c(=O)c2c(ncn2C)n(C)c1=O"], ["LFQSCWFLJHTTHZ", "CCO"]]}
     text = json.dumps(sets).encode()

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from lxml import etree
 
 from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra
-from molpredict.candidates import CandidateLibrary
+from molpredict.chem.candidates import CandidateLibrary
 from molpredict.cli import cli
 from molpredict.io.results import ResultWriter, read_result_rows
 from molpredict.modelfile import ModelBundle, SubModel
@@ -36,7 +36,7 @@ EXTERNAL = re.compile(r"https?://|@import|url\(|<link\b|\bsrc\s*=", re.I)
 
 def _rows(query_id, smiles, scores, n=None, **extra):
     """Output rows of one query in rank order (scores descending), as ``Identifier.run`` yields them."""
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
     out = []
     for r, (smi, score) in enumerate(zip(smiles, scores)):
         m = Molecule.from_smiles(smi)
@@ -50,7 +50,7 @@ def _rows(query_id, smiles, scores, n=None, **extra):
 
 
 def _spectrum(query_id, precursor=179.0703, smiles=None):
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
     meta = {"compound_name": f"compound {query_id}"}
     if smiles:
         meta["inchikey"] = Molecule.from_smiles(smiles).inchikey
@@ -110,7 +110,7 @@ def test_page_parses_and_holds_every_query_with_its_drawings(tmp_path):
     # each distinct structure drawn once, referenced by every query that ranks it
     assert report.drawing_count == len(data["molecules"]) == 3
     for q, expected in zip(data["queries"], [ISOMERS[:2], ISOMERS[::-1][:2], ISOMERS[:1]]):
-        from molpredict.molecules import Molecule
+        from molpredict.chem.molecules import Molecule
         assert [data["molecules"][c[0]][1] for c in q["c"]] == [Molecule.from_smiles(s).inchikey for s in expected]
         for c in q["c"]:
             svg = etree.fromstring(data["molecules"][c[0]][4].encode())
@@ -170,7 +170,7 @@ def test_rows_group_by_query_and_match_spectra_by_id():
 
 
 def test_optional_columns_and_explained_peaks(monkeypatch):
-    """probability / spectrum_score / prior_score are kept when the rows have them; molpredict.fragments, when
+    """probability / spectrum_score / prior_score are kept when the rows have them; molpredict.chem.fragments, when
     present, annotates the top candidate's peaks."""
     calls = []
 
@@ -179,7 +179,7 @@ def test_optional_columns_and_explained_peaks(monkeypatch):
         return [{"mz": 161.0597, "intensity": 96508.4, "formula": "C10H9O2+"},
                 types.SimpleNamespace(mz=133.0648, intensity=21905.3, formula="C9H9O+")]
 
-    monkeypatch.setitem(sys.modules, "molpredict.fragments", types.SimpleNamespace(explain_peaks=explain_peaks))
+    monkeypatch.setitem(sys.modules, "molpredict.chem.fragments", types.SimpleNamespace(explain_peaks=explain_peaks))
     report = Report(ReportOptions(top_k=2))
     report.add_spectrum(_spectrum("q0"))
     nan = float("nan")   # identify writes the probability on rank 1 only
@@ -193,7 +193,7 @@ def test_optional_columns_and_explained_peaks(monkeypatch):
     assert q["ex"] == [[161.0597, 1000, "C10H9O2+"], [133.0648, 227, "C9H9O+"]]
     assert calls == [("q0", ISOMERS[0], "[M+H]+")]
     # without the module: no annotation, and the page says so instead of guessing
-    monkeypatch.setitem(sys.modules, "molpredict.fragments", None)
+    monkeypatch.setitem(sys.modules, "molpredict.chem.fragments", None)
     report = Report()
     report.add_spectrum(_spectrum("q0"))
     report.add_rows(_rows("q0", ISOMERS, [0.9, 0.5, 0.1]))
@@ -201,10 +201,10 @@ def test_optional_columns_and_explained_peaks(monkeypatch):
 
 
 def test_explained_peaks_from_in_silico_fragments():
-    """With the real molpredict.fragments: Mellein's [M+H]+ spectrum (the MassBank fixture record) has its
+    """With the real molpredict.chem.fragments: Mellein's [M+H]+ spectrum (the MassBank fixture record) has its
     133.065 peak explained as C9H9O+, as the depositors annotated it (PK$ANNOTATION), and its precursor as the
     intact ion."""
-    pytest.importorskip("molpredict.fragments")
+    pytest.importorskip("molpredict.chem.fragments")
     report = Report()
     report.add_spectrum(_spectrum("mellein"))
     report.add_rows(_rows("mellein", ISOMERS[:1], [1.0]))
@@ -340,7 +340,7 @@ def _browser(page: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("gzip_above", [-1, 0], ids=["json", "gzip"])
 def test_chromium_renders_index_structures_and_spectrum(tmp_path, gzip_above, monkeypatch):
-    monkeypatch.setitem(sys.modules, "molpredict.fragments", types.SimpleNamespace(
+    monkeypatch.setitem(sys.modules, "molpredict.chem.fragments", types.SimpleNamespace(
         explain_peaks=lambda s, m, a: [{"mz": 161.06, "intensity": 96508.4, "formula": "C10H9O2+"}]))
     report = _small_report(gzip_above=gzip_above)
     path = tmp_path / "r.html"
@@ -405,7 +405,7 @@ def test_real_massbank_report_in_chromium(shared_data, tmp_path):
     """The first 200 MassBank test_pos spectra, each with its real same-formula candidate set (test_formula.json,
     in file order: the true structure first): every identified query is in the page with its drawings, the page
     names no URL, and Chromium renders the index, a query's stick plot and its drawn candidates."""
-    from molpredict.candidates import load_candidate_sets
+    from molpredict.chem.candidates import load_candidate_sets
     from molpredict.io import read_spectra
 
     sets = load_candidate_sets(shared_data / "candidates" / "test_formula.json")

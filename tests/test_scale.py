@@ -14,14 +14,14 @@ from click.testing import CliRunner
 
 from identification_helpers import SMILES, synthetic_spectra
 from molpredict.candidate_sources import LibrarySource
-from molpredict.candidates import CandidateLibrary
+from molpredict.chem.candidates import CandidateLibrary
 from molpredict.cli import cli
 from molpredict.coordinates_cache import CoordinatesCache
 from molpredict.errors import InputError
 from molpredict.identify import Identifier, IdentifyOptions
 from molpredict.io.results import ResultWriter
 from molpredict.modelfile import ModelBundle, SubModel
-from molpredict.molecules import Molecule
+from molpredict.chem.molecules import Molecule
 from molpredict.scoring import DaskExecutor, InProcessExecutor, executor_for, score_library
 from molpredict.spectra.cleaning import CleaningPipeline
 from molpredict.io import write_mgf

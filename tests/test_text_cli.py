@@ -199,7 +199,7 @@ def test_identify_text_source_filter_and_errors(text_model, tmp_path):
 
 def test_spectrum_model_given_text_is_one_line_error(tmp_path):
     from molpredict.modelfile import ModelBundle, SubModel
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
     from molpredict.training import build_model
 
     model = build_model("random", {}).fit([object(), object()],
@@ -253,7 +253,7 @@ def test_plain_morgan_bits_tie_stereoisomers_with_the_truth(tmp_path):
 
 
 def test_evaluate_text_with_candidate_sets_and_missing_truth(text_model, tmp_path):
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
 
     pairs = read_text_pairs(PAIRS)
     decoys = ["CCCO", "CCCCO", "CC(C)O"]

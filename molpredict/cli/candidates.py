@@ -28,7 +28,7 @@ def candidates() -> None:
 def build(input_path: str, output: str, source: str | None, jobs: int, progress: bool | None) -> None:
     """Read INPUT (SMILES file, SDF or TSV), compute InChIKey, formula and monoisotopic mass with RDKit for every
     structure, drop duplicate InChIKeys (first kept) and write a complete library TSV."""
-    from molpredict.candidates import CandidateLibrary, _kind_of, dedupe
+    from molpredict.chem.candidates import CandidateLibrary, _kind_of, dedupe
 
     path = Path(input_path)
     show = sys.stderr.isatty() if progress is None else progress
@@ -58,7 +58,7 @@ def build(input_path: str, output: str, source: str | None, jobs: int, progress:
 
 def _tsv_recomputed(path: Path, source: str | None, jobs: int, progress: bool):
     """A TSV's SMILES (and name, id, source) with every computed column recomputed by RDKit."""
-    from molpredict.candidates import CandidateLibrary, _read_header, _read_tsv_rows
+    from molpredict.chem.candidates import CandidateLibrary, _read_header, _read_tsv_rows
 
     header = _read_header(path)
     # Read the rows without the computed columns so that every row is described afresh (canonical SMILES).
@@ -77,7 +77,7 @@ def _tsv_recomputed(path: Path, source: str | None, jobs: int, progress: bool):
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
 def info(library_path: str, as_json: bool) -> None:
     """Summarise a library: rows, distinct structures and formulas, sources, mass range."""
-    from molpredict.candidates import read_library
+    from molpredict.chem.candidates import read_library
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # reported as a count below

@@ -84,7 +84,7 @@ def select_sketch_size(train: str, val_path: str, grid: str, output_kernel: str,
         raise InputError("no validation structures", path=val_path)
     candidates = None
     if candidates_path:
-        from molpredict.candidates import candidate_set_molecules, load_candidate_sets
+        from molpredict.chem.candidates import candidate_set_molecules, load_candidate_sets
         sets = load_candidate_sets(candidates_path)
         missing = [t for t in truths if t.inchikey14 not in sets]
         truths = [t for t in truths if t.inchikey14 in sets]

@@ -204,7 +204,7 @@ def _library_path(library: str | None) -> str:
 
 
 def _load_library(library: str | None, say, progress: bool, cache: bool | None = None):
-    from molpredict.candidates import read_library
+    from molpredict.chem.candidates import read_library
 
     library = _library_path(library)
     t0 = time.perf_counter()
@@ -500,7 +500,7 @@ def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot
     For text, each description is ranked against the whole --library (ChEBI-20: molecules.tsv) or its
     structure's candidate set; a hit is the same molecule (canonical isomeric SMILES, stereo included).
     """
-    from molpredict.candidates import load_candidate_sets
+    from molpredict.chem.candidates import load_candidate_sets
     from molpredict.evaluate import evaluate as run_evaluation
     from molpredict.evaluate import evaluate_text, format_report, plot_curves
     from molpredict.text_pairs import split_inputs

@@ -233,7 +233,7 @@ def adduct_from_name(name: str | None, ion_mode: str | None = None) -> str | Non
     ('[M+H]+', '[M-H]-', None)
     """
     from molpredict.errors import MolpredictError
-    from molpredict.molecules import ADDUCTS, parse_adduct
+    from molpredict.chem.molecules import ADDUCTS, parse_adduct
 
     if not name or not name.split():
         return None
@@ -261,7 +261,7 @@ def adduct_from_name(name: str | None, ion_mode: str | None = None) -> str | Non
 
 def _known_adduct(text: str, table: dict) -> bool:
     from molpredict.errors import MolpredictError
-    from molpredict.molecules import parse_adduct
+    from molpredict.chem.molecules import parse_adduct
 
     try:
         return parse_adduct(text).name in table

@@ -47,7 +47,7 @@ def read_smiles_records(path: Path, report: Any, source: str | None) -> Iterator
     """Stream a SMILES file: one ``SMILES [name]`` per line (``#`` comments and a ``smiles`` header ignored).
 
     ``report`` counts records (``n_read``) and takes skips (``skip(line, field, reason)``), e.g. a
-    :class:`molpredict.candidates.LoadReport`.
+    :class:`molpredict.chem.candidates.LoadReport`.
     """
     first = True
     with open_table_text(path) as handle:

@@ -24,7 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from molpredict.errors import SpecError
-from molpredict.molecules import Molecule, fingerprint_matrix
+from molpredict.chem.molecules import Molecule, fingerprint_matrix
 from molpredict.kernels.base import OutputKernel
 
 __all__ = ["tanimoto_bits", "minmax_counts", "cosine_fingerprints", "TanimotoKernel", "GaussianTanimotoKernel",
@@ -283,7 +283,7 @@ class TanimotoKernel(_FingerprintKernel):
     Parameters
     ----------
     fp : {"morgan", "maccs", "rdkit"}
-        Fingerprint kind (see :meth:`molpredict.molecules.Molecule.fingerprint`).
+        Fingerprint kind (see :meth:`molpredict.chem.molecules.Molecule.fingerprint`).
     radius : int
         Morgan radius.
     size : int

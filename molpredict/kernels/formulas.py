@@ -4,13 +4,13 @@ formulas that explain their fragments and neutral losses.
 Featurisation of one spectrum (its molecular formula from the ``formula`` metadata, e.g. MGF ``FORMULA``; in
 training, :func:`molpredict.training.load_labelled` fills it in from the label structure when absent):
 
-1. the precursor ion formula: ``multiplier * M + adduct atoms`` (:func:`molpredict.formulas.precursor_ion_formula`;
+1. the precursor ion formula: ``multiplier * M + adduct atoms`` (:func:`molpredict.chem.formulas.precursor_ion_formula`;
    a spectrum without an adduct gets the default adduct of its ion mode nearest its precursor m/z);
 2. each peak (cleaned as the other spectrum kernels do: finite, positive, intensities relative to the largest)
    is explained by the sub-formulas of the ion formula whose mass is within
    ``max(mz_tolerance, precision / 2, ppm * 1e-6 * m/z)`` (``precision``: the m/z step the file reported,
    ``Spectrum.mz_precision``, when known) of ``m/z + z * electron mass`` (fragments singly charged, with the
-   precursor's charge sign) and whose RDBE is >= -0.5 (:func:`molpredict.formulas.explain_masses`);
+   precursor's charge sign) and whose RDBE is >= -0.5 (:func:`molpredict.chem.formulas.explain_masses`);
 3. ``explanations="closest"`` keeps the sub-formula of smallest mass error per peak; ``"all"`` keeps every one,
    sharing the peak's weight equally among them;
 4. the peak's weight ``relative intensity ** intensity_power`` goes to the fragment formula in the *fragment bag*
@@ -33,8 +33,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from molpredict.errors import SpecError
-from molpredict.formulas import explain_masses, precursor_ion_formula, subformula_table
-from molpredict.molecules import ELECTRON_MASS
+from molpredict.chem.formulas import explain_masses, precursor_ion_formula, subformula_table
+from molpredict.chem.molecules import ELECTRON_MASS
 from molpredict.spectra.record import Spectrum
 from molpredict.kernels.base import InputKernel, normalize_block
 from molpredict.kernels.spectra import _check_positive, _clean_peaks, _precision_of
@@ -51,7 +51,7 @@ class FormulaBags:
     ----------
     offsets : ndarray of shape (n + 1,), int64
     keys : ndarray of shape (n_entries,), uint64
-        Formula keys (:func:`molpredict.formulas.formula_key`).
+        Formula keys (:func:`molpredict.chem.formulas.formula_key`).
     values : ndarray of shape (n_entries,), float64
         Summed peak weights.
     """

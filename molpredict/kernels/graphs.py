@@ -3,7 +3,7 @@ subgraph pairwise distance (``nspd``) and the core framework over WL (``core-wl`
 
 GraKeL kernels are fit/transform objects: :meth:`fit` fits one on the reference graphs and ``pairwise`` calls its
 ``transform`` (query graphs x reference graphs). Graphs are the hydrogen-suppressed RDKit graphs of
-:meth:`molpredict.molecules.Molecule.graph` (atoms labelled by element, bonds by bond type).
+:meth:`molpredict.chem.molecules.Molecule.graph` (atoms labelled by element, bonds by bond type).
 
 Normalisation
 -------------
@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from molpredict.errors import SpecError
-from molpredict.molecules import Molecule
+from molpredict.chem.molecules import Molecule
 from molpredict.kernels.base import OutputKernel
 
 __all__ = ["WLSubtreeKernel", "NSPDKernel", "CoreWLKernel", "molecule_graphs"]

@@ -202,7 +202,7 @@ class MKLKernel(InputKernel):
         return self
 
     def _learn_weights(self, objects: list[Any]) -> np.ndarray:
-        from molpredict.molecules import Molecule
+        from molpredict.chem.molecules import Molecule
         from molpredict.registry import create
 
         labelled = [i for i, o in enumerate(objects) if getattr(o, "smiles", None)]

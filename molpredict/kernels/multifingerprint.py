@@ -19,7 +19,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from molpredict.errors import SpecError
-from molpredict.molecules import Molecule
+from molpredict.chem.molecules import Molecule
 from molpredict.kernels.fingerprints import GaussianTanimotoKernel, TanimotoKernel
 
 __all__ = ["parse_fingerprint_list", "MultiFingerprintKernel"]

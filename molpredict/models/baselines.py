@@ -32,7 +32,7 @@ import scipy.sparse as sp
 from molpredict.errors import ModelFileError
 from molpredict.device import resolve_device
 from molpredict.spectra.features import bin_spectra
-from molpredict.molecules import Molecule, fingerprint_matrix
+from molpredict.chem.molecules import Molecule, fingerprint_matrix
 from molpredict.errors import SpecError
 from molpredict.specs import ComponentSpec
 from molpredict.models.base import Model, check_pairs
@@ -173,7 +173,7 @@ class PriorBaseline(_FingerprintMixin, Model):
     gamma : float
         Width of ``gaussian-tanimoto``.
     fingerprint, radius, fp_size, counts
-        Fingerprint settings (:meth:`molpredict.molecules.Molecule.fingerprint`).
+        Fingerprint settings (:meth:`molpredict.chem.molecules.Molecule.fingerprint`).
     block_size : int
         Candidates per block (memory O(block_size * n_structures)).
 

@@ -6,7 +6,7 @@ A plugin author's test for a new model (any :class:`molpredict.models.base.Model
 labelled spectra (a tiny set is enough: the checks are about behaviour, not accuracy)::
 
     from itertools import islice
-    from molpredict.molecules import Molecule
+    from molpredict.chem.molecules import Molecule
     from molpredict.spectra.cleaning import read_spectra
     from molpredict.testing import check_model
     from my_plugin import MyModel

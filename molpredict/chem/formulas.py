@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from molpredict.errors import InputError
-from molpredict.molecules import (DEFAULT_ADDUCTS, Adduct, adduct_composition, formula_mass, parse_adduct,
+from molpredict.chem.molecules import (DEFAULT_ADDUCTS, Adduct, adduct_composition, formula_mass, parse_adduct,
                         parse_formula)
 
 __all__ = ["VALENCE", "element_key", "formula_key", "ion_formula", "precursor_ion_formula", "SubformulaTable",

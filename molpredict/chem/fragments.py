@@ -45,7 +45,7 @@ from scipy.sparse.csgraph import connected_components
 
 from molpredict.component import Component
 from molpredict.errors import InputError, SpecError
-from molpredict.molecules import ELECTRON_MASS, Adduct, Molecule, parse_adduct, parse_formula
+from molpredict.chem.molecules import ELECTRON_MASS, Adduct, Molecule, parse_adduct, parse_formula
 from molpredict.spectra.record import Spectrum
 
 __all__ = [

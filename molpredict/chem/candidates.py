@@ -3,7 +3,7 @@ neutral mass (or precursor m/z and adduct) and by source, and MassSpecGym-style 
 
 A library is a table with the columns of :data:`COLUMNS` (see ``candidates/README.md``). It is held as one
 Apache Arrow table (memory-mapped when it comes from the cache); the public columns are numpy arrays,
-materialised on first access, and rows come out as cheap :class:`~molpredict.molecules.Molecule` records.
+materialised on first access, and rows come out as cheap :class:`~molpredict.chem.molecules.Molecule` records.
 
 A TSV of at least :data:`CACHE_MIN_BYTES` (or any TSV with ``cache=True``) is stored after its first read in the
 content-keyed cache of :mod:`molpredict.cache`. SMILES and SDF records are read by :mod:`molpredict.io.structures`.
@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from molpredict.cache import discard_entry, library_entry, load_library_entry, store_library_entry
 from molpredict.errors import InputError
 from molpredict.io.structures import StructureRecord, is_gzip, open_table_text, read_sdf_records, read_smiles_records
-from molpredict.molecules import Adduct, Molecule, neutral_mass, normalize_formula, parse_adduct
+from molpredict.chem.molecules import Adduct, Molecule, neutral_mass, normalize_formula, parse_adduct
 
 __all__ = [
     "COLUMNS",
@@ -180,7 +180,7 @@ def describe_many(smiles: Sequence[str], n_jobs: int = 1, progress: bool = False
                   desc: str = "molecules") -> list[tuple[str, str, str, float] | None]:
     """:func:`describe_smiles` over many SMILES, on ``n_jobs`` processes (``-1``: all cores), in input order,
     with an optional tqdm progress bar on stderr."""
-    from molpredict.molecules import _n_workers
+    from molpredict.chem.molecules import _n_workers
 
     workers = _n_workers(n_jobs)
     bar = None
