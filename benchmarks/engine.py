@@ -99,7 +99,7 @@ def main() -> None:
 
     import numpy as np
     import torch
-    from molpredict.device import resolve_device
+    from molpredict.engine.device import resolve_device
     from molpredict.models.okr import IOKR, SISOKR
 
     device = str(resolve_device(args.device))

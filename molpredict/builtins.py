@@ -26,12 +26,12 @@ OUTPUT_KERNELS = {
     "core-wl": "molpredict.kernels.graphs:CoreWLKernel",
 }
 SKETCHES = {
-    "subsample": "molpredict.sketches:SubsampleSketch",
-    "gaussian": "molpredict.sketches:GaussianSketch",
-    "p-sparsified-rademacher": "molpredict.sketches:PSparsifiedRademacherSketch",
-    "p-sparsified-gaussian": "molpredict.sketches:PSparsifiedGaussianSketch",
-    "accumulation": "molpredict.sketches:AccumulationSketch",
-    "adaptive": "molpredict.sketches:AdaptiveSketch",
+    "subsample": "molpredict.engine.sketches:SubsampleSketch",
+    "gaussian": "molpredict.engine.sketches:GaussianSketch",
+    "p-sparsified-rademacher": "molpredict.engine.sketches:PSparsifiedRademacherSketch",
+    "p-sparsified-gaussian": "molpredict.engine.sketches:PSparsifiedGaussianSketch",
+    "accumulation": "molpredict.engine.sketches:AccumulationSketch",
+    "adaptive": "molpredict.engine.sketches:AdaptiveSketch",
 }
 MODELS = {
     "iokr": "molpredict.models.okr:IOKR",
@@ -46,10 +46,10 @@ MODELS = {
     "library-knn": "molpredict.models.baselines:LibraryKNN",
 }
 ENCODERS = {
-    "mlp": "molpredict.encoders:MLPEncoder",
-    "kernel-mlp": "molpredict.encoders:KernelMLPEncoder",
-    "transformer": "molpredict.encoders:TransformerEncoder",
-    "text-embedding": "molpredict.encoders:TextEmbeddingEncoder",
+    "mlp": "molpredict.engine.encoders:MLPEncoder",
+    "kernel-mlp": "molpredict.engine.encoders:KernelMLPEncoder",
+    "transformer": "molpredict.engine.encoders:TransformerEncoder",
+    "text-embedding": "molpredict.engine.encoders:TextEmbeddingEncoder",
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from molpredict.encoders import Encoder, mlp_layers
+from molpredict.engine.encoders import Encoder, mlp_layers
 from molpredict.hookspecs import hookimpl
 from molpredict.kernels.base import InputKernel, OutputKernel
 from molpredict.registry import Registry, reset_registry

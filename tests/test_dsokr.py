@@ -175,7 +175,7 @@ def test_bad_parameters(registry, data, bad):
 
 
 def test_transformer_encoder_on_strings(registry):
-    from molpredict.encoders import TransformerEncoder
+    from molpredict.engine.encoders import TransformerEncoder
     words = ["".join(p) for p in itertools.product("abc", repeat=4)]
     targets = [np.array([w.count("a"), w.count("b"), w.count("c")], dtype=float) for w in words]
     model = DSOKR(encoder="transformer:d_model=32;nhead=2;layers=1;dim_feedforward=64;dropout=0.0",
@@ -196,7 +196,7 @@ def test_transformer_fits_many_small_coordinates():
     """Targets like psi~(y): unit norm over a few hundred coordinates. With PyTorch's default head init the
     output starts with ||g||^2 ~ p / 3 and 150 Adam steps left the loss near the mean predictor's (0.31 vs
     0.35); the zero-initialised head reaches ~0.03 (regression test for DSOKR learning nothing on QM9)."""
-    from molpredict.encoders import TransformerEncoder
+    from molpredict.engine.encoders import TransformerEncoder
     words = ["".join(p) for p in itertools.product("abc", repeat=4)]
     features = np.array([[w.count(c) for c in "abc"] + [w.index(w[0]) + (w[0] == "a")] for w in words], float)
     targets = np.tanh(features @ np.random.default_rng(0).normal(size=(4, 256)) - 1.0)
@@ -217,7 +217,7 @@ def test_transformer_fits_many_small_coordinates():
 
 
 def test_transformer_output_ignores_padding():
-    from molpredict.encoders import TransformerEncoder
+    from molpredict.engine.encoders import TransformerEncoder
     enc = TransformerEncoder(d_model=32, nhead=2, layers=1, dim_feedforward=64, dropout=0.0).fit(["CCO", "c1ccccc1N"])
     torch.manual_seed(0)
     net = enc.build(8)

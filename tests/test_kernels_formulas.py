@@ -224,7 +224,7 @@ def test_split_kernel_list():
 
 def test_mkl_and_multi_fingerprint_specs_survive_nested_spec():
     """Models create kernels through nystrom.create_component, which reads every ';' of a spec as ','."""
-    from molpredict.nystrom import create_component
+    from molpredict.engine.nystrom import create_component
 
     kernel = create_component("input_kernel", "mkl:kernels=ppk-losses:loss_weight=0.3&ppm=5+formula-annotation,"
                               "weights=0.25+0.75")

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from molpredict.device import resolve_device, resolve_dtype
+from molpredict.engine.device import resolve_device, resolve_dtype
 from molpredict.errors import ModelFileError, ResourceError, SpecError
 from molpredict.hookspecs import hookimpl
 from molpredict.kernels.base import InputKernel, OutputKernel
@@ -15,7 +15,7 @@ from molpredict.models.distinct import distinct_positions
 from molpredict.models.distinct import split_by_structure
 from molpredict.models.okr import IOKR, ISOKR, SIOKR, SISOKR, lam_grid
 from molpredict.registry import Registry, create, reset_registry
-from molpredict.sketches import make_sketch
+from molpredict.engine.sketches import make_sketch
 from molpredict.specs import parse_spec
 
 

@@ -119,7 +119,7 @@ def test_same_name_in_different_kinds_is_fine():
 
         @hookimpl
         def register_sketches(self, register):
-            register("ppk", "molpredict.sketches:SubsampleSketch")
+            register("ppk", "molpredict.engine.sketches:SubsampleSketch")
 
     reg = Registry(load_external=False, extra_plugins=[Other()])
     assert reg.entry("sketch", "ppk").provider == "other"
@@ -146,7 +146,7 @@ def test_plugins_dir_loads_files_and_isolates_broken_ones(tmp_path, monkeypatch,
         __version__ = "9.9"
         @hookimpl
         def register_sketches(register):
-            register("my-sketch", "molpredict.sketches:SubsampleSketch")
+            register("my-sketch", "molpredict.engine.sketches:SubsampleSketch")
     """))
     (tmp_path / "broken.py").write_text("import a_module_that_does_not_exist\n")
     monkeypatch.delenv("MOLPREDICT_LOAD_PLUGINS", raising=False)

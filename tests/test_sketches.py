@@ -9,10 +9,10 @@ import scipy.sparse as sp
 
 from molpredict.errors import ResourceError, SpecError
 from molpredict.registry import create, get_registry
-from molpredict.sketches import (AccumulationSketch, AdaptiveSketch, GaussianSketch, IdentitySketch,
+from molpredict.engine.sketches import (AccumulationSketch, AdaptiveSketch, GaussianSketch, IdentitySketch,
                                  PSparsifiedGaussianSketch, PSparsifiedRademacherSketch, Sketch, SubsampleSketch,
                                  bernoulli_positions, leverage_scores, make_sketch)
-from molpredict.linalg import truncated_eigh as pinv_factor
+from molpredict.engine.linalg import truncated_eigh as pinv_factor
 from molpredict.testing import check_sketch
 from molpredict.testing.sketches import RBFKernel
 
@@ -233,7 +233,7 @@ def test_make_sketch_fills_the_seed_unless_the_spec_sets_it():
 
 
 def test_sketch_rows_in_blocks(monkeypatch):
-    import molpredict.sketches as sketches
+    import molpredict.engine.sketches as sketches
     monkeypatch.setattr(sketches, "_BLOCK_BYTES", 8 * 40 * 3)  # 3 kernel rows per block
     kernel = rbf(40)
     for sketch in (PSparsifiedGaussianSketch(m=9, p=0.2, seed=0), GaussianSketch(m=4, seed=0),

@@ -117,7 +117,7 @@ def _spectra(n, seed):
 
 
 def test_mlp_encoder_with_input_kernel_features_round_trips():
-    from molpredict.encoders import MLPEncoder
+    from molpredict.engine.encoders import MLPEncoder
     spectra = _spectra(30, 0)
     encoder = MLPEncoder(max_mz=500.0, input_kernel="cosine", n_landmarks=7, seed=1).fit(spectra)
     features = encoder.featurize(spectra[:5])
@@ -131,7 +131,7 @@ def test_mlp_encoder_with_input_kernel_features_round_trips():
 
 def test_mlp_encoder_reads_the_earlier_landmark_state_layout():
     """Model files written before LandmarkFeatures kept the landmarks and kernel at the top of the metadata."""
-    from molpredict.encoders import MLPEncoder
+    from molpredict.engine.encoders import MLPEncoder
     spectra = _spectra(20, 3)
     encoder = MLPEncoder(max_mz=500.0, input_kernel="cosine", n_landmarks=5).fit(spectra)
     arrays, meta = encoder.get_state()
@@ -146,10 +146,10 @@ def test_nystrom_features_against_a_naive_nystrom_map(fit_kernel_on):
     """Whitened features f(x) = K_LL^{-1/2} k(x, L): f(x).f(z) = k(x, L) K_LL^+ k(L, z) (computed with pinv), and on
     the landmarks themselves the inner products give back K_LL; the landmarks are the registered ``subsample``
     sketch's draw; the training features of a fit on all objects equal ``transform`` of them."""
-    from molpredict.encoders import landmark_features
+    from molpredict.engine.encoders import landmark_features
     from molpredict.kernels.spectra import CosineKernel
-    from molpredict.nystrom import Nystrom
-    from molpredict.sketches import make_sketch
+    from molpredict.engine.nystrom import Nystrom
+    from molpredict.engine.sketches import make_sketch
     spectra = _spectra(40, 4)
     features = Nystrom("cosine", "subsample:m=12", seed=2, fit_kernel_on=fit_kernel_on).fit(spectra)
     assert len(features.landmarks_) == 12
@@ -177,7 +177,7 @@ def test_nystrom_features_against_a_naive_nystrom_map(fit_kernel_on):
 def test_kernel_mlp_reads_the_landmark_features_saved_before_the_nystrom_component():
     """kernel-mlp files saved with the former LandmarkFeatures state (landmarks, kernel, whiten, no projection)
     load, the whitening recomputed from the landmarks: the same feature map."""
-    from molpredict.encoders import KernelMLPEncoder
+    from molpredict.engine.encoders import KernelMLPEncoder
     spectra = _spectra(30, 5)
     encoder = KernelMLPEncoder("cosine", n_landmarks=10, whiten=True, layers=0).fit(spectra)
     arrays, meta = encoder.get_state()
@@ -193,7 +193,7 @@ def test_kernel_mlp_encoder_takes_its_kernels_input_and_dsokr_round_trips():
     """``kernel-mlp`` takes text with a text kernel (the model file says so), trains DSOKR on text and reloads
     to identical scores; with a spectrum kernel it takes spectra."""
     from dsokr_helpers import install_synthetic_registry
-    from molpredict.encoders import KernelMLPEncoder
+    from molpredict.engine.encoders import KernelMLPEncoder
     from molpredict.modelfile import model_input_type
     from molpredict.models.dsokr import DSOKR
     from molpredict.registry import get_registry
@@ -219,7 +219,7 @@ def test_mlp_encoder_starts_at_zero_and_dsokr_fits_spectra():
     """The final Linear of ``mlp_layers`` starts at zero (g(x) = 0, hidden layers random), and DSOKR with the mlp
     encoder still fits a small problem: targets are the intensity shares of three m/z ranges."""
     from dsokr_helpers import install_synthetic_registry
-    from molpredict.encoders import MLPEncoder, TextEmbeddingEncoder, mlp_layers
+    from molpredict.engine.encoders import MLPEncoder, TextEmbeddingEncoder, mlp_layers
     from molpredict.models.dsokr import DSOKR
     install_synthetic_registry()
     spectra = _spectra(120, 2)

@@ -63,7 +63,7 @@ def select_sketch_size(train: str, val_path: str, grid: str, output_kernel: str,
     import numpy as np
 
     from molpredict.models.basis import distinct_objects
-    from molpredict.sketch_size import effective_dimension, perfect_h_curve, plot_curve, read_structures, recommend
+    from molpredict.engine.sketch_size import effective_dimension, perfect_h_curve, plot_curve, read_structures, recommend
 
     def say(message: str) -> None:
         if not quiet:

@@ -30,7 +30,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from molpredict.errors import ModelFileError
-from molpredict.device import resolve_device
+from molpredict.engine.device import resolve_device
 from molpredict.spectra.features import bin_spectra
 from molpredict.chem.molecules import Molecule, fingerprint_matrix
 from molpredict.errors import SpecError

@@ -13,7 +13,7 @@ orthogonal projection of k_y(y, .) onto their span are
 Since R_y = A I[used], only the n' landmark outputs that the sketch touches enter: psi~(y) = k_y(y, landmarks) W
 with W = A^T U D^-1/2 (n' x p_y). Scaling R_y by c > 0 leaves psi~ unchanged (D scales by c^2).
 
-The construction is the Nystrom feature map of :mod:`molpredict.nystrom` on the distinct outputs (this class adds
+The construction is the Nystrom feature map of :mod:`molpredict.engine.nystrom` on the distinct outputs (this class adds
 the deduplication and what DSOKR needs around it).
 
 Outputs are deduplicated before sketching (many spectra share a structure): the basis is built on distinct
@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from molpredict.errors import SpecError
-from molpredict.nystrom import Nystrom
+from molpredict.engine.nystrom import Nystrom
 from molpredict.specs import ComponentSpec, nested_spec, parse_spec
 from molpredict.models.distinct import distinct_objects, output_key
 

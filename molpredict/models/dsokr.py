@@ -1,7 +1,7 @@
 """DSOKR: a neural network g_W: X -> R^{p_y} trained to predict coordinates in a sketched output basis.
 
 El Ahmad, Yang, Laforgue, d'Alche-Buc (ECML 2024). The output side is a :class:`SketchedOutputBasis` (an
-orthonormal basis of span(R_y K_y rows) in H_y); the network is built by an :mod:`encoder <molpredict.encoders>`
+orthonormal basis of span(R_y K_y rows) in H_y); the network is built by an :mod:`encoder <molpredict.engine.encoders>`
 (``kernel-mlp`` on input-kernel features against landmark inputs, the default; ``mlp`` on binned spectra,
 ``transformer`` on strings, ``text-embedding`` on text) and trained with a kernel
 loss of the squared RKHS distance (:mod:`molpredict.models.losses`: square, Huber, epsilon-insensitive).
@@ -274,7 +274,7 @@ class DSOKR(Model):
         make_loss(nested_spec(self.loss))
 
     def _device(self) -> torch.device:
-        from molpredict.device import resolve_device
+        from molpredict.engine.device import resolve_device
         return resolve_device(self.device)
 
     def _forward(self, network: torch.nn.Module, features: Any, device: torch.device, block: int = 1024
@@ -542,7 +542,7 @@ class DSOKR(Model):
             model.networks_.append(network)
         model.weights_ = np.asarray(output["weights"], dtype=np.float64)
         model.history_ = metadata.get("history", [])
-        from molpredict.device import resolve_device
+        from molpredict.engine.device import resolve_device
         from molpredict.errors import ResourceError
         try:
             device = resolve_device(model.device)

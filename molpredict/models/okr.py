@@ -70,12 +70,12 @@ import scipy.sparse as sp
 import torch
 
 from molpredict.component import frozen_spec
-from molpredict.device import resolve_device, resolve_dtype
+from molpredict.engine.device import resolve_device, resolve_dtype
 from molpredict.errors import InputError, ModelFileError, MolpredictError, ResourceError, SpecError
 from molpredict.registry import create, get_registry
-from molpredict.linalg import lapack_threads
-from molpredict.nystrom import Nystrom, objects_from_state, objects_to_state
-from molpredict.sketches import Sketch, make_sketch
+from molpredict.engine.linalg import lapack_threads
+from molpredict.engine.nystrom import Nystrom, objects_from_state, objects_to_state
+from molpredict.engine.sketches import Sketch, make_sketch
 from molpredict.specs import ComponentSpec, Grid, parse_spec, parse_values
 from molpredict.models.base import Model, check_pairs
 from molpredict.models.distinct import distinct_positions, split_by_structure
@@ -83,7 +83,7 @@ from molpredict.models.distinct import distinct_positions, split_by_structure
 __all__ = ["IOKR", "SIOKR", "ISOKR", "SISOKR"]
 
 STATE_FORMAT = "molpredict.okr"
-#: 2: landmarks written by molpredict.nystrom.objects_to_state (arrays ``prefix.*``); 1 (``prefix_*``) still reads
+#: 2: landmarks written by molpredict.engine.nystrom.objects_to_state (arrays ``prefix.*``); 1 (``prefix_*``) still reads
 STATE_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 #: The defaults (the constructors' and so ``molpredict train``'s), chosen on the shared MassBank data (train_pos,
@@ -487,7 +487,7 @@ class _OKRBase(Model):
     val_fraction : float
         Fraction of structures held out to choose grid points when ``fit`` gets no ``val``.
     device : str
-        ``auto``, ``cpu`` or ``cuda`` (:func:`molpredict.device.resolve_device`).
+        ``auto``, ``cpu`` or ``cuda`` (:func:`molpredict.engine.device.resolve_device`).
     dtype : str
         Float type of the products (``float64`` or ``float32``); eigendecompositions are always float64.
     seed : int

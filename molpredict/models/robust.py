@@ -27,7 +27,7 @@ import torch
 from molpredict.errors import ModelFileError, SpecError
 from molpredict.specs import nested_spec, parse_spec
 from molpredict.models.base import Model, check_pairs
-from molpredict.nystrom import Nystrom
+from molpredict.engine.nystrom import Nystrom
 from molpredict.models.basis import SketchedOutputBasis
 from molpredict.models.losses import make_loss
 
@@ -128,7 +128,7 @@ class RobustOKR(Model):
         loss_fn = make_loss(nested_spec(self.loss))
         inputs, molecules = list(inputs), list(molecules)
         check_pairs(inputs, molecules)
-        from molpredict.device import resolve_device
+        from molpredict.engine.device import resolve_device
         device = resolve_device(self.device)
 
         self.input_features_ = Nystrom(nested_spec(self.input_kernel),

@@ -5,7 +5,7 @@ neutral losses, ``precursor_mz - mz``, when asked). Peaks with a non-finite m/z 
 or an m/z outside [0, max_mz) are dropped; intensities are divided by the spectrum's largest one and raised to
 ``intensity_power`` (0.5: square root, which keeps small fragments visible), then summed per bin.
 
-Input-kernel features (raw or whitened against landmark inputs) are the Nystrom map of :mod:`molpredict.nystrom`.
+Input-kernel features (raw or whitened against landmark inputs) are the Nystrom map of :mod:`molpredict.engine.nystrom`.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Example
 -------
->>> from molpredict.sketches import PSparsifiedRademacherSketch
+>>> from molpredict.engine.sketches import PSparsifiedRademacherSketch
 >>> from molpredict.testing import check_sketch
 >>> report = check_sketch(PSparsifiedRademacherSketch(m=10, seed=0), n=40, n_draws=100)
 >>> sorted(report)[:3]
@@ -19,7 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from molpredict.kernels.base import Kernel
-from molpredict.sketches import Sketch
+from molpredict.engine.sketches import Sketch
 
 __all__ = ["check_sketch", "RBFKernel"]
 

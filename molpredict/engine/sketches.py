@@ -116,7 +116,7 @@ def leverage_scores(kernel: Kernel, lam: float, n_landmarks: int, rng: np.random
     k = min(n, max(1, int(n_landmarks)))
     landmarks = np.sort(rng.choice(n, size=k, replace=False))
     K_ln = kernel.gram(landmarks)  # (k, n)
-    from molpredict.linalg import truncated_eigh
+    from molpredict.engine.linalg import truncated_eigh
     s, V = truncated_eigh(K_ln[:, landmarks])
     features = K_ln.T @ (V / np.sqrt(s))  # (n, r): K ~= features @ features.T
     gram = features.T @ features

@@ -28,7 +28,7 @@ import numpy as np
 
 from molpredict.errors import SpecError
 from molpredict.models.basis import SketchedOutputBasis, distinct_objects
-from molpredict.nystrom import Nystrom, create_component
+from molpredict.engine.nystrom import Nystrom, create_component
 from molpredict.models.dsokr import CandidateSets, candidate_sets, coordinate_metrics
 from molpredict.specs import ComponentSpec, nested_spec, parse_spec
 

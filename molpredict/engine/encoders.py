@@ -29,7 +29,7 @@ from torch import nn
 from molpredict.component import Component
 from molpredict.errors import ModelFileError, SpecError
 from molpredict.spectra.features import bin_spectra
-from molpredict.nystrom import Nystrom
+from molpredict.engine.nystrom import Nystrom
 
 __all__ = ["Encoder", "KernelMLPEncoder", "MLPEncoder", "TransformerEncoder", "TextEmbeddingEncoder",
            "mlp_layers"]

@@ -7,7 +7,7 @@ times the largest kept, rank p), the features
     f(x) = D^-1/2 U^T R k(x)  in R^p
 
 are the coordinates of the orthogonal projection of k(x, .) onto span(R Phi), in an orthonormal basis of the
-RKHS. Since R = A I[used] (see :mod:`molpredict.sketches`), only the n' landmarks the sketch touches enter:
+RKHS. Since R = A I[used] (see :mod:`molpredict.engine.sketches`), only the n' landmarks the sketch touches enter:
 f(x) = k(x, landmarks) W with W = A^T U D^-1/2 (n' x p), the ``projection_``. Scaling R by c > 0 leaves f
 unchanged. Users: the input side of the IOKR family (:mod:`molpredict.models.okr`, on torch), ``okr-robust``'s
 input side, DSOKR's output basis (:class:`molpredict.models.basis.SketchedOutputBasis`, on distinct outputs) and
@@ -30,8 +30,8 @@ import torch
 
 from molpredict.component import frozen_spec
 from molpredict.errors import ModelFileError, SpecError
-from molpredict.linalg import truncated_eigh
-from molpredict.sketches import Sketch, make_sketch
+from molpredict.engine.linalg import truncated_eigh
+from molpredict.engine.sketches import Sketch, make_sketch
 from molpredict.specs import ComponentSpec, nested_spec, parse_spec
 
 __all__ = ["Nystrom", "objects_to_state", "objects_from_state", "create_component", "restrict_kernel"]
