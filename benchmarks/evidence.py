@@ -16,7 +16,7 @@ Protocol (one run, seeded, every choice made on validation data)
   against ``candidates/test_{file}.json``.
 - Configurations: ``default`` is ``molpredict train``'s defaults; ``baseline`` is the previous release's model
   (``ppk-losses`` input kernel, lam by validation kernel loss, no prior, no fragments), for the ablation.
-- Rows, all from one evaluation pass of each bundle (:func:`molpredict.evaluate.evaluate` ``views``): the fused
+- Rows, all from one evaluation pass of each bundle (:func:`molpredict.identification.evaluate.evaluate` ``views``): the fused
   ranking, the spectrum evidence without the prior (``--prior off``: model + fragments), the spectrum model
   alone, the fragment score alone and the prior alone; hit@1/5/10/20 and MRR with 95% bootstrap intervals for
   hit@1; the calibration (ECE, 10 bins; queries confident at an estimated FDR <= 10%).
@@ -71,7 +71,7 @@ def train(data: Path, mode: str, config: dict[str, Any], out: Path, log) -> tupl
 
 def evaluate_file(data: Path, mode: str, bundle_path: Path, name: str, n_boot: int) -> dict[str, Any]:
     from molpredict.chem.candidates import load_candidate_sets
-    from molpredict.evaluate import evaluate
+    from molpredict.identification.evaluate import evaluate
     from molpredict.modelfile import ModelBundle
 
     sets = load_candidate_sets(data / "candidates" / f"test_{name}.json")

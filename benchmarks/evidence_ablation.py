@@ -56,7 +56,7 @@ def log(text: str) -> None:
 def load(mode: str, data: Path) -> dict[str, Any]:
     from benchmarks.identification import SharedSetSource
     from molpredict.chem.candidates import load_candidate_sets
-    from molpredict.evaluate import collect_queries
+    from molpredict.identification.evaluate import collect_queries
     from molpredict.ranking_validation import ranking_candidates
     from molpredict.spectra.cleaning import CleaningPipeline
     from molpredict.io import read_spectra
@@ -89,8 +89,8 @@ def run_config(name: str, spec: tuple[str, str], data: dict[str, Any], m_x: int,
                seed: int = 0) -> dict[str, Any]:
     """Fit one configuration with lam chosen by the validation MRR on the val_formula256 sets (the model's own
     ranking-aware grid: every lam shares the fitted kernels and sketches), then rank the val queries."""
-    from molpredict.evaluate import rank_queries, summarize_ranks
-    from molpredict.identify import Identifier, IdentifyOptions
+    from molpredict.identification.evaluate import rank_queries, summarize_ranks
+    from molpredict.identification.identify import Identifier, IdentifyOptions
     from molpredict.modelfile import ModelBundle, SubModel
     from molpredict.models.base import ValidationData
     from molpredict.chem.molecules import DEFAULT_ADDUCTS

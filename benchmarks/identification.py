@@ -13,7 +13,7 @@ Protocol (one run, seeded, no decision taken on test data)
   cleaned by :func:`molpredict.training.load_labelled` (default :class:`~molpredict.spectra.cleaning.CleaningPipeline`).
 - Candidates: ``candidates/test_formula256.json``, ``test_formula.json`` and ``test_mass.json``; every test
   spectrum whose structure has a set is one query; a hit is a candidate with the true InChIKey first block.
-  Ranking, metrics and intervals come from :mod:`molpredict.evaluate` / :mod:`molpredict.decoding`: hit@1/5/10/20
+  Ranking, metrics and intervals come from :mod:`molpredict.identification.evaluate` / :mod:`molpredict.identification.decoding`: hit@1/5/10/20
   and MRR per spectrum (primary, ``worst`` tie policy) and averaged per structure, percentile bootstrap 95%
   intervals, and the exact random-ranking expectation. The ``random`` baseline scores every candidate alike,
   so its row reports the ``average`` tie policy (the exact expectation of a uniformly random ranking).
@@ -256,14 +256,14 @@ def _machine() -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------------
 
 class SharedSetSource:
-    """Factory of :class:`~molpredict.candidate_sources.SetSource` objects that hand out one shared ``Molecule`` record per
+    """Factory of :class:`~molpredict.identification.candidate_sources.SetSource` objects that hand out one shared ``Molecule`` record per
     (inchikey14, SMILES) pair, so a fingerprint computed once serves every model and candidate file."""
 
     def __init__(self) -> None:
         self.pool: dict[tuple[str, str], Any] = {}
 
     def make(self, sets: dict[str, list[tuple[str, str]]]):
-        from molpredict.candidate_sources import SetSource
+        from molpredict.identification.candidate_sources import SetSource
         from molpredict.chem.molecules import Molecule
 
         pool = self.pool
@@ -323,7 +323,7 @@ def load_mode(mode: str, data: Path, shared: SharedSetSource, quick: bool, seed:
     """Read, label and clean one ion mode's splits; build its candidate sources (restricted to the structures of
     ``report_split``: ``test``, or ``val`` for decisions that must not look at test data)."""
     from molpredict.chem.candidates import load_candidate_sets
-    from molpredict.evaluate import collect_queries
+    from molpredict.identification.evaluate import collect_queries
     from molpredict.spectra.cleaning import CleaningPipeline
     from molpredict.io import read_spectra
     from molpredict.spectra.record import spectrum_ion_mode
@@ -399,8 +399,8 @@ def run_method(method: Method, data: ModeData, n_boot: int, seed: int, log: Call
 
 def _run_method(method: Method, data: ModeData, n_boot: int, seed: int, log: Callable[[str], None]
                 ) -> dict[str, Any]:
-    from molpredict.evaluate import rank_queries, summarize_ranks
-    from molpredict.identify import Identifier, IdentifyOptions
+    from molpredict.identification.evaluate import rank_queries, summarize_ranks
+    from molpredict.identification.identify import Identifier, IdentifyOptions
     from molpredict.modelfile import ModelBundle, SubModel, json_ready
     from molpredict.chem.molecules import DEFAULT_ADDUCTS
     from molpredict.training import build_model
@@ -636,7 +636,7 @@ def plot_sketch_sizes(results: dict[str, Any], path: Path) -> bool:
 
 def plot_topk(results: dict[str, Any], out: Path) -> list[str]:
     """Top-k curves of the baselines and main models per candidate file (positive mode)."""
-    from molpredict.evaluate import plot_curves
+    from molpredict.identification.evaluate import plot_curves
 
     written = []
     methods = results.get("positive", {}).get("methods", {})

@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     from molpredict.chem.candidates import load_candidate_sets
-    from molpredict.candidate_sources import SetSource
-    from molpredict.identify import Identifier, IdentifyOptions
+    from molpredict.identification.candidate_sources import SetSource
+    from molpredict.identification.identify import Identifier, IdentifyOptions
     from molpredict.kernels.base import DegenerateObjectWarning
     from molpredict.modelfile import ModelBundle, default_bundle_path
     from molpredict.io import read_spectra

@@ -4,7 +4,7 @@ neutral mass, with the fixed ppm window and with the precision-aware window; wri
 Usage: python benchmarks/mass_window_coverage.py [--spectra ../shared/data/massbank/test_pos.mgf]
        [--library ../shared/data/candidates/pool.tsv.gz] [--ppm 10] [--out DIR]
 
-Each spectrum with peaks is one query; candidates come from :class:`molpredict.candidate_sources.LibrarySource`
+Each spectrum with peaks is one query; candidates come from :class:`molpredict.identification.candidate_sources.LibrarySource`
 exactly as ``molpredict identify --by mass`` selects them (its own adduct when usable, else the default adducts
 of its ion mode; no cleaning, no model). A hit is a candidate with the spectrum's InChIKey first block. Both
 settings are measured in the same run: ``ppm_only`` (``--ppm-only``) and ``precision_window`` (the default:
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from molpredict.candidate_sources import LibrarySource
+from molpredict.identification.candidate_sources import LibrarySource
 from molpredict.chem.candidates import read_library
-from molpredict.identify import IdentifyOptions
+from molpredict.identification.identify import IdentifyOptions
 from molpredict.chem.molecules import DEFAULT_ADDUCTS, parse_adduct
 from molpredict.io import read_spectra
 from molpredict.spectra.record import spectrum_ion_mode

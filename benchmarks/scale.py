@@ -45,7 +45,7 @@ PROJECTION_STRUCTURES = 120_000_000
 
 
 def _evaluate(bundle, spectra_path, sets, root):
-    from molpredict.evaluate import evaluate
+    from molpredict.identification.evaluate import evaluate
     t0 = time.perf_counter()
     result = evaluate([spectra_path], [("m", bundle)], sets, cache_root=root, n_boot=200, kernel_loss=False)["m"]
     return {"hit@1": result["hit@1"], "mrr": result["mrr"], "n_queries": result["n_queries"],
@@ -65,7 +65,7 @@ def _transcode(src, dst, transform=None, block=8192):
 def accuracy(bundle, spectra_path, sets, workdir, k_truncated=1000):
     import numpy as np
 
-    from molpredict.coordinates_cache import CoordinatesCache
+    from molpredict.identification.coordinates_cache import CoordinatesCache
     from molpredict.chem.molecules import Molecule
 
     model = bundle.for_mode("positive").model
@@ -112,7 +112,7 @@ def accuracy(bundle, spectra_path, sets, workdir, k_truncated=1000):
 
 
 def _identify(bundle, source, spectra, root, executor, block_queries):
-    from molpredict.identify import Identifier, IdentifyOptions
+    from molpredict.identification.identify import Identifier, IdentifyOptions
     from molpredict.io.results import ResultWriter
     options = IdentifyOptions(top_k=10, block_queries=block_queries)
     identifier = Identifier(bundle, source, options, cache_root=root)
@@ -126,7 +126,7 @@ def _identify(bundle, source, spectra, root, executor, block_queries):
 
 
 def _score_library(bundle, library, root, executor, block_size=500):
-    from molpredict.scoring import score_library
+    from molpredict.identification.scoring import score_library
     t0 = time.perf_counter()
     result = score_library(bundle, library, cache_root=root, block_size=block_size, executor=executor)
     return time.perf_counter() - t0, result["positive"]["n_computed"]
@@ -162,8 +162,8 @@ def _rss_per_worker(client):
 def throughput(bundle, spectra, source, library, store_root, workdir):
     import numpy as np
 
-    from molpredict.coordinates_cache import CoordinatesCache
-    from molpredict.scoring import DaskExecutor, InProcessExecutor
+    from molpredict.identification.coordinates_cache import CoordinatesCache
+    from molpredict.identification.scoring import DaskExecutor, InProcessExecutor
 
     out: dict = {"identify": {}, "score_library": {}, "n_spectra": len(spectra), "n_library": len(library)}
     key = bundle.for_mode("positive").model.coordinates_key()
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> dict:
     sys.path.insert(0, str(ROOT))
     import numpy as np
 
-    from molpredict.candidate_sources import SetSource
+    from molpredict.identification.candidate_sources import SetSource
     from molpredict.chem.candidates import CandidateLibrary, load_candidate_sets
     from molpredict.kernels.base import DegenerateObjectWarning
     from molpredict.modelfile import ModelBundle

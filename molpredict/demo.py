@@ -178,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from molpredict.errors import MolpredictError
-    from molpredict.candidate_sources import LibrarySource
-    from molpredict.identify import Identifier, IdentifyOptions
+    from molpredict.identification.candidate_sources import LibrarySource
+    from molpredict.identification.identify import Identifier, IdentifyOptions
     from molpredict.kernels.base import DegenerateObjectWarning
     from molpredict.modelfile import ModelBundle, default_bundle_path
 

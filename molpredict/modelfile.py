@@ -158,7 +158,7 @@ class SubModel:
     scoring : dict or None
         How the terms are fused and the confidence calibrated, per variant (``with_prior``, ``without_prior``):
         ``{variant: {"fusion": ScoreFusion.to_dict(), "calibration": Calibrator.to_dict()}}``
-        (see :mod:`molpredict.evidence`). None: the model's own score, no probability.
+        (see :mod:`molpredict.identification.evidence`). None: the model's own score, no probability.
     fragments : dict or None
         Parameters of the candidate fragmentation scorer when the fusion uses one.
     """
@@ -419,7 +419,7 @@ class ModelBundle:
 
 def _check_scoring(extras: dict[str, Any], meta_path: Path) -> None:
     """Refuse scoring settings this version cannot read (a clear error, not a wrong score)."""
-    from molpredict.evidence import ScoringVariant
+    from molpredict.identification.evidence import ScoringVariant
 
     for variant, settings in (extras.get("scoring") or {}).items():
         try:

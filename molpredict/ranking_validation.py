@@ -19,10 +19,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from molpredict.calibration import Calibrator, confident_at_fdr, expected_calibration_error, ranking_features_flat
+from molpredict.identification.calibration import Calibrator, confident_at_fdr, expected_calibration_error, ranking_features_flat
 from molpredict.errors import InputError
-from molpredict.evidence import Evidence
-from molpredict.fusion import ScoreFusion, fit_fusion, true_ranks
+from molpredict.identification.evidence import Evidence
+from molpredict.identification.fusion import ScoreFusion, fit_fusion, true_ranks
 
 __all__ = ["candidate_sets_from_library", "ranking_candidates", "fit_submodel_scoring", "ValidationTerms", "validation_terms",
            "fit_scoring"]
@@ -118,14 +118,14 @@ def validation_terms(identifier: Any, spectra: Sequence[Any], wanted: Sequence[s
     wanted : sequence of str
         Terms besides ``spectrum`` (the model's own score, always computed): ``prior``, ``fragments``.
     block : int
-        Queries per :meth:`~molpredict.evidence.Evidence.terms` call (the prior is scored once per block's union
+        Queries per :meth:`~molpredict.identification.evidence.Evidence.terms` call (the prior is scored once per block's union
         of candidates).
 
     Returns
     -------
     ValidationTerms
     """
-    from molpredict.evaluate import collect_queries, labelled_queries
+    from molpredict.identification.evaluate import collect_queries, labelled_queries
 
     source = identifier.source
     labelled, _ = collect_queries(spectra, source)
@@ -267,14 +267,14 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
     """Fit ``sub``'s fusion and calibration, with and without its prior, on validation candidate sets (every
     validation spectrum ranks once per collection of sets).
 
-    Sets ``sub.scoring`` (see :mod:`molpredict.evidence`) and returns the JSON-ready report (per variant).
+    Sets ``sub.scoring`` (see :mod:`molpredict.identification.evidence`) and returns the JSON-ready report (per variant).
     ``max_structures`` bounds the cost (the fragment score fragments every candidate): the spectra of a seeded
     sample of that many validation structures are used (all when None).
     """
-    from molpredict.candidate_sources import SetSource
-    from molpredict.evidence import WITH_PRIOR, WITHOUT_PRIOR, ScoringVariant
-    from molpredict.fusion import FRAGMENTS, PRIOR
-    from molpredict.identify import Identifier, IdentifyOptions
+    from molpredict.identification.candidate_sources import SetSource
+    from molpredict.identification.evidence import WITH_PRIOR, WITHOUT_PRIOR, ScoringVariant
+    from molpredict.identification.fusion import FRAGMENTS, PRIOR
+    from molpredict.identification.identify import Identifier, IdentifyOptions
     from molpredict.modelfile import ModelBundle
 
     say = log or (lambda message: None)

@@ -1,6 +1,6 @@
 """The HTML report of an identification run: one self-contained file with structures, spectra and an index.
 
-A :class:`Report` collects, query by query, the output rows of :meth:`molpredict.identify.Identifier.run` (or of
+A :class:`Report` collects, query by query, the output rows of :meth:`molpredict.identification.identify.Identifier.run` (or of
 a results file) and the spectra they came from, plus the skipped spectra and the run's parameters, and writes one
 HTML file: inline CSS, inline vanilla JavaScript, inline SVG; nothing is fetched (no network, fonts or scripts).
 
@@ -536,7 +536,7 @@ def build_report_from_files(results: str | Path, spectra: str | Path, output: st
     (int, Report)
         The page's size in bytes and the report.
     """
-    from molpredict.identify import unique_ids
+    from molpredict.identification.identify import unique_ids
     from molpredict.io.results import read_result_rows, read_skipped
     from molpredict.io import SkipReport, read_spectra
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from molpredict.coordinates_cache import CoordinatesCache, decode, encode, molecule_key
+from molpredict.identification.coordinates_cache import CoordinatesCache, decode, encode, molecule_key
 from molpredict.chem.molecules import Molecule
 
 
@@ -195,7 +195,7 @@ def test_old_layout_is_migrated_never_misread(tmp_path):
 def test_segments_kept_in_memory_read_the_same_within_their_budget(tmp_path, monkeypatch, budget_segments):
     """Whole segments are kept in memory within a byte budget (least recently used out); reads give the same
     values whether they come from memory or the store, and the budget bounds what is kept."""
-    import molpredict.coordinates_cache as cc
+    import molpredict.identification.coordinates_cache as cc
 
     molecules = mols(12)
     CoordinatesCache(tmp_path, "k").get(molecules, Featurizer(), block_size=4)  # three segments of 4 rows
@@ -215,7 +215,7 @@ def test_segments_kept_in_memory_read_the_same_within_their_budget(tmp_path, mon
 
 
 def test_a_mistyped_memory_budget_falls_back_to_the_default(monkeypatch):
-    import molpredict.coordinates_cache as cc
+    import molpredict.identification.coordinates_cache as cc
 
     monkeypatch.setenv("MOLPREDICT_STORE_MEMORY_MB", "lots")
     assert cc._memory_budget() == 512 * 2**20

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra
 from molpredict.cli import cli
-from molpredict.decoding import query_metrics, true_rank_counts
-from molpredict.evaluate import evaluate
+from molpredict.identification.decoding import query_metrics, true_rank_counts
+from molpredict.identification.evaluate import evaluate
 from molpredict.modelfile import ModelBundle, SubModel
 from molpredict.chem.molecules import Molecule
 from molpredict.spectra.cleaning import CleaningPipeline

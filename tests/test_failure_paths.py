@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from molpredict.coordinates_cache import CoordinatesCache
+from molpredict.identification.coordinates_cache import CoordinatesCache
 from molpredict.errors import InputError, ModelFileError, MolpredictError, SpecError
-from molpredict.evaluate import summarize_ranks
+from molpredict.identification.evaluate import summarize_ranks
 from molpredict.chem.molecules import Molecule
 
 
@@ -104,7 +104,7 @@ def test_a_segment_shorter_than_its_commit_record_is_recomputed(tmp_path):
 
 
 def test_a_gap_in_an_old_layout_index_keeps_only_what_precedes_it(tmp_path):
-    from molpredict.coordinates_cache import _layout_1_keys
+    from molpredict.identification.coordinates_cache import _layout_1_keys
 
     index = tmp_path / "index"
     index.mkdir()
@@ -116,7 +116,7 @@ def test_a_gap_in_an_old_layout_index_keeps_only_what_precedes_it(tmp_path):
 WRITER = """
 import sys
 import numpy as np
-from molpredict.coordinates_cache import CoordinatesCache
+from molpredict.identification.coordinates_cache import CoordinatesCache
 root, offset, n, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 cache = CoordinatesCache(root, "k", encoding="float64")
 keys = [f"KEY{i + offset:05d}-X-N" for i in range(n)]

@@ -7,9 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from molpredict.calibration import (Calibrator, confident_at_fdr, expected_calibration_error, ranking_features,
+from molpredict.identification.calibration import (Calibrator, confident_at_fdr, expected_calibration_error, ranking_features,
                                     ranking_features_flat)
-from molpredict.fusion import (ScoreFusion, fit_fusion, ranking_metrics, softmax_within_sets, standardize,
+from molpredict.identification.fusion import (ScoreFusion, fit_fusion, ranking_metrics, softmax_within_sets, standardize,
                                standardize_within_sets, true_ranks)
 
 

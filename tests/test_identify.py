@@ -15,10 +15,10 @@ from click.testing import CliRunner
 from identification_helpers import FAKE_MODEL, SMILES, FingerprintRidge, install_fake_model, synthetic_spectra
 from molpredict.chem.candidates import CandidateLibrary
 from molpredict.cli import cli
-from molpredict.candidate_sources import LibrarySource
-from molpredict.identify import Identifier, IdentifyOptions, read_formula_hints
+from molpredict.identification.candidate_sources import LibrarySource
+from molpredict.identification.identify import Identifier, IdentifyOptions, read_formula_hints
 from molpredict.io.results import OUTPUT_COLUMNS, output_format
-from molpredict.scoring import score_library
+from molpredict.identification.scoring import score_library
 from molpredict.modelfile import ModelBundle, SubModel
 from molpredict.spectra.cleaning import CleaningPipeline
 from molpredict.io import read_spectra, write_mgf
@@ -262,7 +262,7 @@ def test_score_library_resumes_after_interrupt(bundle, library, tmp_path):
     assert again["positive"]["n_computed"] == 0
     model.candidate_coordinates = original
     score_library(bundle, library, cache_root=tmp_path / "oneshot", block_size=1000)
-    from molpredict.coordinates_cache import CoordinatesCache
+    from molpredict.identification.coordinates_cache import CoordinatesCache
     a = CoordinatesCache(tmp_path / "resumed", model.coordinates_key())
     b = CoordinatesCache(tmp_path / "oneshot", model.coordinates_key())
     keys = list(library.column("inchikey"))
@@ -384,9 +384,9 @@ def test_cli_identify_reads_stdin(cli_setup):
 
 def _with_fusion(bundle, reference_smiles, prior_weight=0.7):
     """The fake-model bundle with a structure prior fitted on ``reference_smiles`` and a fusion + calibration."""
-    from molpredict.calibration import Calibrator
-    from molpredict.evidence import WITH_PRIOR, WITHOUT_PRIOR, ScoringVariant
-    from molpredict.fusion import ScoreFusion
+    from molpredict.identification.calibration import Calibrator
+    from molpredict.identification.evidence import WITH_PRIOR, WITHOUT_PRIOR, ScoringVariant
+    from molpredict.identification.fusion import ScoreFusion
     from molpredict.chem.molecules import Molecule
 
     sub = bundle.for_mode("positive")
@@ -403,7 +403,7 @@ def test_fused_scores_are_the_weighted_z_scores_and_survive_a_bundle_round_trip(
     """The fused ranking equals a hand computation from the rows' own terms (z-scored within the query's
     candidates), the probability equals the calibrator on the hand-computed ranking features, and a saved and
     reloaded bundle (prior sub-model, fusion, calibration) gives identical rows; --prior off drops the prior."""
-    from molpredict.calibration import ranking_features
+    from molpredict.identification.calibration import ranking_features
     from molpredict.chem.molecules import Molecule
 
     fused = _with_fusion(bundle, DECOYS[:3])

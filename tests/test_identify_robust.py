@@ -18,10 +18,10 @@ import pytest
 from click.testing import CliRunner
 
 from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra
-from molpredict.candidate_sources import LibrarySource, precursor_tolerance
+from molpredict.identification.candidate_sources import LibrarySource, precursor_tolerance
 from molpredict.chem.candidates import CandidateLibrary
 from molpredict.cli import cli
-from molpredict.identify import ORIGINAL_ID, Identifier, IdentifyOptions, unique_ids
+from molpredict.identification.identify import ORIGINAL_ID, Identifier, IdentifyOptions, unique_ids
 from molpredict.io.results import OUTPUT_COLUMNS, ResultWriter, ResumableOutput
 from molpredict.modelfile import ModelBundle, SubModel
 from molpredict.chem.molecules import Molecule, precursor_mz
@@ -263,7 +263,7 @@ def test_output_is_atomic_and_resume_cuts_a_torn_block(bundle, library, tmp_path
 
         # a run that dies in its fourth block: nothing under the final name, a partial file and journal left
         out = tmp_path / f"out.{fmt}"
-        import molpredict.identify as identify_module
+        import molpredict.identification.identify as identify_module
         original = identify_module.identify_block
         calls = []
 

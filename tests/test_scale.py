@@ -13,16 +13,16 @@ import pytest
 from click.testing import CliRunner
 
 from identification_helpers import SMILES, synthetic_spectra
-from molpredict.candidate_sources import LibrarySource
+from molpredict.identification.candidate_sources import LibrarySource
 from molpredict.chem.candidates import CandidateLibrary
 from molpredict.cli import cli
-from molpredict.coordinates_cache import CoordinatesCache
+from molpredict.identification.coordinates_cache import CoordinatesCache
 from molpredict.errors import InputError
-from molpredict.identify import Identifier, IdentifyOptions
+from molpredict.identification.identify import Identifier, IdentifyOptions
 from molpredict.io.results import ResultWriter
 from molpredict.modelfile import ModelBundle, SubModel
 from molpredict.chem.molecules import Molecule
-from molpredict.scoring import DaskExecutor, InProcessExecutor, executor_for, score_library
+from molpredict.identification.scoring import DaskExecutor, InProcessExecutor, executor_for, score_library
 from molpredict.spectra.cleaning import CleaningPipeline
 from molpredict.io import write_mgf
 from molpredict.training import build_model
@@ -87,7 +87,7 @@ def test_identify_on_a_cluster_is_byte_identical(setup, cluster, tmp_path):
 
 
 def test_evaluate_on_a_cluster_gives_the_same_metrics(setup, cluster, tmp_path):
-    from molpredict.evaluate import evaluate
+    from molpredict.identification.evaluate import evaluate
 
     root, bundle, _, sets = setup
     sets = {k: [tuple(x) for x in v] for k, v in sets.items()}

@@ -1,7 +1,7 @@
 """``molpredict train | identify | evaluate | score-library | model | data``: the identification workflow.
 
-A thin layer: each command parses options, calls :mod:`molpredict.training`, :mod:`molpredict.identify`,
-:mod:`molpredict.evaluate` or :mod:`molpredict.massbank`, and prints. No math here.
+A thin layer: each command parses options, calls :mod:`molpredict.training`, :mod:`molpredict.identification.identify`,
+:mod:`molpredict.identification.evaluate` or :mod:`molpredict.massbank`, and prints. No math here.
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ _cluster_option = click.option(
 
 
 def _executor(cluster: str | None, say):
-    from molpredict.scoring import executor_for
+    from molpredict.identification.scoring import executor_for
 
     executor = executor_for(cluster)
     if not executor.in_process:
@@ -280,8 +280,8 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     Example:
       molpredict identify --text "The molecule is a ..." --model textmodel --library molecules.tsv
     """
-    from molpredict.candidate_sources import LibrarySource
-    from molpredict.identify import IdentifyOptions, Identifier, Skipped, read_formula_hints
+    from molpredict.identification.candidate_sources import LibrarySource
+    from molpredict.identification.identify import IdentifyOptions, Identifier, Skipped, read_formula_hints
     from molpredict.io.results import ResultWriter, ResumableOutput, output_format, write_skipped
     from molpredict.io import SkipReport, read_spectra
 
@@ -323,7 +323,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
                                 cache_root=_cache_root(cache_dir, no_cache), progress=show)
         html = None
         if report_path:
-            from molpredict.identify import unique_ids
+            from molpredict.identification.identify import unique_ids
             from molpredict.report import Report, ReportOptions
             html = Report(ReportOptions(top_k=min(top_k, 5)))
             spectra = html.watch(unique_ids(spectra))   # the ids the rows will carry
@@ -415,7 +415,7 @@ def _run_fingerprint(spectra_file, spool, model_path, library, by, ppm, precisio
 
 def _restore(identifier, blocks: list[dict]) -> None:
     """The accounting of the blocks an interrupted run finished (from the resumable output's journal)."""
-    from molpredict.identify import Skipped
+    from molpredict.identification.identify import Skipped
 
     for block in blocks:
         identifier.n_candidates.extend(block.get("n_candidates", []))
@@ -428,8 +428,8 @@ def _identify_text(texts: list[str], text_file: str | None, model_path: str | No
                    sources, top_k: int, output: str | None, out_format: str, cache_dir: str | None,
                    no_cache: bool, show: bool, quiet: bool) -> None:
     """``identify --text``: every description against the whole library (or its --source rows)."""
-    from molpredict.candidate_sources import LibrarySource
-    from molpredict.identify import IdentifyOptions, Identifier
+    from molpredict.identification.candidate_sources import LibrarySource
+    from molpredict.identification.identify import IdentifyOptions, Identifier
     from molpredict.io.atomic import atomic_write
     from molpredict.io.results import ResultWriter
     from molpredict.text_pairs import read_text_lines
@@ -501,8 +501,8 @@ def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot
     structure's candidate set; a hit is the same molecule (canonical isomeric SMILES, stereo included).
     """
     from molpredict.chem.candidates import load_candidate_sets
-    from molpredict.evaluate import evaluate as run_evaluation
-    from molpredict.evaluate import evaluate_text, format_report, plot_curves
+    from molpredict.identification.evaluate import evaluate as run_evaluation
+    from molpredict.identification.evaluate import evaluate_text, format_report, plot_curves
     from molpredict.text_pairs import split_inputs
 
     say = _say(quiet)
@@ -569,7 +569,7 @@ def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot
 @_quiet_option
 def score_library(library, model_path, ion_mode, block_size, cache_dir, cluster, progress, quiet) -> None:
     """Precompute candidate coordinates of a whole LIBRARY for a model (resumable: rerun after an interrupt)."""
-    from molpredict.scoring import score_library as run
+    from molpredict.identification.scoring import score_library as run
 
     say = _say(quiet)
     show = _progress_default(progress)

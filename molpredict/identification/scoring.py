@@ -11,7 +11,7 @@ seam:
   matrix product, so memory stays bounded by the block, never ``n_queries x n_library``. :func:`scored` cuts a
   stream of queries into such blocks and yields, per query in input order, the **raw model score vector**
   aligned with the query's candidate ids. What is made of those scores (ranking, output rows, metrics) belongs
-  to the caller (:mod:`molpredict.identify`, :mod:`molpredict.evaluate`).
+  to the caller (:mod:`molpredict.identification.identify`, :mod:`molpredict.identification.evaluate`).
 * :func:`shared_candidate_scores` scores blocks of inputs against one shared candidate list (text queries
   against a whole library), in chunks of candidates.
 * :func:`score_library` computes and stores the candidate coordinates of a whole library, block of rows by
@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from molpredict.coordinates_cache import CoordinatesCache
+from molpredict.identification.coordinates_cache import CoordinatesCache
 from molpredict.errors import InputError
 from molpredict.modelfile import ModelBundle, SubModel
 
@@ -286,7 +286,7 @@ class WorkerState:
         self.token = uuid.uuid4().hex
 
     def load(self) -> Any:
-        """The live object the tasks take (e.g. an :class:`~molpredict.identify.Identifier`)."""
+        """The live object the tasks take (e.g. an :class:`~molpredict.identification.identify.Identifier`)."""
         raise NotImplementedError
 
 
@@ -515,7 +515,7 @@ def require_bundle_path(bundle: ModelBundle) -> str:
 def resolved_cache_root(cache_root: Any) -> Any:
     """The cache root made explicit (None: this process's default), so workers use the same one."""
     if cache_root is None:
-        from molpredict.coordinates_cache import default_cache_root
+        from molpredict.identification.coordinates_cache import default_cache_root
         return default_cache_root()
     return cache_root
 

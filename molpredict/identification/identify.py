@@ -4,12 +4,12 @@ For each spectrum, in input order:
 
 1. Its ion mode picks the bundle's model (a spectrum whose mode has no model is skipped with that reason); the
    model's cleaning pipeline is applied (no peaks left: skipped).
-2. Candidates come from a :class:`~molpredict.candidate_sources.CandidateSource`: from a library by molecular formula (the spectrum's
+2. Candidates come from a :class:`~molpredict.identification.candidate_sources.CandidateSource`: from a library by molecular formula (the spectrum's
    ``FORMULA`` or a ``--formulas`` hint; the default whenever a formula is known) or by neutral mass within a
    ppm window of the precursor m/z. When the spectrum has no usable adduct (missing, unknown, or of the other
    polarity), every default adduct of its ion mode is tried and the candidate sets are unioned; each candidate
    reports the first adduct, in the default order (most common first), that explains its mass.
-3. Scoring (:mod:`molpredict.scoring`) is a dot product between the query's predicted coordinates and the
+3. Scoring (:mod:`molpredict.identification.scoring`) is a dot product between the query's predicted coordinates and the
    candidates' coordinates, which come from the on-disk cache (computed once per model and molecule). Spectra
    go through in blocks (:func:`identify_block`, on an executor); inside a block the coordinates of the union
    of the candidates are fetched once, so memory stays bounded by the block, never n_queries x n_library.
@@ -20,7 +20,7 @@ same inputs always give the same table.
 
 Text queries (a ``text`` model, see :mod:`molpredict.text_pairs`): every description is ranked against the whole
 library (or the rows of the ``--source`` filter), with no formula or mass selection; :meth:`Identifier.run_text`
-scores blocks of queries against the library in chunks (:func:`~molpredict.scoring.shared_candidate_scores`), so memory stays
+scores blocks of queries against the library in chunks (:func:`~molpredict.identification.scoring.shared_candidate_scores`), so memory stays
 bounded by a block of queries x the library, and the candidate coordinates still come from the on-disk cache.
 
 Confidence: the score margin. For the top candidate it is its lead over the runner-up (>= 0; larger means a
@@ -43,13 +43,13 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from molpredict.candidate_sources import CandidateSource
-from molpredict.decoding import margins, rank_candidates
+from molpredict.identification.candidate_sources import CandidateSource
+from molpredict.identification.decoding import margins, rank_candidates
 from molpredict.errors import InputError, MolpredictError
-from molpredict.evidence import Evidence, QueryScores
-from molpredict.fusion import FRAGMENTS, PRIOR, SPECTRUM
+from molpredict.identification.evidence import Evidence, QueryScores
+from molpredict.identification.fusion import FRAGMENTS, PRIOR, SPECTRUM
 from molpredict.modelfile import ModelBundle, SubModel
-from molpredict.scoring import (CandidateCoordinates, Executor, InProcessExecutor, Query, WorkerState, chunked,
+from molpredict.identification.scoring import (CandidateCoordinates, Executor, InProcessExecutor, Query, WorkerState, chunked,
                       load_bundle_once, require_bundle_path, resolved_cache_root, score_queries, scored,
                       shared_candidate_scores)
 from molpredict.spectra.record import spectrum_ion_mode
@@ -84,7 +84,7 @@ class IdentifyOptions:
         Mass window half-width (relative, parts per million of the neutral mass).
     precision_window : bool
         Widen the mass window to what the precursor m/z's written precision allows
-        (:func:`~molpredict.candidate_sources.precursor_tolerance`: half a unit for a precursor written with
+        (:func:`~molpredict.identification.candidate_sources.precursor_tolerance`: half a unit for a precursor written with
         two decimals or fewer).
     sources : sequence of str or None
         Keep only library rows of these sources.
@@ -337,7 +337,7 @@ class Identifier:
             reported = adducts[0].name
         return Query(position, cleaned, mode, sub, ids, adduct_names, reported, window=window)
 
-    # -- scoring (see molpredict.scoring) ------------------------------------------------------------------
+    # -- scoring (see molpredict.identification.scoring) ------------------------------------------------------------------
     def candidate_coordinates(self, sub: SubModel, ids: np.ndarray) -> np.ndarray:
         """Coordinates of candidates ``ids`` (ascending, unique) for ``sub``'s model, shape (len(ids), d)."""
         return self.coordinates(sub, ids, self.timings)
@@ -353,7 +353,7 @@ class Identifier:
 
     def fused(self, queries: Iterable[Query]) -> Iterator[tuple[Query, QueryScores]]:
         """``(query, QueryScores)`` in input order: the model's scores with the bundle's other terms (prior,
-        fragments) fused and the rank-1 probability (see :mod:`molpredict.evidence`)."""
+        fragments) fused and the rank-1 probability (see :mod:`molpredict.identification.evidence`)."""
         for block in chunked(self.scored(queries), max(1, self.options.block_queries)):
             out: list[QueryScores | None] = [None] * len(block)
             by_sub: dict[int, list[int]] = {}
@@ -497,7 +497,7 @@ def unique_ids(spectra: Iterable[Any]) -> Iterator[Any]:
 
 def identify_block(identifier: Identifier, block: Sequence[tuple[int, Any]]) -> IdentifiedBlock:
     """Identify one block of ``(position, spectrum)``: prepare, score (raw model scores per query, from
-    :mod:`molpredict.scoring`), then :func:`rank_rows`. Leaves ``identifier``'s own accounting untouched."""
+    :mod:`molpredict.identification.scoring`), then :func:`rank_rows`. Leaves ``identifier``'s own accounting untouched."""
     worker = identifier.fresh()
     queries = [q for q in (worker.prepare(position, spectrum) for position, spectrum in block) if q is not None]
     rows: list[dict[str, Any]] = []

@@ -10,13 +10,13 @@ Protocol
 - Spectra cleaned down to no peaks are *kept* (the model then scores every candidate alike and the tie policy
   decides): dropping them would flatter the metrics.
 - Primary numbers use the ``worst`` tie policy (ties resolved against the truth); ``average`` (the expectation
-  under random tie-breaking) is reported beside them. See :mod:`molpredict.decoding`.
+  under random tie-breaking) is reported beside them. See :mod:`molpredict.identification.decoding`.
 - Intervals: percentile bootstrap (95%, seeded) resampling queries (per spectrum) or structures (per structure).
 - ``kernel_loss``: the model's mean kernel loss between predictions and the true structures (when the model
   provides ``kernel_loss``), computed on the evaluated spectra.
 
 Scoring runs in blocks of spectra (:func:`evaluate_block`) on an executor (in-process, or a Dask cluster; see
-:mod:`molpredict.scoring`); the metrics do not depend on which.
+:mod:`molpredict.identification.scoring`); the metrics do not depend on which.
 
 Text queries (:func:`evaluate_text`, pairs tables with a ``text`` model): each description is one query, ranked
 against the whole library (ChEBI-20: ``molecules.tsv``) or, with candidate sets, against the set of its
@@ -36,14 +36,14 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from molpredict.decoding import (bootstrap_ci, group_means, query_metrics, random_expectation, topk_curve,
+from molpredict.identification.decoding import (bootstrap_ci, group_means, query_metrics, random_expectation, topk_curve,
                        true_rank_counts)
 from molpredict.errors import InputError, ResourceError
-from molpredict.candidate_sources import SetSource
-from molpredict.identify import Identifier, IdentifierState, IdentifyOptions
+from molpredict.identification.candidate_sources import SetSource
+from molpredict.identification.identify import Identifier, IdentifierState, IdentifyOptions
 from molpredict.kernels.base import DegenerateObjectWarning
 from molpredict.modelfile import ModelBundle
-from molpredict.scoring import Executor, InProcessExecutor, Query, chunked, shared_candidate_scores
+from molpredict.identification.scoring import Executor, InProcessExecutor, Query, chunked, shared_candidate_scores
 
 __all__ = ["KS", "LabelledQuery", "collect_queries", "labelled_queries", "RankedBlock", "evaluate_block", "rank_queries",
            "summarize_ranks", "evaluate",
@@ -127,10 +127,10 @@ def labelled_queries(identifier: Identifier, labelled: Sequence[tuple[int, Any, 
 
 def evaluate_block(identifier: Identifier, block: Sequence[tuple[int, Any, str]]) -> RankedBlock:
     """Rank the true structure of each ``(position, spectrum, true inchikey14)`` in its candidate set by the
-    identifier's ranking score (the fusion of the bundle's terms, see :mod:`molpredict.evidence`), and in the same
+    identifier's ranking score (the fusion of the bundle's terms, see :mod:`molpredict.identification.evidence`), and in the same
     pass by each term alone and by the fusion without the prior (``views``). Leaves ``identifier``'s accounting
     untouched."""
-    from molpredict.fusion import PRIOR
+    from molpredict.identification.fusion import PRIOR
 
     worker = identifier.fresh()
     source = worker.source
@@ -231,7 +231,7 @@ def rank_queries(identifier: Identifier, queries: Sequence[LabelledQuery], execu
 def calibration_report(ranks: dict[str, Any], max_fdr: float = 0.1, n_bins: int = 10) -> dict[str, Any] | None:
     """ECE, the reliability curve and the queries confident at an estimated FDR <= ``max_fdr``, from
     :func:`rank_queries` output (None when no query has a probability)."""
-    from molpredict.calibration import confident_at_fdr, expected_calibration_error, reliability_curve
+    from molpredict.identification.calibration import confident_at_fdr, expected_calibration_error, reliability_curve
 
     p = ranks.get("probability")
     known = np.isfinite(p) if p is not None else None
@@ -340,13 +340,13 @@ def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, M
     sets : dict
         From :func:`molpredict.chem.candidates.load_candidate_sets`.
     cache_root : path, False or None
-        Candidate coordinates cache (see :class:`~molpredict.identify.Identifier`).
+        Candidate coordinates cache (see :class:`~molpredict.identification.identify.Identifier`).
     n_boot, seed : int
         Bootstrap resamples and seed.
     kernel_loss : bool
         Also compute the models' kernel loss on the queries.
     executor : Executor, optional
-        Where the blocks of spectra are scored (default in-process; see :mod:`molpredict.scoring`).
+        Where the blocks of spectra are scored (default in-process; see :mod:`molpredict.identification.scoring`).
     prior : bool
         ``--prior on|off``: rank by the fusion with the bundle's structure prior (when it has one), or without.
 
@@ -443,7 +443,7 @@ def evaluate_text(pairs_paths: Sequence[str | Path], bundles: Sequence[tuple[str
     InputError
         Neither or both of ``library`` and ``sets``; a bundle without a text model.
     """
-    from molpredict.candidate_sources import LibrarySource
+    from molpredict.identification.candidate_sources import LibrarySource
     from molpredict.modelfile import TEXT_MODE
     from molpredict.text_pairs import PairsReport, read_text_pairs
 

@@ -10,7 +10,7 @@ z-scored within the set it ranks (mean 0, standard deviation 1; a constant term 
 with the other weights picked on validation candidate sets by a ranking metric (MRR by default: the fusion exists
 to rank, so it is chosen by how it ranks). A softmax of the fused scores at a fitted temperature gives each
 candidate a probability within its set (fitted by the conditional likelihood of the truth); the calibrated
-probability that rank 1 is right is :mod:`molpredict.calibration`'s job.
+probability that rank 1 is right is :mod:`molpredict.identification.calibration`'s job.
 
 Candidate sets are handled as flat arrays with ``offsets`` (set ``i`` is ``offsets[i]:offsets[i+1]``), so a whole
 validation split is scored with a few vectorised passes.

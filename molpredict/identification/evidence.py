@@ -9,7 +9,7 @@ A sub-model of a bundle may carry, besides its model:
 - ``fragments``: the settings of the candidate fragmentation scorer (:mod:`molpredict.chem.fragments`), which reads each
   candidate structure against the query's peaks;
 - ``scoring``: per variant (``with_prior``, ``without_prior``: what ``--prior on|off`` picks), the
-  :class:`~molpredict.fusion.ScoreFusion` of the terms and the :class:`~molpredict.calibration.Calibrator` of
+  :class:`~molpredict.identification.fusion.ScoreFusion` of the terms and the :class:`~molpredict.identification.calibration.Calibrator` of
   the probability that rank 1 is right, both fitted on validation candidate sets at training time.
 
 :class:`Evidence` computes the terms for a block of queries and :meth:`Evidence.fuse` turns them into a
@@ -26,8 +26,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from molpredict.calibration import Calibrator, ranking_features
-from molpredict.fusion import FRAGMENTS, PRIOR, SPECTRUM, ScoreFusion
+from molpredict.identification.calibration import Calibrator, ranking_features
+from molpredict.identification.fusion import FRAGMENTS, PRIOR, SPECTRUM, ScoreFusion
 
 __all__ = ["ScoringVariant", "QueryScores", "Evidence", "WITH_PRIOR", "WITHOUT_PRIOR", "variant_name"]
 

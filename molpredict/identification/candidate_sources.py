@@ -9,7 +9,7 @@ import numpy as np
 from molpredict.errors import InputError
 
 if TYPE_CHECKING:
-    from molpredict.identify import IdentifyOptions
+    from molpredict.identification.identify import IdentifyOptions
 
 __all__ = ["CandidateSource", "LibrarySource", "SetSource", "precursor_tolerance", "UNIT_RESOLUTION_DECIMALS",
            "UNIT_RESOLUTION_TOLERANCE"]

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from molpredict.fusion import set_index, softmax_within_sets
+from molpredict.identification.fusion import set_index, softmax_within_sets
 
 __all__ = ["ranking_features", "ranking_features_flat", "Calibrator", "expected_calibration_error",
            "confident_at_fdr", "reliability_curve"]
