@@ -243,7 +243,7 @@ def labelled_spectra(path: Path, limit: int | None, cache: dict) -> tuple[list, 
 def massbank_rows(args: argparse.Namespace) -> list[Row]:
     """DSOKR single and ensembles (and a single binned-spectrum MLP), SISOKR with ``molpredict train``'s
     defaults, and the prior baseline."""
-    from molpredict.training import DEFAULT_MODEL, model_defaults
+    from molpredict.training.pipeline import DEFAULT_MODEL, model_defaults
     DEFAULTS = model_defaults(DEFAULT_MODEL)
     output = DEFAULTS["output_kernel"]
     members = [int(m) for m in str(args.members).split(",") if m.strip()]

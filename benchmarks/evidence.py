@@ -55,7 +55,7 @@ VIEWS = (("fused", None), ("spectrum evidence (--prior off)", "without_prior"),
 
 
 def train(data: Path, mode: str, config: dict[str, Any], out: Path, log) -> tuple[Path, float]:
-    from molpredict.training import TrainOptions, train_bundle
+    from molpredict.training.pipeline import TrainOptions, train_bundle
 
     short = MODES[mode]
     options = TrainOptions(ion_modes=[mode], val_candidates=[str(data / "candidates" / f"val_{name}.json")

@@ -6,7 +6,7 @@ Usage::
                                             [--m-x 2000] [--m-y 1000] [--lams 1e-4,1e-3,1e-2]
 
 Protocol: train SISOKR on ``massbank/train_<mode>.mgf`` (read, labelled and cleaned by
-:func:`molpredict.training.load_labelled`), rank the ``val_<mode>.mgf`` spectra against
+:func:`molpredict.training.pipeline.load_labelled`), rank the ``val_<mode>.mgf`` spectra against
 ``candidates/val_formula256.json`` (every val spectrum whose structure has a set is one query; hit = InChIKey
 first block). For each configuration the ridge parameter ``lam`` is chosen over ``--lams`` by the validation MRR
 on the same candidate sets (the model's ranking-aware grid, ``select_by="mrr"``: the kernels and sketches are
@@ -57,11 +57,11 @@ def load(mode: str, data: Path) -> dict[str, Any]:
     from benchmarks.identification import SharedSetSource
     from molpredict.chem.candidates import load_candidate_sets
     from molpredict.identification.evaluate import collect_queries
-    from molpredict.ranking_validation import ranking_candidates
+    from molpredict.training.ranking_validation import ranking_candidates
     from molpredict.spectra.cleaning import CleaningPipeline
     from molpredict.io import read_spectra
     from molpredict.spectra.record import spectrum_ion_mode
-    from molpredict.training import TrainOptions, load_labelled
+    from molpredict.training.pipeline import TrainOptions, load_labelled
 
     tag = MODES[mode]
     t0 = time.perf_counter()
@@ -94,7 +94,7 @@ def run_config(name: str, spec: tuple[str, str], data: dict[str, Any], m_x: int,
     from molpredict.modelfile import ModelBundle, SubModel
     from molpredict.models.base import ValidationData
     from molpredict.chem.molecules import DEFAULT_ADDUCTS
-    from molpredict.training import build_model
+    from molpredict.training.pipeline import build_model
 
     inputs, molecules = data["train"]
     model = build_model("sisokr", {"input_kernel": spec[0], "output_kernel": spec[1],

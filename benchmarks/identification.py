@@ -10,7 +10,7 @@ Protocol (one run, seeded, no decision taken on test data)
 - Train on ``massbank/train_{pos,neg}.mgf``, select on ``val_*.mgf`` (ridge ``lam`` by validation kernel loss
   for the kernel models, early stopping for the fingerprint FFN; the prior's variant was chosen on val once, see
   :class:`molpredict.models.baselines.PriorBaseline`), report on ``test_*.mgf``. Spectra are read, labelled and
-  cleaned by :func:`molpredict.training.load_labelled` (default :class:`~molpredict.spectra.cleaning.CleaningPipeline`).
+  cleaned by :func:`molpredict.training.pipeline.load_labelled` (default :class:`~molpredict.spectra.cleaning.CleaningPipeline`).
 - Candidates: ``candidates/test_formula256.json``, ``test_formula.json`` and ``test_mass.json``; every test
   spectrum whose structure has a set is one query; a hit is a candidate with the true InChIKey first block.
   Ranking, metrics and intervals come from :mod:`molpredict.identification.evaluate` / :mod:`molpredict.identification.decoding`: hit@1/5/10/20
@@ -119,7 +119,7 @@ def _sisokr(m_x: int, m_y: int, input_sketch: str = "subsample", output_sketch: 
 def okr_defaults(model: str, params: dict[str, Any]) -> dict[str, Any]:
     """``molpredict train``'s defaults (input/output kernel, lam grid) under an IOKR-family method's own params,
     so that every kernel model is compared as a user would train it."""
-    from molpredict.training import model_defaults
+    from molpredict.training.pipeline import model_defaults
 
     defaults = model_defaults(model)
     return {**{k: defaults[k] for k in ("input_kernel", "output_kernel", "lam") if k in defaults}, **params}
@@ -327,7 +327,7 @@ def load_mode(mode: str, data: Path, shared: SharedSetSource, quick: bool, seed:
     from molpredict.spectra.cleaning import CleaningPipeline
     from molpredict.io import read_spectra
     from molpredict.spectra.record import spectrum_ion_mode
-    from molpredict.training import TrainOptions, load_labelled
+    from molpredict.training.pipeline import TrainOptions, load_labelled
 
     tag = MODES[mode]
     options = TrainOptions(ion_modes=[mode])
@@ -403,7 +403,7 @@ def _run_method(method: Method, data: ModeData, n_boot: int, seed: int, log: Cal
     from molpredict.identification.identify import Identifier, IdentifyOptions
     from molpredict.modelfile import ModelBundle, SubModel, json_ready
     from molpredict.chem.molecules import DEFAULT_ADDUCTS
-    from molpredict.training import build_model
+    from molpredict.training.pipeline import build_model
 
     params = okr_defaults(method.model, method.params)
     model = build_model(method.model, {**params, "seed": seed})

@@ -118,7 +118,7 @@ def train_default(data: Path, bundle_path: Path, device: str, val_candidates: li
     """Train the default bundle; the validation candidate sets (for the ranking-aware selection, the fusion with
     the prior and the calibration) come from ``val_candidates``, else from ``library``'s same-formula
     structures."""
-    from molpredict.training import TrainOptions, format_summary, train_bundle
+    from molpredict.training.pipeline import TrainOptions, format_summary, train_bundle
 
     train = [data / f"train_{m}.mgf" for m in ("pos", "neg") if _nonempty(data / f"train_{m}.mgf")]
     val = [data / f"val_{m}.mgf" for m in ("pos", "neg") if _nonempty(data / f"val_{m}.mgf")]

@@ -64,7 +64,7 @@ def test_cli_config_and_identify_defaults(home, tmp_path, monkeypatch):
     from molpredict.modelfile import ModelBundle, SubModel
     from molpredict.spectra.cleaning import CleaningPipeline
     from molpredict.io import write_mgf
-    from molpredict.training import build_model
+    from molpredict.training.pipeline import build_model
 
     install_fake_model()
     spectra, molecules = synthetic_spectra(n_per=2, seed=0)

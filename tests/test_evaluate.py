@@ -16,7 +16,7 @@ from molpredict.modelfile import ModelBundle, SubModel
 from molpredict.chem.molecules import Molecule
 from molpredict.spectra.cleaning import CleaningPipeline
 from molpredict.io import write_mgf
-from molpredict.training import build_model
+from molpredict.training.pipeline import build_model
 
 DECOYS = ["CC1Cc2ccc(O)cc2C(=O)O1", "CC(=O)Nc1cccc(O)c1", "O=C(O)/C=C/c1ccc(O)cc1O", "CCCCN(C)C"]
 

@@ -155,7 +155,7 @@ def test_two_processes_writing_at_once(tmp_path):
 def bundle_dir(tmp_path):
     from identification_helpers import FAKE_MODEL, install_fake_model, synthetic_spectra
     from molpredict.modelfile import ModelBundle, SubModel
-    from molpredict.training import build_model
+    from molpredict.training.pipeline import build_model
 
     install_fake_model()
     spectra, molecules = synthetic_spectra(n_per=1)

@@ -162,7 +162,7 @@ def test_calibrator_recovers_a_known_logistic_link_and_round_trips():
 def test_validation_sets_from_a_library_and_ranking_candidates():
     from molpredict.chem.candidates import CandidateLibrary
     from molpredict.chem.molecules import Molecule
-    from molpredict.ranking_validation import candidate_sets_from_library, ranking_candidates
+    from molpredict.training.ranking_validation import candidate_sets_from_library, ranking_candidates
 
     isomers = ["CC(=O)Nc1ccc(O)cc1", "CC(=O)Nc1cccc(O)c1", "CC(=O)Nc1ccccc1O", "COC(=O)c1ccc(N)cc1"]  # C8H9NO2
     other = ["CCO", "OCC(O)CO"]

@@ -22,7 +22,7 @@ from molpredict.identification.scoring import score_library
 from molpredict.modelfile import ModelBundle, SubModel
 from molpredict.spectra.cleaning import CleaningPipeline
 from molpredict.io import read_spectra, write_mgf
-from molpredict.training import build_model
+from molpredict.training.pipeline import build_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "identification"
 
@@ -467,7 +467,7 @@ def test_training_fits_the_fusion_with_fragments_on_validation_sets(bundle, libr
     fusion and calibration are stored per variant, and a fused identification then reports the fragment score,
     equal to the scorer's own score of each candidate."""
     from molpredict.chem.fragments import FragmentScorer
-    from molpredict.ranking_validation import fit_submodel_scoring
+    from molpredict.training.ranking_validation import fit_submodel_scoring
     from molpredict.chem.molecules import Molecule
 
     sub = _with_fusion(bundle, DECOYS[:3]).for_mode("positive")

@@ -28,7 +28,7 @@ from molpredict.chem.molecules import Molecule, precursor_mz
 from molpredict.spectra.cleaning import CleaningPipeline
 from molpredict.spectra.record import Spectrum
 from molpredict.io import read_spectra, write_mgf
-from molpredict.training import build_model
+from molpredict.training.pipeline import build_model
 
 from conftest import FIXTURES
 

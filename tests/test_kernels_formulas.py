@@ -344,7 +344,7 @@ def test_multi_fingerprint_rejects_bad_lists(fps):
 
 def test_training_fills_in_the_formula_from_the_label(tmp_path):
     from molpredict.io import write_mgf
-    from molpredict.training import TrainOptions, load_labelled
+    from molpredict.training.pipeline import TrainOptions, load_labelled
 
     spectra = [Spectrum("a", [58.07, 100.0], [1.0, 2.0], precursor_mz=196.1, charge=1, ion_mode="positive",
                         metadata={"smiles": "CN1C=NC2=C1C(=O)N(C(=O)N2C)C"}),

@@ -34,7 +34,7 @@ TEXT_MODELS = [
 
 
 def _model(spec: str) -> Model:
-    from molpredict.training import build_model
+    from molpredict.training.pipeline import build_model
     return build_model(spec, {"device": "cpu", "seed": 0})
 
 

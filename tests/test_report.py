@@ -26,7 +26,7 @@ from molpredict.report import Report, ReportOptions, compact_svg, decode_report_
 from molpredict.spectra.cleaning import CleaningPipeline
 from molpredict.spectra.record import Spectrum
 from molpredict.io import write_mgf
-from molpredict.training import build_model
+from molpredict.training.pipeline import build_model
 
 
 ISOMERS = ["CC1Cc2cccc(O)c2C(=O)O1", "CC1Cc2ccc(O)cc2C(=O)O1", "CC1Cc2cc(O)ccc2C(=O)O1"]  # C10H10O3

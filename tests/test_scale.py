@@ -25,7 +25,7 @@ from molpredict.chem.molecules import Molecule
 from molpredict.identification.scoring import DaskExecutor, InProcessExecutor, executor_for, score_library
 from molpredict.spectra.cleaning import CleaningPipeline
 from molpredict.io import write_mgf
-from molpredict.training import build_model
+from molpredict.training.pipeline import build_model
 
 DECOYS = ["CC1Cc2ccc(O)cc2C(=O)O1", "CC(=O)Nc1cccc(O)c1", "O=C(O)/C=C/c1ccc(O)cc1O", "CC(C)Cc1ccc(CC(C)C(=O)O)cc1",
           "C[C@H](N)C(=O)O", "C[C@@H](N)C(=O)O"]

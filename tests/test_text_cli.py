@@ -200,7 +200,7 @@ def test_identify_text_source_filter_and_errors(text_model, tmp_path):
 def test_spectrum_model_given_text_is_one_line_error(tmp_path):
     from molpredict.modelfile import ModelBundle, SubModel
     from molpredict.chem.molecules import Molecule
-    from molpredict.training import build_model
+    from molpredict.training.pipeline import build_model
 
     model = build_model("random", {}).fit([object(), object()],
                                           [Molecule.from_smiles("CCO"), Molecule.from_smiles("CO")])

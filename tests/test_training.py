@@ -12,7 +12,7 @@ from molpredict.errors import InputError, SpecError
 from molpredict.modelfile import ModelBundle
 from molpredict.spectra.record import Spectrum
 from molpredict.io import write_mgf
-from molpredict.training import TrainOptions, build_model, license_excluded, load_labelled, train_bundle
+from molpredict.training.pipeline import TrainOptions, build_model, license_excluded, load_labelled, train_bundle
 
 
 @pytest.fixture
@@ -128,7 +128,7 @@ def test_train_takes_the_models_own_defaults():
     (sized to the data); the user's options win; the CLI help shows the default model's values."""
     from molpredict.models.dsokr import DSOKR, TEXT_ENCODER
     from molpredict.models.okr import SIOKR, SISOKR
-    from molpredict.training import DEFAULT_MODEL, model_defaults
+    from molpredict.training.pipeline import DEFAULT_MODEL, model_defaults
 
     params = TrainOptions().component_params("spectrum", 10, 5)
     for name in ("input_kernel", "output_kernel", "input_sketch", "output_sketch", "lam"):
@@ -152,7 +152,7 @@ def test_train_takes_the_models_own_defaults():
 def test_training_names_no_model():
     """The training pipeline switches on no model name: what differs between models is asked of the model."""
     import inspect as _inspect
-    import molpredict.training as training
+    import molpredict.training.pipeline as training
     source = _inspect.getsource(training)
     for name in ("dsokr", "iokr", "OKR_MODELS", "okr-robust"):
         assert f'"{name}"' not in source and f"'{name}'" not in source

@@ -1,6 +1,6 @@
 """``molpredict train | identify | evaluate | score-library | model | data``: the identification workflow.
 
-A thin layer: each command parses options, calls :mod:`molpredict.training`, :mod:`molpredict.identification.identify`,
+A thin layer: each command parses options, calls :mod:`molpredict.training.pipeline`, :mod:`molpredict.identification.identify`,
 :mod:`molpredict.identification.evaluate` or :mod:`molpredict.massbank`, and prints. No math here.
 """
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _executor(cluster: str | None, say):
 # train
 # ----------------------------------------------------------------------------------------------------------
 
-_DEFAULT_MODEL = "sisokr"  # molpredict.training.DEFAULT_MODEL (not imported: `molpredict --help` stays light)
+_DEFAULT_MODEL = "sisokr"  # molpredict.training.pipeline.DEFAULT_MODEL (not imported: `molpredict --help` stays light)
 
 
 class ModelDefaultOption(click.Option):
@@ -90,7 +90,7 @@ class ModelDefaultOption(click.Option):
         if record is None:
             return None
         try:
-            from molpredict.training import DEFAULT_MODEL, model_defaults
+            from molpredict.training.pipeline import DEFAULT_MODEL, model_defaults
             spectra = model_defaults(DEFAULT_MODEL).get(self.name)
             text = model_defaults(DEFAULT_MODEL, "text", n_inputs=10**9, n_structures=10**9).get(self.name)
         except Exception:  # a broken model plugin must not break --help
@@ -156,7 +156,7 @@ def train(train_files, output, val_files, model_spec, input_kernel, output_kerne
     (default input kernel text-ngram; rows with an empty description or an unusable SMILES are skipped and
     counted, the first ones named by file, line and field). Tables and spectra cannot be mixed in one call.
     """
-    from molpredict.training import TrainOptions, format_summary, train_bundle
+    from molpredict.training.pipeline import TrainOptions, format_summary, train_bundle
 
     say = _say(quiet)
     modes = None if ion_mode is None else (["positive", "negative"] if ion_mode == "both" else [ion_mode])

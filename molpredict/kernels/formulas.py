@@ -2,7 +2,7 @@
 formulas that explain their fragments and neutral losses.
 
 Featurisation of one spectrum (its molecular formula from the ``formula`` metadata, e.g. MGF ``FORMULA``; in
-training, :func:`molpredict.training.load_labelled` fills it in from the label structure when absent):
+training, :func:`molpredict.training.pipeline.load_labelled` fills it in from the label structure when absent):
 
 1. the precursor ion formula: ``multiplier * M + adduct atoms`` (:func:`molpredict.chem.formulas.precursor_ion_formula`;
    a spectrum without an adduct gets the default adduct of its ion mode nearest its precursor m/z);

@@ -329,7 +329,7 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
         val_pair = None
         if val is not None and val.n_used(mode):
             from molpredict.models.base import ValidationData
-            from molpredict.ranking_validation import ranking_candidates
+            from molpredict.training.ranking_validation import ranking_candidates
 
             candidates = ranking_candidates(val.molecules[mode], sets) if sets else None
             val_pair = ValidationData(val.spectra[mode], val.molecules[mode], candidates)
@@ -357,7 +357,7 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
         t0 = time.perf_counter()
         sub.prior = _fit_prior(options, spectra, molecules)
         if sets and val_pair is not None and getattr(val_pair, "candidates", None) is not None:
-            from molpredict.ranking_validation import fit_submodel_scoring
+            from molpredict.training.ranking_validation import fit_submodel_scoring
 
             if options.fragments:
                 from molpredict.chem.fragments import FragmentScorer
@@ -391,7 +391,7 @@ def _validation_sets(options: TrainOptions, val: LabelledSet, modes: Sequence[st
     """Candidate-set collections for the validation structures: one per ``val_candidates`` file, else one drawn
     from ``library``, else None (ranking-aware selection then falls back on the kernel loss)."""
     from molpredict.chem.candidates import load_candidate_sets
-    from molpredict.ranking_validation import candidate_sets_from_library
+    from molpredict.training.ranking_validation import candidate_sets_from_library
 
     if options.val_candidates:
         paths = [options.val_candidates] if isinstance(options.val_candidates, (str, Path)) \
