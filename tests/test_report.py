@@ -22,7 +22,7 @@ from molpredict.chem.candidates import CandidateLibrary
 from molpredict.cli import cli
 from molpredict.io.results import ResultWriter, read_result_rows
 from molpredict.modelfile import ModelBundle, SubModel
-from molpredict.report import Report, ReportOptions, compact_svg, decode_report_data, draw_molecule_svg
+from molpredict.report.page import Report, ReportOptions, compact_svg, decode_report_data, draw_molecule_svg
 from molpredict.spectra.cleaning import CleaningPipeline
 from molpredict.spectra.record import Spectrum
 from molpredict.io import write_mgf

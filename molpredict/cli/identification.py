@@ -324,7 +324,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
         html = None
         if report_path:
             from molpredict.identification.identify import unique_ids
-            from molpredict.report import Report, ReportOptions
+            from molpredict.report.page import Report, ReportOptions
             html = Report(ReportOptions(top_k=min(top_k, 5)))
             spectra = html.watch(unique_ids(spectra))   # the ids the rows will carry
         t0 = time.perf_counter()
@@ -374,7 +374,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     if skipped_path:
         write_skipped(skipped, skipped_path)
     if html is not None:
-        from molpredict.report import run_parameters
+        from molpredict.report.page import run_parameters
         for s in skipped:
             html.add_skipped(s.query_id, s.reason, s.file, s.record)
         html.parameters = run_parameters(bundle, lib.path or library, len(lib), options,

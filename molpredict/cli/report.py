@@ -1,4 +1,4 @@
-"""``molpredict report``: the HTML report of a results file (see :mod:`molpredict.report`)."""
+"""``molpredict report``: the HTML report of a results file (see :mod:`molpredict.report.page`)."""
 from __future__ import annotations
 
 import click
@@ -33,7 +33,7 @@ def report(results, spectra_file, output, skipped_path, top_k, title, fragments,
       molpredict identify queries.mgf -o hits.tsv --skipped skipped.tsv
       molpredict report hits.tsv queries.mgf --skipped skipped.tsv -o report.html
     """
-    from molpredict.report import build_report_from_files
+    from molpredict.report.page import build_report_from_files
 
     size, report_obj = build_report_from_files(results, spectra_file, output, skipped_path=skipped_path,
                                                top_k=top_k, title=title, model_path=model_path, library=library,

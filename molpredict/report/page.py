@@ -406,7 +406,7 @@ class Report:
         else:
             payload = data.replace("<", "\\u003c")   # no "</script>" or "<!--" inside the script element
             encoding = "json"
-        template = resources.files("molpredict").joinpath("templates/report.html").read_text(encoding="utf-8")
+        template = resources.files("molpredict.report").joinpath("templates/report.html").read_text(encoding="utf-8")
         parts = {"title": html.escape(self.options.title), "summary": self._summary_html(),
                  "parameters": self._parameters_html(), "skipped": self._skipped_html(), "encoding": encoding,
                  "data": payload}

@@ -1,0 +1,5 @@
+"""Stage: reporting. The self-contained HTML page of an identification run (``page``; its template in
+``templates/``).
+
+May import: everything below it (identification, chem, spectra, io); never training, data or cli.
+"""
