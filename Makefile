@@ -32,7 +32,7 @@ DEMO_ARGS ?= $(if $(wildcard $(SHARED)/massbank/train_pos.mgf),--data $(SHARED)/
 	--val-candidates $(SHARED)/candidates/val_formula.json)
 
 demo: $(STAMP)
-	$(PY) -m molpredict.demo $(DEMO_ARGS)
+	$(PY) -m molpredict.data.demo $(DEMO_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/engine.py --out bench-out

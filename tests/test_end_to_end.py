@@ -211,7 +211,8 @@ def test_demo_on_an_imported_style_directory(workspace, tmp_path, monkeypatch, c
         (data / f"{split}_pos.mgf").write_text(files[split].read_text())
     monkeypatch.setenv("MOLPREDICT_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("MOLPREDICT_CONFIG")   # a fresh user's config file: $MOLPREDICT_HOME/config.json
-    from molpredict import config, demo
+    from molpredict import config
+    from molpredict.data import demo
     from molpredict.models.okr import SISOKR
     small = {"input_sketch": "subsample:m=200", "output_sketch": "subsample:m=100", "lam": "1e-3"}
     monkeypatch.setattr(SISOKR, "train_defaults", classmethod(lambda cls, *args: dict(small)))

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from molpredict import massbank
+from molpredict.data import massbank
 from molpredict.errors import InputError, ResourceError
-from molpredict.massbank import import_massbank, parse_record, release_url, split_of
+from molpredict.data.massbank import import_massbank, parse_record, release_url, split_of
 
 FIXTURES = Path(__file__).parent / "fixtures" / "massbank"
 
@@ -294,7 +294,8 @@ def test_download_restarts_when_the_server_ignores_ranges(tmp_path, serve):
 def test_demo_without_data_fetches_and_builds_a_default_library(tmp_path, serve, monkeypatch, capsys):
     """`make demo` on a machine without ../shared: download + import into $MOLPREDICT_HOME/data/massbank, then a
     library of its structures that becomes the default (training is covered in test_end_to_end)."""
-    from molpredict import config, demo
+    from molpredict import config
+    from molpredict.data import demo
 
     monkeypatch.setenv("MOLPREDICT_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("MOLPREDICT_CONFIG")

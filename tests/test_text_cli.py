@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from molpredict.cli import cli
 from molpredict.io.results import OUTPUT_COLUMNS
-from molpredict.text_pairs import PairsReport, is_pairs_path, read_text_pairs
+from molpredict.data.text_pairs import PairsReport, is_pairs_path, read_text_pairs
 
 from conftest import FIXTURES, require_shared
 

@@ -1,7 +1,7 @@
 """``molpredict train | identify | evaluate | score-library | model | data``: the identification workflow.
 
 A thin layer: each command parses options, calls :mod:`molpredict.training.pipeline`, :mod:`molpredict.identification.identify`,
-:mod:`molpredict.identification.evaluate` or :mod:`molpredict.massbank`, and prints. No math here.
+:mod:`molpredict.identification.evaluate` or :mod:`molpredict.data.massbank`, and prints. No math here.
 """
 from __future__ import annotations
 
@@ -432,7 +432,7 @@ def _identify_text(texts: list[str], text_file: str | None, model_path: str | No
     from molpredict.identification.identify import IdentifyOptions, Identifier
     from molpredict.io.atomic import atomic_write
     from molpredict.io.results import ResultWriter
-    from molpredict.text_pairs import read_text_lines
+    from molpredict.data.text_pairs import read_text_lines
 
     say = _say(quiet)
     texts = [" ".join(t.split()) for t in texts]
@@ -503,7 +503,7 @@ def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot
     from molpredict.chem.candidates import load_candidate_sets
     from molpredict.identification.evaluate import evaluate as run_evaluation
     from molpredict.identification.evaluate import evaluate_text, format_report, plot_curves
-    from molpredict.text_pairs import split_inputs
+    from molpredict.data.text_pairs import split_inputs
 
     say = _say(quiet)
     text = split_inputs(spectra_files, what="evaluate")
@@ -632,7 +632,7 @@ def _print_import(summary: dict, out: str) -> None:
 def import_massbank(path, output, train_fraction, val_fraction, progress) -> None:
     """Import MassBank records (a MassBank-data checkout, or a .zip / .tar.gz release archive) into
     {train,val,test}_{pos,neg}.mgf, split by a hash of the InChIKey first block (structure-disjoint)."""
-    from molpredict.massbank import import_massbank as run
+    from molpredict.data.massbank import import_massbank as run
 
     test_fraction = 1.0 - train_fraction - val_fraction
     summary = run(path, output, fractions=(("train", train_fraction), ("val", val_fraction),
@@ -655,7 +655,7 @@ def fetch() -> None:
 def fetch_massbank(output, release, keep_archive, url, progress) -> None:
     """Download the MassBank-data release archive from GitHub and import it (see `data import-massbank`).
     An interrupted download resumes where it stopped when run again."""
-    from molpredict.massbank import fetch_massbank as run
+    from molpredict.data.massbank import fetch_massbank as run
 
     summary = run(output, release=release, keep_archive=keep_archive, progress=_progress_default(progress),
                   url=url)

@@ -403,7 +403,7 @@ def _view_summary(ranks: dict[str, Any], counts: tuple[np.ndarray, np.ndarray], 
 
 
 def _canonical_lookup(smiles: Sequence[str], cache: dict[str, str | None]) -> list[str | None]:
-    from molpredict.text_pairs import canonical_smiles
+    from molpredict.data.text_pairs import canonical_smiles
     out = []
     for s in smiles:
         if s not in cache:
@@ -421,7 +421,7 @@ def evaluate_text(pairs_paths: Sequence[str | Path], bundles: Sequence[tuple[str
     Parameters
     ----------
     pairs_paths : sequence of path
-        Pairs tables (:func:`molpredict.text_pairs.read_text_pairs`).
+        Pairs tables (:func:`molpredict.data.text_pairs.read_text_pairs`).
     bundles : sequence of (label, ModelBundle)
         Bundles holding a ``text`` model.
     library : CandidateLibrary, optional
@@ -445,7 +445,7 @@ def evaluate_text(pairs_paths: Sequence[str | Path], bundles: Sequence[tuple[str
     """
     from molpredict.identification.candidate_sources import LibrarySource
     from molpredict.modelfile import TEXT_MODE
-    from molpredict.text_pairs import PairsReport, read_text_pairs
+    from molpredict.data.text_pairs import PairsReport, read_text_pairs
 
     if (library is None) == (sets is None):
         raise InputError("text evaluation needs either a candidate library or candidate sets")

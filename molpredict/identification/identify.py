@@ -18,7 +18,7 @@ For each spectrum, in input order:
 Ranking and ties: candidates are ordered by score (descending), ties broken by InChIKey (ascending), so the
 same inputs always give the same table.
 
-Text queries (a ``text`` model, see :mod:`molpredict.text_pairs`): every description is ranked against the whole
+Text queries (a ``text`` model, see :mod:`molpredict.data.text_pairs`): every description is ranked against the whole
 library (or the rows of the ``--source`` filter), with no formula or mass selection; :meth:`Identifier.run_text`
 scores blocks of queries against the library in chunks (:func:`~molpredict.identification.scoring.shared_candidate_scores`), so memory stays
 bounded by a block of queries x the library, and the candidate coordinates still come from the on-disk cache.

@@ -1,6 +1,6 @@
 """``make demo``: get MassBank data and a library, train the default model (unless present), identify a few spectra.
 
-Run as ``python -m molpredict.demo [--data DIR] [--library LIB] [--n 5] [--retrain]``.
+Run as ``python -m molpredict.data.demo [--data DIR] [--library LIB] [--n 5] [--retrain]``.
 
 - Data: ``--data DIR``, a MassBank split (``{train,val,test}_{pos,neg}.mgf``, as ``molpredict data
   import-massbank`` makes it). Without it, ``$MOLPREDICT_HOME/data/massbank``, downloaded and imported on first
@@ -63,10 +63,10 @@ def find_data(data: str | None, url: str | None = None, release: str | None = No
                 f"demo: {directory} lacks {', '.join(missing)}.\n"
                 "Get MassBank data first, e.g.:\n"
                 "  molpredict data fetch massbank -o massbank_data      (needs internet)\n"
-                "  python -m molpredict.demo --data massbank_data\n"
+                "  python -m molpredict.data.demo --data massbank_data\n"
                 "or run the demo without --data: it downloads MassBank itself.")
         return directory
-    from molpredict.massbank import DEFAULT_RELEASE, fetch_massbank
+    from molpredict.data.massbank import DEFAULT_RELEASE, fetch_massbank
 
     directory = default_data_dir()
     if not _missing(directory):
@@ -160,7 +160,7 @@ def pick_queries(data: Path, library: Any, bundle: Any, n: int) -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m molpredict.demo", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m molpredict.data.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--data", default=None, help="directory with {train,val,test}_{pos,neg}.mgf "
                         "(default: $MOLPREDICT_HOME/data/massbank, downloaded on first use)")
     parser.add_argument("--library", default=None, help="candidate library (default: the configured one, else "
