@@ -6,7 +6,7 @@ Every task runs a small list of rows (model, input kernel or encoder, output ker
 training data, selected on the same held-out data and evaluated on the same test queries and candidates. A row
 records its parameters, its test metrics (hit@1/5/10/20, MRR, mean rank of the truth; ties count against the
 truth), and its fit and evaluation wall (and CPU) seconds. A ``random`` row gives the exact expectation of a
-uniformly random ranking of the same candidate sets (:func:`molpredict.identification.decoding.random_expectation`), so every
+uniformly random ranking of the same candidate sets (:func:`molpredict.engine.decoding.random_expectation`), so every
 row can be read beside chance.
 
 - ``massbank``: MS/MS -> structure. Train on train_pos (early stopping / lam on a seeded subset of val_pos),
@@ -149,7 +149,7 @@ def scored_metrics(model: Any, predictions: np.ndarray, coordinates: np.ndarray,
 def random_row(truths: list, candidates: Any, hit: str = "inchikey14") -> dict[str, Any]:
     """The exact metrics of a uniformly random ranking of the same candidate sets (queries whose set lacks the
     truth count as misses, as for the models)."""
-    from molpredict.identification.decoding import random_expectation
+    from molpredict.engine.decoding import random_expectation
     from molpredict.models.dsokr import candidate_sets
     sets = candidate_sets(truths, candidates, hit=hit)
     n = np.array([len(i) for i in sets.index], dtype=np.float64)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from molpredict.identification.decoding import query_metrics, true_rank_counts  # noqa: E402
+from molpredict.engine.decoding import query_metrics, true_rank_counts  # noqa: E402
 from molpredict.chem.fragments import (FragmentScorer, fragment_structure, load_fragment_sets,  # noqa: E402
                                   save_fragment_sets)
 

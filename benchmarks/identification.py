@@ -13,7 +13,7 @@ Protocol (one run, seeded, no decision taken on test data)
   cleaned by :func:`molpredict.training.pipeline.load_labelled` (default :class:`~molpredict.spectra.cleaning.CleaningPipeline`).
 - Candidates: ``candidates/test_formula256.json``, ``test_formula.json`` and ``test_mass.json``; every test
   spectrum whose structure has a set is one query; a hit is a candidate with the true InChIKey first block.
-  Ranking, metrics and intervals come from :mod:`molpredict.identification.evaluate` / :mod:`molpredict.identification.decoding`: hit@1/5/10/20
+  Ranking, metrics and intervals come from :mod:`molpredict.identification.evaluate` / :mod:`molpredict.engine.decoding`: hit@1/5/10/20
   and MRR per spectrum (primary, ``worst`` tie policy) and averaged per structure, percentile bootstrap 95%
   intervals, and the exact random-ranking expectation. The ``random`` baseline scores every candidate alike,
   so its row reports the ``average`` tie policy (the exact expectation of a uniformly random ranking).

@@ -158,9 +158,12 @@ class SubModel:
     scoring : dict or None
         How the terms are fused and the confidence calibrated, per variant (``with_prior``, ``without_prior``):
         ``{variant: {"fusion": ScoreFusion.to_dict(), "calibration": Calibrator.to_dict()}}``
-        (see :mod:`molpredict.identification.evidence`). None: the model's own score, no probability.
+        (read and checked by :mod:`molpredict.identification.evidence`). None: the model's own score, no
+        probability.
     fragments : dict or None
         Parameters of the candidate fragmentation scorer when the fusion uses one.
+    source : str or None
+        The ``metadata.json`` it was loaded from (named in errors about its settings).
     """
 
     model: Any
@@ -172,6 +175,7 @@ class SubModel:
     prior: Any = None
     scoring: dict[str, Any] | None = None
     fragments: dict[str, Any] | None = None
+    source: str | None = None
 
     def cleaning_pipeline(self):
         """The :class:`~molpredict.spectra.cleaning.CleaningPipeline` to apply to queries (None: no cleaning)."""
@@ -392,11 +396,10 @@ class ModelBundle:
             if value is not None and not isinstance(value, dict):
                 raise ModelFileError(f"{meta_path}: field {key} must be an object")
             extras[key] = value
-        _check_scoring(extras, meta_path)
         return SubModel(model=model, ion_mode=metadata.get("ion_mode", mode),
                         cleaning=metadata.get("cleaning"), adducts=list(metadata.get("default_adducts") or []),
                         info={k: metadata[k] for k in info_keys if k in metadata}, metadata=metadata,
-                        prior=prior, **extras)
+                        prior=prior, source=str(meta_path), **extras)
 
     def describe(self) -> dict[str, Any]:
         """A JSON-ready summary: per ion mode, the model spec, training counts and validation metrics."""
@@ -415,17 +418,6 @@ class ModelBundle:
                 weights = sub.scoring.get("with_prior", {}).get("fusion", {}).get("weights", {})
                 out[mode]["prior_weight"] = weights.get("prior", 0.0)
         return out
-
-
-def _check_scoring(extras: dict[str, Any], meta_path: Path) -> None:
-    """Refuse scoring settings this version cannot read (a clear error, not a wrong score)."""
-    from molpredict.identification.evidence import ScoringVariant
-
-    for variant, settings in (extras.get("scoring") or {}).items():
-        try:
-            ScoringVariant.from_dict(settings)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ModelFileError(f"{meta_path}: field scoring.{variant} is invalid ({exc})") from None
 
 
 def _write_json(path: Path, obj: Any) -> None:

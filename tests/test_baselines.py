@@ -7,7 +7,7 @@ from rdkit import DataStructs
 from rdkit.Chem import rdFingerprintGenerator
 
 from molpredict.errors import SpecError
-from molpredict.identification.decoding import query_metrics, random_expectation, true_rank_counts
+from molpredict.engine.decoding import query_metrics, random_expectation, true_rank_counts
 from molpredict.hookspecs import hookimpl
 from molpredict.kernels.base import InputKernel
 from molpredict.chem.molecules import Molecule

@@ -196,7 +196,7 @@ def test_objects_state_for_text_and_molecules():
 # -- sketch-size selection -------------------------------------------------------------------------------
 def test_perfect_h_is_exact_with_the_full_basis():
     from dsokr_helpers import install_synthetic_registry
-    from molpredict.engine.sketch_size import perfect_h_curve
+    from molpredict.models.sketch_size import perfect_h_curve
     install_synthetic_registry()
     train = [np.round(v, 8) for v in np.random.default_rng(0).normal(size=(60, 3))]
     truths = train[:20]
@@ -208,7 +208,7 @@ def test_perfect_h_is_exact_with_the_full_basis():
 
 
 def test_recommend_takes_the_start_of_the_plateau():
-    from molpredict.engine.sketch_size import recommend
+    from molpredict.models.sketch_size import recommend
     rows = [{"m_used": 100, "hit@1": 0.20}, {"m_used": 200, "hit@1": 0.295}, {"m_used": 400, "hit@1": 0.30},
             {"m_used": 800, "hit@1": 0.301}]
     assert recommend(rows)["m"] == 200
@@ -218,7 +218,7 @@ def test_recommend_takes_the_start_of_the_plateau():
 
 def test_effective_dimension_matches_the_exact_trace():
     from dsokr_helpers import install_synthetic_registry
-    from molpredict.engine.sketch_size import effective_dimension
+    from molpredict.models.sketch_size import effective_dimension
     install_synthetic_registry()
     train = list(np.random.default_rng(1).normal(size=(40, 3)))
     rows = effective_dimension(train, "test-rbf:gamma=0.5", lams=[1e-2, 1e-4], n_landmarks=40)

@@ -7,7 +7,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from molpredict.identification.decoding import (bootstrap_ci, group_means, margins, query_metrics, random_expectation,
+from molpredict.engine.decoding import (bootstrap_ci, group_means, margins, query_metrics, random_expectation,
                                  rank_candidates, topk_curve, true_rank_counts)
 
 

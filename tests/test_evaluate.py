@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra
 from molpredict.cli import cli
-from molpredict.identification.decoding import query_metrics, true_rank_counts
+from molpredict.engine.decoding import query_metrics, true_rank_counts
 from molpredict.identification.evaluate import evaluate
 from molpredict.modelfile import ModelBundle, SubModel
 from molpredict.chem.molecules import Molecule

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from identification_helpers import FAKE_MODEL, SMILES, FingerprintRidge, install_fake_model, synthetic_spectra
 from molpredict.chem.candidates import CandidateLibrary
 from molpredict.cli import cli
-from molpredict.identification.candidate_sources import LibrarySource
+from molpredict.identification.candidate_sources import LibrarySource, SetSource
+from molpredict.identification.evidence import check_scoring
 from molpredict.identification.identify import Identifier, IdentifyOptions, read_formula_hints
 from molpredict.io.results import OUTPUT_COLUMNS, output_format
 from molpredict.identification.scoring import score_library
@@ -453,8 +454,11 @@ def test_a_bundle_with_unreadable_scoring_is_refused(bundle, tmp_path):
     meta = json.loads(meta_path.read_text())
     meta["scoring"]["with_prior"]["fusion"]["temperature"] = -1
     meta_path.write_text(json.dumps(meta))
+    loaded = ModelBundle.load(tmp_path / "bundle")
+    with pytest.raises(ModelFileError, match=r"metadata.json: field scoring.with_prior"):
+        check_scoring(loaded.models["positive"])
     with pytest.raises(ModelFileError, match="scoring.with_prior"):
-        ModelBundle.load(tmp_path / "bundle")
+        Identifier(loaded, SetSource({"Q": [("LFQSCWFLJHTTHZ", "CCO")]}))
     meta["scoring"]["with_prior"]["fusion"]["temperature"] = 1.0
     meta["prior"]["directory"] = "../elsewhere"
     meta_path.write_text(json.dumps(meta))

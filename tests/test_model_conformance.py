@@ -64,7 +64,7 @@ def real_spectra():
 @pytest.fixture(scope="module")
 def real_texts():
     from conftest import require_shared
-    from molpredict.data.text_pairs import PairsReport, read_text_pairs
+    from molpredict.io.text_pairs import PairsReport, read_text_pairs
     path = require_shared("chebi20", "test.tsv")
     pairs = list(islice(read_text_pairs(path, PairsReport(), {}), 30))
     return [p.description for p in pairs], [p.molecule for p in pairs]

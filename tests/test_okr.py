@@ -516,7 +516,7 @@ def test_cuda_matches_cpu(data):
 def test_ranking_selection_equals_decoding_each_grid_point(model_cls, sketches):
     """select_by=mrr scores every grid point by the MRR of the truth in validation candidate sets; each recorded
     MRR must equal the MRR of a model fitted at that lam alone and decoded through ``score`` (the naive route)."""
-    from molpredict.identification.fusion import ranking_metrics
+    from molpredict.engine.decoding import ranking_metrics
     from molpredict.models.base import CandidateSets, ValidationData
 
     X, Y, U, A = make_data(n=300, n_structures=80, seed=6, noise=0.5)

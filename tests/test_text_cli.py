@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from molpredict.cli import cli
 from molpredict.io.results import OUTPUT_COLUMNS
-from molpredict.data.text_pairs import PairsReport, is_pairs_path, read_text_pairs
+from molpredict.io.text_pairs import PairsReport, is_pairs_path, read_text_pairs
 
 from conftest import FIXTURES, require_shared
 

@@ -6,7 +6,7 @@ Apache Arrow table (memory-mapped when it comes from the cache); the public colu
 materialised on first access, and rows come out as cheap :class:`~molpredict.chem.molecules.Molecule` records.
 
 A TSV of at least :data:`CACHE_MIN_BYTES` (or any TSV with ``cache=True``) is stored after its first read in the
-content-keyed cache of :mod:`molpredict.cache`. SMILES and SDF records are read by :mod:`molpredict.io.structures`.
+content-keyed cache of :mod:`molpredict.cache`. SMILES and SDF records are read by :mod:`molpredict.chem.structures`.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from molpredict.cache import discard_entry, library_entry, load_library_entry, store_library_entry
 from molpredict.errors import InputError
-from molpredict.io.structures import StructureRecord, is_gzip, open_table_text, read_sdf_records, read_smiles_records
+from molpredict.chem.structures import StructureRecord, is_gzip, open_table_text, read_sdf_records, read_smiles_records
 from molpredict.chem.molecules import Adduct, Molecule, neutral_mass, normalize_formula, parse_adduct
 
 __all__ = [
@@ -316,7 +316,7 @@ class CandidateLibrary:
     @classmethod
     def _from_records(cls, reader: Any, path: str | os.PathLike, source: str | None, n_jobs: int,
                       progress: bool) -> CandidateLibrary:
-        """A library from a structure-file reader of :mod:`molpredict.io.structures` (columns computed with
+        """A library from a structure-file reader of :mod:`molpredict.chem.structures` (columns computed with
         RDKit; bad records reported)."""
         path = Path(path)
         _check_file(path)
@@ -521,7 +521,7 @@ class CandidateLibrary:
     def to_tsv(self, path: str | os.PathLike) -> None:
         """Write the library TSV (gzipped when ``path`` ends in ``.gz``): :data:`COLUMNS` present, in order;
         masses with 6 decimals."""
-        from molpredict.io.atomic import atomic_text
+        from molpredict.atomic import atomic_text
 
         path = Path(path)
         names = [c for c in COLUMNS if self.has_column(c)]

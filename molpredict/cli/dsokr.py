@@ -63,7 +63,7 @@ def select_sketch_size(train: str, val_path: str, grid: str, output_kernel: str,
     import numpy as np
 
     from molpredict.models.basis import distinct_objects
-    from molpredict.engine.sketch_size import effective_dimension, perfect_h_curve, plot_curve, read_structures, recommend
+    from molpredict.models.sketch_size import effective_dimension, perfect_h_curve, plot_curve, read_structures, recommend
 
     def say(message: str) -> None:
         if not quiet:
@@ -120,7 +120,7 @@ def select_sketch_size(train: str, val_path: str, grid: str, output_kernel: str,
         plot_curve(rows, plot_path, choice, title=f"Perfect h ({output_kernel}, {sketch})")
         say(f"wrote {plot_path}")
     if json_path:
-        from molpredict.io.atomic import atomic_write
+        from molpredict.atomic import atomic_write
         with atomic_write(json_path) as handle:
             json.dump({"train": train, "val": val_path, "candidates": candidates_path, "output_kernel": output_kernel,
                        "sketch": sketch, "repeats": repeats, "n_queries": len(truths), "curve": rows,

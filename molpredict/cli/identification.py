@@ -177,7 +177,7 @@ def train(train_files, output, val_files, model_spec, input_kernel, output_kerne
         click.echo(f"molpredict: saved model bundle {path} ({summary['total_s']:.1f} s)", err=True)
     if summary_json:
         from molpredict.modelfile import json_ready
-        from molpredict.io.atomic import atomic_write
+        from molpredict.atomic import atomic_write
         with atomic_write(summary_json) as handle:
             handle.write(json.dumps(json_ready(summary), indent=2) + "\n")
 
@@ -430,9 +430,9 @@ def _identify_text(texts: list[str], text_file: str | None, model_path: str | No
     """``identify --text``: every description against the whole library (or its --source rows)."""
     from molpredict.identification.candidate_sources import LibrarySource
     from molpredict.identification.identify import IdentifyOptions, Identifier
-    from molpredict.io.atomic import atomic_write
+    from molpredict.atomic import atomic_write
     from molpredict.io.results import ResultWriter
-    from molpredict.data.text_pairs import read_text_lines
+    from molpredict.io.text_pairs import read_text_lines
 
     say = _say(quiet)
     texts = [" ".join(t.split()) for t in texts]
@@ -503,7 +503,7 @@ def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot
     from molpredict.chem.candidates import load_candidate_sets
     from molpredict.identification.evaluate import evaluate as run_evaluation
     from molpredict.identification.evaluate import evaluate_text, format_report, plot_curves
-    from molpredict.data.text_pairs import split_inputs
+    from molpredict.io.text_pairs import split_inputs
 
     say = _say(quiet)
     text = split_inputs(spectra_files, what="evaluate")

@@ -2,14 +2,11 @@
 MassSpecGym-style candidate sets), as ids into a table of molecules with cache keys, tie keys and output fields."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
 from molpredict.errors import InputError
-
-if TYPE_CHECKING:
-    from molpredict.identification.identify import IdentifyOptions
 
 __all__ = ["CandidateSource", "LibrarySource", "SetSource", "precursor_tolerance", "UNIT_RESOLUTION_DECIMALS",
            "UNIT_RESOLUTION_TOLERANCE"]
@@ -77,10 +74,20 @@ class CandidateSource:
         raise NotImplementedError
 
 
+class SelectionOptions(Protocol):
+    """What a library source reads of the run's options (:class:`~molpredict.identification.identify.IdentifyOptions`
+    has these fields; candidate selection needs nothing else of identification)."""
+
+    by: str | None
+    ppm: float
+    precision_window: bool
+    sources: Sequence[str] | None
+
+
 class LibrarySource(CandidateSource):
     """Candidates from a :class:`~molpredict.chem.candidates.CandidateLibrary`, selected by formula or mass."""
 
-    def __init__(self, library: Any, options: "IdentifyOptions") -> None:
+    def __init__(self, library: Any, options: SelectionOptions) -> None:
         self.library = library
         self.options = options
         self._allowed = None

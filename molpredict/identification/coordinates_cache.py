@@ -43,7 +43,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from molpredict.errors import ModelFileError
-from molpredict.io.atomic import fsync_directory
+from molpredict.atomic import fsync_directory
 
 __all__ = ["CoordinatesCache", "CorruptedSegment", "molecule_key", "default_cache_root",
            "cached_candidate_coordinates", "ENCODINGS", "encode", "decode"]

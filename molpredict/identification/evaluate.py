@@ -10,7 +10,7 @@ Protocol
 - Spectra cleaned down to no peaks are *kept* (the model then scores every candidate alike and the tie policy
   decides): dropping them would flatter the metrics.
 - Primary numbers use the ``worst`` tie policy (ties resolved against the truth); ``average`` (the expectation
-  under random tie-breaking) is reported beside them. See :mod:`molpredict.identification.decoding`.
+  under random tie-breaking) is reported beside them. See :mod:`molpredict.engine.decoding`.
 - Intervals: percentile bootstrap (95%, seeded) resampling queries (per spectrum) or structures (per structure).
 - ``kernel_loss``: the model's mean kernel loss between predictions and the true structures (when the model
   provides ``kernel_loss``), computed on the evaluated spectra.
@@ -36,7 +36,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from molpredict.identification.decoding import (bootstrap_ci, group_means, query_metrics, random_expectation, topk_curve,
+from molpredict.engine.decoding import (bootstrap_ci, group_means, query_metrics, random_expectation, topk_curve,
                        true_rank_counts)
 from molpredict.errors import InputError, ResourceError
 from molpredict.identification.candidate_sources import SetSource
@@ -403,7 +403,7 @@ def _view_summary(ranks: dict[str, Any], counts: tuple[np.ndarray, np.ndarray], 
 
 
 def _canonical_lookup(smiles: Sequence[str], cache: dict[str, str | None]) -> list[str | None]:
-    from molpredict.data.text_pairs import canonical_smiles
+    from molpredict.io.text_pairs import canonical_smiles
     out = []
     for s in smiles:
         if s not in cache:
@@ -421,7 +421,7 @@ def evaluate_text(pairs_paths: Sequence[str | Path], bundles: Sequence[tuple[str
     Parameters
     ----------
     pairs_paths : sequence of path
-        Pairs tables (:func:`molpredict.data.text_pairs.read_text_pairs`).
+        Pairs tables (:func:`molpredict.io.text_pairs.read_text_pairs`).
     bundles : sequence of (label, ModelBundle)
         Bundles holding a ``text`` model.
     library : CandidateLibrary, optional
@@ -445,7 +445,7 @@ def evaluate_text(pairs_paths: Sequence[str | Path], bundles: Sequence[tuple[str
     """
     from molpredict.identification.candidate_sources import LibrarySource
     from molpredict.modelfile import TEXT_MODE
-    from molpredict.data.text_pairs import PairsReport, read_text_pairs
+    from molpredict.io.text_pairs import PairsReport, read_text_pairs
 
     if (library is None) == (sets is None):
         raise InputError("text evaluation needs either a candidate library or candidate sets")

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from molpredict.errors import ModelFileError
 from molpredict.identification.calibration import Calibrator, ranking_features
 from molpredict.identification.fusion import FRAGMENTS, PRIOR, SPECTRUM, ScoreFusion
 
@@ -56,6 +57,30 @@ class ScoringVariant:
         calibration = data.get("calibration")
         return cls(ScoreFusion.from_dict(data["fusion"]),
                    Calibrator.from_dict(calibration) if calibration is not None else None)
+
+
+def read_scoring_variant(sub: Any, name: str) -> ScoringVariant | None:
+    """The scoring variant ``name`` of a sub-model, or None when it has none.
+
+    Raises
+    ------
+    ModelFileError
+        The settings cannot be read by this version (a clear error naming the file and field, not a wrong score).
+    """
+    settings = (sub.scoring or {}).get(name)
+    if not settings:
+        return None
+    try:
+        return ScoringVariant.from_dict(settings)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        where = getattr(sub, "source", None) or f"the {sub.ion_mode} model"
+        raise ModelFileError(f"{where}: field scoring.{name} is invalid ({exc})") from None
+
+
+def check_scoring(sub: Any) -> None:
+    """Read every scoring variant of ``sub`` once, so that unreadable settings fail before any query is scored."""
+    for name in (sub.scoring or {}):
+        read_scoring_variant(sub, name)
 
 
 @dataclass
@@ -103,8 +128,7 @@ class Evidence:
         with_prior = (self.use_prior if use_prior is None else use_prior) and sub.prior is not None
         key = (id(sub), with_prior)
         if key not in self._variants:
-            settings = (sub.scoring or {}).get(variant_name(with_prior))
-            self._variants[key] = ScoringVariant.from_dict(settings) if settings else None
+            self._variants[key] = read_scoring_variant(sub, variant_name(with_prior))
         return self._variants[key]
 
     def _fragmenter(self, sub: Any) -> Any:

@@ -24,6 +24,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from molpredict.engine.decoding import ranking_metrics, set_index, true_ranks
+
 __all__ = ["SPECTRUM", "PRIOR", "FRAGMENTS", "standardize", "standardize_within_sets", "set_index",
            "softmax_within_sets", "true_ranks", "ranking_metrics", "ScoreFusion", "fit_fusion",
            "DEFAULT_WEIGHT_GRID"]
@@ -50,12 +52,6 @@ def standardize(scores: np.ndarray) -> np.ndarray:
     if scores.size == 0:
         return scores.copy()
     return standardize_within_sets(scores, np.array([0, scores.size]))
-
-
-def set_index(offsets: np.ndarray) -> np.ndarray:
-    """The set number of every flat position, ndarray of shape (offsets[-1],), int64."""
-    offsets = np.asarray(offsets, dtype=np.int64)
-    return np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
 
 
 def standardize_within_sets(scores: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -95,31 +91,6 @@ def softmax_within_sets(scores: np.ndarray, offsets: np.ndarray, temperature: fl
     which = set_index(offsets)
     e = np.exp(scores - np.maximum.reduceat(scores, offsets[:-1])[which])
     return e / np.add.reduceat(e, offsets[:-1])[which]
-
-
-def true_ranks(scores: np.ndarray, offsets: np.ndarray, is_true: np.ndarray) -> np.ndarray:
-    """The rank of the truth in each set, ties counted against it (worst case), ndarray (n_sets,), int64.
-
-    A set may hold the truth more than once (e.g. two stereo-SMILES of one InChIKey first block): its best-scored
-    copy counts. A set without the truth gets rank ``size + 1``.
-    """
-    scores = np.asarray(scores, dtype=np.float64)
-    offsets = np.asarray(offsets, dtype=np.int64)
-    is_true = np.asarray(is_true, dtype=bool)
-    which = set_index(offsets)
-    best_true = np.maximum.reduceat(np.where(is_true, scores, -np.inf), offsets[:-1])
-    beats = (~is_true) & (scores >= best_true[which])
-    ranks = np.add.reduceat(beats.astype(np.int64), offsets[:-1]) + 1
-    return np.where(np.isfinite(best_true), ranks, np.diff(offsets) + 1)
-
-
-def ranking_metrics(scores: np.ndarray, offsets: np.ndarray, is_true: np.ndarray) -> dict[str, float]:
-    """MRR and hit@1/5/10/20 (worst-case ties) of flat scores over candidate sets."""
-    ranks = true_ranks(scores, offsets, is_true)
-    out = {"mrr": float(np.mean(1.0 / ranks)) if ranks.size else math.nan}
-    for k in (1, 5, 10, 20):
-        out[f"hit@{k}"] = float(np.mean(ranks <= k)) if ranks.size else math.nan
-    return out
 
 
 def _metric(name: str, ranks: np.ndarray) -> float:

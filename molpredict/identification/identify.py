@@ -18,7 +18,7 @@ For each spectrum, in input order:
 Ranking and ties: candidates are ordered by score (descending), ties broken by InChIKey (ascending), so the
 same inputs always give the same table.
 
-Text queries (a ``text`` model, see :mod:`molpredict.data.text_pairs`): every description is ranked against the whole
+Text queries (a ``text`` model, see :mod:`molpredict.io.text_pairs`): every description is ranked against the whole
 library (or the rows of the ``--source`` filter), with no formula or mass selection; :meth:`Identifier.run_text`
 scores blocks of queries against the library in chunks (:func:`~molpredict.identification.scoring.shared_candidate_scores`), so memory stays
 bounded by a block of queries x the library, and the candidate coordinates still come from the on-disk cache.
@@ -44,9 +44,9 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from molpredict.identification.candidate_sources import CandidateSource
-from molpredict.identification.decoding import margins, rank_candidates
+from molpredict.engine.decoding import margins, rank_candidates
 from molpredict.errors import InputError, MolpredictError
-from molpredict.identification.evidence import Evidence, QueryScores
+from molpredict.identification.evidence import Evidence, QueryScores, check_scoring
 from molpredict.identification.fusion import FRAGMENTS, PRIOR, SPECTRUM
 from molpredict.modelfile import ModelBundle, SubModel
 from molpredict.identification.scoring import (CandidateCoordinates, Executor, InProcessExecutor, Query, WorkerState, chunked,
@@ -265,6 +265,8 @@ class Identifier:
         self.progress = progress
         self.coordinates = CandidateCoordinates(source, cache_root)
         self.evidence = Evidence(self.coordinates, use_prior=self.options.prior)
+        for sub in bundle.models.values():
+            check_scoring(sub)  # unreadable fusion / calibration settings fail here, before any query
         self._cleaners: dict[str, Any] = {}
         self.skipped: list[Skipped] = []
         self.n_queries = 0

@@ -383,7 +383,7 @@ def write_mgf(spectra: Iterable[Spectrum], path_or_file: str | os.PathLike | IO[
     ``precursor_intensity``), and an absent ion mode comes back inferred from the charge or adduct.
     """
     if isinstance(path_or_file, (str, os.PathLike)):
-        from molpredict.io.atomic import atomic_text
+        from molpredict.atomic import atomic_text
 
         with atomic_text(path_or_file, newline="\n") as handle:  # a failed write leaves no half file
             return _write_mgf(spectra, handle)

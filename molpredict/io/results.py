@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import IO, Any, Iterator, Sequence
 
 from molpredict.errors import InputError
-from molpredict.io.atomic import atomic_write, replace_atomically
+from molpredict.atomic import atomic_write, replace_atomically
 
 __all__ = ["OUTPUT_COLUMNS", "OUTPUT_FORMATS", "output_format", "ResultWriter", "ResumableOutput", "write_skipped",
            "read_result_rows", "read_skipped"]

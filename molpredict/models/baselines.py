@@ -6,7 +6,7 @@ the kernel models, and scores candidates by ``predict_coordinates(x) . candidate
 ``random`` (:class:`RandomBaseline`)
     Every candidate gets the same score (coordinates ``[1]`` on both sides). Under the evaluation's
     ``average`` tie policy this gives exactly the expectation of a uniformly random ranking, which
-    :func:`molpredict.identification.decoding.random_expectation` also computes in closed form from the candidate-set sizes.
+    :func:`molpredict.engine.decoding.random_expectation` also computes in closed form from the candidate-set sizes.
 ``prior`` (:class:`PriorBaseline`)
     Never looks at the spectrum: a candidate's score is its similarity to the distinct training structures
     (mean, max or top-k mean of Tanimoto / Gaussian-Tanimoto / cosine on Morgan fingerprints). The score is a
@@ -115,7 +115,7 @@ class RandomBaseline(Model):
     """Uniformly random ranking: every candidate gets the same score.
 
     The ranking is random only through the evaluation's tie policy: with ``average`` (uniformly random
-    tie-breaking, in expectation) the metrics equal :func:`molpredict.identification.decoding.random_expectation` of the
+    tie-breaking, in expectation) the metrics equal :func:`molpredict.engine.decoding.random_expectation` of the
     candidate-set sizes exactly; with ``worst`` every query is ranked last.
 
     Fitted attributes

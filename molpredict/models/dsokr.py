@@ -37,7 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from molpredict.identification.decoding import query_metrics, true_rank_counts
+from molpredict.engine.decoding import query_metrics, true_rank_counts
 from molpredict.errors import ModelFileError, SpecError
 from molpredict.specs import nested_spec
 from molpredict.models.base import Model, check_pairs

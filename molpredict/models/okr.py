@@ -311,7 +311,7 @@ class _OutputSide:
     def val_ranking(self, core: torch.Tensor, candidates: Any, metric: str) -> float:
         """The ranking ``metric`` (mrr, hit@k) of the validation queries' true structures in their candidate sets,
         from the core coordinates (d_core x n_val), ties counted against the truth."""
-        from molpredict.identification.fusion import ranking_metrics
+        from molpredict.engine.decoding import ranking_metrics
 
         core = core.to(torch.float32)
         offsets, flat, is_true = candidates.flat()

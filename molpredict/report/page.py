@@ -416,7 +416,7 @@ class Report:
     def write(self, path: str | Path) -> int:
         """Write the page to ``path``; returns its size in bytes."""
         text = self.html()
-        from molpredict.io.atomic import atomic_write
+        from molpredict.atomic import atomic_write
 
         with atomic_write(path) as handle:
             handle.write(text)

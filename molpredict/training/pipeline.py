@@ -288,7 +288,7 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
     InputError
         No usable training spectra (for an asked ion mode).
     """
-    from molpredict.data.text_pairs import split_inputs
+    from molpredict.io.text_pairs import split_inputs
 
     if split_inputs(list(train_paths) + list(val_paths), what="train"):
         return train_text_bundle(train_paths, options, val_paths=val_paths, log=log)
@@ -491,7 +491,7 @@ def train_text_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
     Parameters
     ----------
     train_paths : sequence of path
-        Pairs tables (see :mod:`molpredict.data.text_pairs`); rows with an empty description or an unusable SMILES
+        Pairs tables (see :mod:`molpredict.io.text_pairs`); rows with an empty description or an unusable SMILES
         are skipped and counted (``summary["skipped"]``; the first 100 with file, line and field in
         ``summary["skipped_rows"]``).
     options : TrainOptions
@@ -508,7 +508,7 @@ def train_text_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
         A model / input kernel / encoder that does not take text.
     """
     from molpredict.modelfile import TEXT_MODE
-    from molpredict.data.text_pairs import PairsReport, read_text_pairs
+    from molpredict.io.text_pairs import PairsReport, read_text_pairs
 
     say = log or (lambda message: None)
     where = ", ".join(str(p) for p in train_paths)

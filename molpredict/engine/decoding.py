@@ -22,6 +22,7 @@ scores always give the same table.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -265,3 +266,35 @@ def bootstrap_ci(values: np.ndarray, n_boot: int = 1000, confidence: float = 0.9
     alpha = (1.0 - confidence) / 2.0
     low, high = np.quantile(means, [alpha, 1.0 - alpha])
     return float(low), float(high)
+
+
+# -- flat candidate sets: every set's scores back to back, set k at [offsets[k], offsets[k+1]) ----------------
+def set_index(offsets: np.ndarray) -> np.ndarray:
+    """The set number of every flat position, ndarray of shape (offsets[-1],), int64."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    return np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+
+
+def true_ranks(scores: np.ndarray, offsets: np.ndarray, is_true: np.ndarray) -> np.ndarray:
+    """The rank of the truth in each set, ties counted against it (worst case), ndarray (n_sets,), int64.
+
+    A set may hold the truth more than once (e.g. two stereo-SMILES of one InChIKey first block): its best-scored
+    copy counts. A set without the truth gets rank ``size + 1``.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    is_true = np.asarray(is_true, dtype=bool)
+    which = set_index(offsets)
+    best_true = np.maximum.reduceat(np.where(is_true, scores, -np.inf), offsets[:-1])
+    beats = (~is_true) & (scores >= best_true[which])
+    ranks = np.add.reduceat(beats.astype(np.int64), offsets[:-1]) + 1
+    return np.where(np.isfinite(best_true), ranks, np.diff(offsets) + 1)
+
+
+def ranking_metrics(scores: np.ndarray, offsets: np.ndarray, is_true: np.ndarray) -> dict[str, float]:
+    """MRR and hit@1/5/10/20 (worst-case ties) of flat scores over candidate sets."""
+    ranks = true_ranks(scores, offsets, is_true)
+    out = {"mrr": float(np.mean(1.0 / ranks)) if ranks.size else math.nan}
+    for k in (1, 5, 10, 20):
+        out[f"hit@{k}"] = float(np.mean(ranks <= k)) if ranks.size else math.nan
+    return out

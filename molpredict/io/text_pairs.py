@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from molpredict.errors import InputError
-from molpredict.io.structures import open_table_text
+from molpredict.chem.structures import open_table_text
 
 __all__ = [
     "PAIR_SUFFIXES",
