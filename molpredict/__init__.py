@@ -1,4 +1,17 @@
-"""molpredict: identify molecules from MS/MS spectra (and text, and strings) by sketched output kernel regression."""
+"""molpredict: identify molecules from MS/MS spectra (and text, and strings) by sketched output kernel regression.
+
+The API, one call per job (each returns what you already use)::
+
+    import molpredict
+    hits = molpredict.identify("queries.mgf", model="mymodel", library="library.tsv")   # a pandas DataFrame
+    bundle = molpredict.train("train_pos.mgf", "val_pos.mgf", output="mymodel")
+    metrics = molpredict.evaluate("test_pos.mgf", "test_formula.json", model="mymodel")
+    bundle = molpredict.load_model("mymodel")
+
+``spectra`` may be paths, molpredict ``Spectrum`` records or ``matchms.Spectrum`` objects
+(:mod:`molpredict.io.matchms` converts both ways). Stages (subpackages, lowest first): ``spectra``, ``chem``,
+``io``, ``kernels``, ``engine``, ``models``, ``identification``, ``training``, ``report``, ``data``, ``cli``.
+"""
 from __future__ import annotations
 
 __version__ = "0.1.0"
@@ -11,9 +24,11 @@ from molpredict.specs import ComponentSpec, parse_spec
 # The data types and entry points most scripts need, imported on first use so that `import molpredict` (and the
 # CLI's start-up) stays cheap.
 _LAZY = {
-    "Spectrum": "spectra", "read_spectra": "spectra", "write_mgf": "spectra", "CleaningPipeline": "spectra",
-    "Molecule": "molecules", "CandidateLibrary": "candidates", "ModelBundle": "modelfile",
-    "Identifier": "identify", "IdentifyOptions": "identify",
+    "identify": "api", "train": "api", "evaluate": "api", "load_model": "api", "load_library": "api",
+    "Spectrum": "spectra", "CleaningPipeline": "spectra", "read_spectra": "io", "write_mgf": "io",
+    "Molecule": "chem.molecules", "CandidateLibrary": "chem.candidates", "ModelBundle": "modelfile",
+    "Identifier": "identification.identify", "IdentifyOptions": "identification.identify",
+    "Sketch": "engine.sketches",
 }
 
 

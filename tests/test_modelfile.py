@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -185,3 +187,19 @@ def test_default_location_honours_molpredict_home(monkeypatch, tmp_path):
     assert default_bundle_path() == tmp_path / "home" / "models" / "default"
     monkeypatch.delenv("MOLPREDICT_HOME")
     assert default_bundle_path().parts[-3:] == ("molpredict", "models", "default")
+
+
+def test_a_bundle_written_before_the_stage_layout_loads_and_scores_the_same():
+    """tests/fixtures/bundles/sisokr_v0.2 was saved by molpredict 0.2 (modules at the top level): registry names and
+    state formats make it independent of where the classes live; the scores it gave then are in the JSON."""
+    import json as _json
+
+    from molpredict.chem.molecules import Molecule
+    from molpredict.io import read_spectra
+
+    here = Path(__file__).parent / "fixtures" / "bundles"
+    expected = _json.loads((here / "sisokr_v0.2_expected.json").read_text())
+    sub = ModelBundle.load(here / "sisokr_v0.2").for_mode("positive")
+    queries = list(read_spectra(here / "sisokr_v0.2_queries.mgf"))
+    scores = sub.model.score(queries, [Molecule.from_smiles(s) for s in expected["candidates"]])
+    np.testing.assert_allclose(scores, np.asarray(expected["scores"]), rtol=1e-9, atol=1e-12)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from molpredict.errors import InputError, ModelFileError
+from molpredict.errors import InputError
 from molpredict.cli.group import cli
 
 __all__ = ["train", "identify", "evaluate", "score_library", "model_group", "data"]
@@ -34,17 +34,9 @@ def _say(quiet: bool):
 
 
 def _load_bundle(path: str | None, say=None):
-    from molpredict.config import resolve
-    from molpredict.modelfile import ModelBundle
+    from molpredict.api import load_model
 
-    if path is None:
-        default, origin = resolve("model")
-        if origin == "default" and not Path(default).exists():
-            raise ModelFileError(f"{default}: no default model; train one with `molpredict train TRAIN.mgf -o "
-                                 f"{default}` (or `make demo`), give --model, or set one with "
-                                 f"`molpredict config set model MODEL`")
-        path = default
-    bundle = ModelBundle.load(path)
+    bundle = load_model(path)
     if say is not None:
         say(f"model {bundle.path} ({', '.join(bundle.ion_modes)})")
     return bundle
@@ -194,13 +186,9 @@ def _spool_stdin() -> str:
 
 
 def _library_path(library: str | None) -> str:
-    """``--library``, else the configured default; without either, the one-line error saying how to set one."""
-    from molpredict.config import default_library, no_library_message
+    from molpredict.api import library_path
 
-    library = library or default_library()
-    if library is None:
-        raise InputError(no_library_message())
-    return library
+    return library_path(library)
 
 
 def _load_library(library: str | None, say, progress: bool, cache: bool | None = None):
@@ -280,8 +268,8 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     Example:
       molpredict identify --text "The molecule is a ..." --model textmodel --library molecules.tsv
     """
-    from molpredict.identification.candidate_sources import LibrarySource
-    from molpredict.identification.identify import IdentifyOptions, Identifier, Skipped, read_formula_hints
+    from molpredict.api import identify_options, open_identifier, skipped_entries
+    from molpredict.identification.identify import read_formula_hints
     from molpredict.io.results import ResultWriter, ResumableOutput, output_format, write_skipped
     from molpredict.io import SkipReport, read_spectra
 
@@ -313,14 +301,10 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
         hints = read_formula_hints(formulas) if formulas else None
         library = _library_path(library)
         bundle = _load_bundle(model_path, say)
-        if bundle.input_type != "spectrum":
-            raise InputError(f"the model takes {bundle.input_type} input, not spectra: give --text or --text-file",
-                             path=str(bundle.path))
         lib = _load_library(library, say, show)
-        options = IdentifyOptions(by=by, ppm=ppm, precision_window=not ppm_only, sources=list(sources) or None,
-                                  top_k=top_k, formulas=hints, block_queries=block_queries, prior=prior == "on")
-        identifier = Identifier(bundle, LibrarySource(lib, options), options,
-                                cache_root=_cache_root(cache_dir, no_cache), progress=show)
+        options = identify_options(by=by, ppm=ppm, precision_window=not ppm_only, sources=sources, top_k=top_k,
+                                   formulas=hints, block_queries=block_queries, prior=prior == "on")
+        identifier = open_identifier(bundle, lib, options, cache_dir=_cache_root(cache_dir, no_cache), progress=show)
         html = None
         if report_path:
             from molpredict.identification.identify import unique_ids
@@ -365,11 +349,10 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     finally:
         if spool:
             os.unlink(spool)
+    skipped = skipped_entries(report, identifier)
     if stdin_name:
-        for s in identifier.skipped:
+        for s in skipped:
             s.file = stdin_name
-    skipped = [Skipped("", f"unreadable record: {e.reason}", stdin_name or e.path, e.record) for e in report] + \
-        identifier.skipped
     summary = identifier.summary()
     if skipped_path:
         write_skipped(skipped, skipped_path)

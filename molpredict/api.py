@@ -1,0 +1,298 @@
+"""The public Python API: what each command does, as one function taking what users hold (paths, molpredict or
+matchms spectra) and returning what they use (a pandas DataFrame, a model bundle, a metrics dict).
+
+The command-line interface is a thin layer over these functions (:mod:`molpredict.cli`). Everything is imported
+on first use, so ``import molpredict`` stays cheap.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from molpredict.errors import InputError, ModelFileError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
+
+    from molpredict.chem.candidates import CandidateLibrary
+    from molpredict.identification.identify import Identifier, IdentifyOptions, Skipped
+    from molpredict.io import SkipReport
+    from molpredict.modelfile import ModelBundle
+
+__all__ = ["identify", "train", "evaluate", "load_model", "load_library", "iter_spectra", "open_identifier",
+           "skipped_entries"]
+
+PathLike = str | os.PathLike
+
+
+def load_model(path: PathLike | None = None) -> "ModelBundle":
+    """A model bundle: ``path``, else the default one (``molpredict config set model``, ``MOLPREDICT_MODEL``, or the
+    bundle ``make demo`` trains).
+
+    Raises
+    ------
+    ModelFileError
+        No default model exists, or the bundle is unreadable (one line naming the file and field).
+    """
+    from molpredict.config import resolve
+    from molpredict.modelfile import ModelBundle
+
+    if path is None:
+        default, origin = resolve("model")
+        if origin == "default" and not Path(default).exists():
+            raise ModelFileError(f"{default}: no default model; train one with `molpredict train TRAIN.mgf -o "
+                                 f"{default}` (or `make demo`), give --model, or set one with "
+                                 f"`molpredict config set model MODEL`")
+        path = default
+    return ModelBundle.load(path)
+
+
+def library_path(library: PathLike | None) -> str:
+    """``library``, else the configured default library; without either, the one-line error saying how to set one."""
+    from molpredict.config import default_library, no_library_message
+
+    library = library or default_library()
+    if library is None:
+        raise InputError(no_library_message())
+    return str(library)
+
+
+def load_library(library: "PathLike | CandidateLibrary | None" = None, *, progress: bool = False,
+                 cache: bool | None = None) -> "CandidateLibrary":
+    """A candidate library: a path (TSV / SMILES / SDF, optionally gzipped; see ``candidates/README.md``), an
+    already loaded :class:`~molpredict.chem.candidates.CandidateLibrary` (returned as is), or None for the
+    configured default."""
+    from molpredict.chem.candidates import CandidateLibrary, read_library
+
+    if isinstance(library, CandidateLibrary):
+        return library
+    return read_library(library_path(library), progress=progress, cache=cache)
+
+
+def iter_spectra(spectra: Any, report: "SkipReport | None" = None) -> Iterator[Any]:
+    """molpredict :class:`~molpredict.spectra.record.Spectrum` records from what a user holds.
+
+    Parameters
+    ----------
+    spectra : path, sequence of paths, Spectrum, matchms.Spectrum, or a sequence of spectra
+        Files (``.mgf``, ``.msp``, ``.mzML``, ``.mzXML``, optionally gzipped) are streamed; matchms spectra are
+        converted with :func:`molpredict.io.matchms.from_matchms` (their ``record`` is their 1-based position).
+    report : SkipReport, optional
+        Collects unreadable records of files (they are skipped, not raised).
+
+    Raises
+    ------
+    InputError
+        An object that is none of these, or a file that cannot be read.
+    """
+    from molpredict.io import read_spectra
+    from molpredict.io.matchms import from_matchms, is_matchms_spectrum
+    from molpredict.spectra.record import Spectrum
+
+    if isinstance(spectra, (str, os.PathLike)):
+        yield from read_spectra(spectra, report=report)
+        return
+    if isinstance(spectra, Spectrum) or is_matchms_spectrum(spectra):
+        spectra = [spectra]
+    try:
+        items = iter(spectra)
+    except TypeError:
+        raise InputError(f"spectra must be a path, a list of paths or of spectra, not {type(spectra).__name__}") \
+            from None
+    for index, item in enumerate(items, start=1):
+        if isinstance(item, (str, os.PathLike)):
+            yield from read_spectra(item, report=report)
+        elif isinstance(item, Spectrum):
+            yield item if item.record is not None else _with_record(item, index)
+        elif is_matchms_spectrum(item):
+            yield from_matchms(item, index)
+        else:
+            raise InputError(f"not a spectrum or a path: {type(item).__name__}", path="spectra", record=index)
+
+
+def _with_record(spectrum: Any, index: int) -> Any:
+    import dataclasses
+    return dataclasses.replace(spectrum, record=index)
+
+
+def identify_options(*, top_k: int = 10, by: str | None = None, ppm: float = 10.0, precision_window: bool = True,
+                     sources: Sequence[str] | None = None, formulas: "PathLike | dict[str, str] | None" = None,
+                     block_queries: int = 512, prior: bool = True) -> "IdentifyOptions":
+    """The options of an identification run, checked (``formulas``: a ``query_id<TAB>formula`` file or a dict)."""
+    from molpredict.identification.identify import IdentifyOptions, read_formula_hints
+
+    if by not in (None, "formula", "mass"):
+        raise InputError(f"by must be 'formula', 'mass' or None, not {by!r}")
+    if top_k < 1:
+        raise InputError(f"top_k must be >= 1, not {top_k}")
+    hints = read_formula_hints(formulas) if isinstance(formulas, (str, os.PathLike)) else formulas
+    return IdentifyOptions(by=by, ppm=ppm, precision_window=precision_window, sources=list(sources) if sources else None,
+                           top_k=top_k, formulas=hints, block_queries=block_queries,
+                           prior=prior)
+
+
+def open_identifier(bundle: "ModelBundle", library: "CandidateLibrary", options: "IdentifyOptions", *,
+                    cache_dir: PathLike | None | bool = None, progress: bool = False) -> "Identifier":
+    """The :class:`~molpredict.identification.identify.Identifier` of a spectra model against a library
+    (``cache_dir``: the candidate-coordinates store; None the default one, False none)."""
+    from molpredict.identification.candidate_sources import LibrarySource
+    from molpredict.identification.identify import Identifier
+
+    if bundle.input_type != "spectrum":
+        raise InputError(f"the model takes {bundle.input_type} input, not spectra: give --text or --text-file",
+                         path=str(bundle.path))
+    cache_root = False if cache_dir is False else (Path(cache_dir) if cache_dir else None)
+    return Identifier(bundle, LibrarySource(library, options), options, cache_root=cache_root, progress=progress)
+
+
+def skipped_entries(report: "SkipReport", identifier: "Identifier") -> list["Skipped"]:
+    """Every spectrum without output rows: unreadable records of the files, then those the run skipped."""
+    from molpredict.identification.identify import Skipped
+
+    return [Skipped("", f"unreadable record: {e.reason}", e.path, e.record) for e in report] + identifier.skipped
+
+
+def identify(spectra: Any, model: "PathLike | ModelBundle | None" = None,
+             library: "PathLike | CandidateLibrary | None" = None, *, top_k: int = 10, by: str | None = None,
+             ppm: float = 10.0, prior: bool = True, cluster: str | None = None,
+             formulas: "PathLike | dict[str, str] | None" = None, sources: Sequence[str] | None = None,
+             precision_window: bool = True, cache_dir: PathLike | None | bool = None, block_queries: int = 512,
+             progress: bool = False) -> "pd.DataFrame":
+    """Rank the library's candidate structures for each spectrum, as ``molpredict identify`` does.
+
+    Parameters
+    ----------
+    spectra : path, sequence of paths, Spectrum or matchms.Spectrum objects
+        See :func:`iter_spectra`.
+    model : path or ModelBundle, optional
+        Default: the default bundle (:func:`load_model`).
+    library : path or CandidateLibrary, optional
+        Default: the configured library (``molpredict config set library LIB``).
+    top_k : int
+        Rows per spectrum.
+    by : {None, "formula", "mass"}
+        Candidates with the spectrum's formula or within ``ppm`` of its neutral mass; None (the command's
+        default): by formula when the spectrum has one (or ``formulas`` gives one), else by mass.
+    ppm : float
+        Mass window for selection by mass (widened to what a low-precision precursor allows unless
+        ``precision_window`` is False).
+    prior : bool
+        Fuse the bundle's structure prior into the score (False: the spectrum evidence alone).
+    cluster : str, optional
+        ``local:N`` or a Dask scheduler address (default ``$MOLPREDICT_CLUSTER``, else in-process); the rows are
+        identical either way.
+    formulas : path or dict, optional
+        Per-query formula hints (``query_id -> formula``).
+    sources : sequence of str, optional
+        Only library rows of these sources.
+    cache_dir : path, None or False
+        The candidate-coordinates store (None: the default one; False: none).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per (spectrum, rank) with exactly the command's output columns
+        (:data:`molpredict.io.results.OUTPUT_COLUMNS`), in input order. ``df.attrs["skipped"]`` lists the spectra
+        without rows as dicts ``{query_id, reason, file, record}``; ``df.attrs["summary"]`` the run's counts.
+        For matchms or in-memory spectra, ``record`` is the spectrum's 1-based position in ``spectra``.
+    """
+    import pandas as pd
+
+    from molpredict.identification.scoring import executor_for
+    from molpredict.io import SkipReport
+    from molpredict.io.results import OUTPUT_COLUMNS
+
+    options = identify_options(top_k=top_k, by=by, ppm=ppm, precision_window=precision_window, sources=sources,
+                               formulas=formulas, block_queries=block_queries, prior=prior)
+    report = SkipReport()
+    stream = iter_spectra(spectra, report=report)
+    bundle = model if hasattr(model, "models") and hasattr(model, "input_type") else load_model(model)
+    identifier = open_identifier(bundle, load_library(library, progress=progress), options, cache_dir=cache_dir,
+                                 progress=progress)
+    executor = executor_for(cluster)
+    try:
+        rows = list(identifier.run(stream, executor=executor))
+    finally:
+        executor.close()
+    frame = pd.DataFrame(rows, columns=list(OUTPUT_COLUMNS))
+    frame.attrs["skipped"] = [{"query_id": s.query_id, "reason": s.reason, "file": s.file, "record": s.record}
+                              for s in skipped_entries(report, identifier)]
+    frame.attrs["summary"] = identifier.summary()
+    return frame
+
+
+def train(train: PathLike | Sequence[PathLike], val: PathLike | Sequence[PathLike] = (), *,
+          output: PathLike | None = None, progress: bool = False, log: Callable[[str], None] | None = None,
+          **options: Any) -> "ModelBundle":
+    """Train a model bundle, as ``molpredict train`` does.
+
+    Parameters
+    ----------
+    train, val : path or sequence of paths
+        Labelled spectra files (SMILES / INCHIKEY metadata), or description/SMILES tables for a text model.
+    output : path, optional
+        Save the bundle there too.
+    **options
+        Fields of :class:`~molpredict.training.pipeline.TrainOptions` (``model``, ``input_kernel``,
+        ``output_kernel``, ``input_sketch``, ``output_sketch``, ``lam``, ``ion_modes``, ``device``, ``seed``,
+        ``select_by``, ``val_candidates``, ``library``, ``prior``, ``fragments``, ...).
+
+    Returns
+    -------
+    ModelBundle
+        With the training summary in ``bundle.summary``.
+    """
+    import dataclasses
+
+    from molpredict.training.pipeline import TrainOptions, train_bundle
+
+    known = {f.name for f in dataclasses.fields(TrainOptions)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise InputError(f"unknown training option(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+    paths = [train] if isinstance(train, (str, os.PathLike)) else list(train)
+    val_paths = [val] if isinstance(val, (str, os.PathLike)) else list(val)
+    bundle, summary = train_bundle(paths, TrainOptions(**options), val_paths=val_paths, progress=progress, log=log)
+    bundle.summary = summary
+    if output is not None:
+        summary["output"] = str(bundle.save(output))
+    return bundle
+
+
+def evaluate(spectra: PathLike | Sequence[PathLike], candidates: PathLike, model: "PathLike | ModelBundle | None" = None,
+             *, prior: bool = True, n_boot: int = 1000, seed: int = 0, kernel_loss: bool = True,
+             cluster: str | None = None, cache_dir: PathLike | None | bool = None,
+             progress: bool = False) -> dict[str, Any]:
+    """Evaluate a model on labelled spectra against candidate sets (the MassSpecGym protocol), as
+    ``molpredict evaluate --json`` does.
+
+    Parameters
+    ----------
+    spectra : path or sequence of paths
+        Spectra with SMILES / INCHIKEY metadata.
+    candidates : path
+        Candidate sets JSON ``{query_inchikey14: [[inchikey14, smiles], ...]}``.
+
+    Returns
+    -------
+    dict
+        The command's JSON: per model, hit@k, MRR, bootstrap intervals, per-structure means, calibration.
+    """
+    from molpredict.chem.candidates import load_candidate_sets
+    from molpredict.identification.evaluate import evaluate as run_evaluation
+    from molpredict.identification.scoring import executor_for
+
+    bundle = model if hasattr(model, "models") and hasattr(model, "input_type") else load_model(model)
+    if bundle.input_type != "spectrum":
+        raise InputError(f"the model takes {bundle.input_type} input, not spectra", path=str(bundle.path))
+    paths = [spectra] if isinstance(spectra, (str, os.PathLike)) else list(spectra)
+    cache_root = False if cache_dir is False else (Path(cache_dir) if cache_dir else None)
+    executor = executor_for(cluster)
+    try:
+        return run_evaluation(paths, [(str(bundle.path), bundle)], load_candidate_sets(candidates),
+                              cache_root=cache_root, n_boot=n_boot, seed=seed, kernel_loss=kernel_loss,
+                              progress=progress, executor=executor, prior=prior)
+    finally:
+        executor.close()
