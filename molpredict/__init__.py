@@ -14,6 +14,7 @@ _LAZY = {
     "Spectrum": "spectra", "read_spectra": "spectra", "write_mgf": "spectra", "CleaningPipeline": "spectra",
     "Molecule": "molecules", "CandidateLibrary": "candidates", "ModelBundle": "modelfile",
     "Identifier": "identify", "IdentifyOptions": "identify",
+    "predict_properties": "properties",
 }
 
 
