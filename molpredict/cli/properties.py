@@ -43,12 +43,13 @@ def properties() -> None:
 
 
 @properties.command("train")
-@click.argument("train", type=click.Path(dir_okay=False))
-@click.option("--val", "val_path", default=None, type=click.Path(dir_okay=False),
-              help="Labelled validation spectra (structures disjoint from TRAIN): choose lam, calibrate intervals.")
+@click.argument("train", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--val", "val_path", multiple=True, type=click.Path(dir_okay=False),
+              help="Labelled validation spectra (structures disjoint from TRAIN; repeatable): choose lam, "
+                   "calibrate the intervals.")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Model directory to write.")
 @click.option("--levels", default="0.1,0.5,0.9", show_default=True, help="Quantile levels, comma-separated.")
-@click.option("--lam", default="1e-3,1e-4,1e-5", show_default=True,
+@click.option("--lam", default="1e-4,1e-5", show_default=True,
               help="Ridge values, comma-separated (several: chosen on --val).")
 @click.option("--kernel", "input_kernel", default=None, help="Input kernel spec (default: the regressor's).")
 @click.option("--sketch", default=None, help="Sketch spec, or 'none' for the exact machine (default: the "
@@ -58,10 +59,11 @@ def properties() -> None:
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("-q", "--quiet", is_flag=True, help="No messages on stderr.")
-def properties_train(train: str, val_path: str | None, output: str, levels: str, lam: str,
+def properties_train(train: tuple[str, ...], val_path: tuple[str, ...], output: str, levels: str, lam: str,
                      input_kernel: str | None, sketch: str | None, regressor: str, max_train: int | None,
                      seed: int, device: str, quiet: bool) -> None:
-    """Train a property model on the labelled spectra in TRAIN (SMILES give the targets) and write it to -o."""
+    """Train a property model on the labelled spectra in TRAIN files (SMILES give the targets; one model per ion
+    mode, e.g. TRAIN = train_pos.mgf train_neg.mgf) and write it to -o."""
     from molpredict.properties.pipeline import train_properties
 
     params = {"lam": lam.replace(",", "+").replace(" ", ""), "seed": seed, "device": device}
@@ -69,7 +71,7 @@ def properties_train(train: str, val_path: str | None, output: str, levels: str,
         params["input_kernel"] = input_kernel
     if sketch is not None:
         params["sketch"] = sketch
-    bundle, skipped = train_properties(train, val_path, levels=_levels(levels), regressor=regressor,
+    bundle, skipped = train_properties(list(train), list(val_path) or None, levels=_levels(levels), regressor=regressor,
                                        params=params, max_train=max_train, seed=seed)
     _report_skips(skipped, quiet)
     path = bundle.save(output)

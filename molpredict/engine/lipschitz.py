@@ -20,10 +20,11 @@ the sketched span otherwise. This module solves that problem for a matrix of tar
 - ``pinball``: joint quantile regression at Q levels tau_1 < ... < tau_Q, sum_q rho_tau_q(y - f_q) with
   rho_tau(r) = max(tau r, (tau - 1) r), plus the non-crossing penalty
   ``crossing_weight * sum_q max(f_q - f_{q+1}, 0)`` (Sangnier, Fercoq & d'Alché-Buc, NeurIPS 2016 use the
-  constraint f_q <= f_{q+1} on the training points; the penalty is its exact-penalty form).
+  constraint f_q <= f_{q+1} on the training points; the penalty is its exact-penalty form: with a weight above
+  the losses' Lipschitz constant, no training point crosses at the optimum).
 
 Non-smooth losses are replaced by their Moreau envelopes with parameter ``smoothing`` (pinball becomes the
-"quantile Huber" loss, epsilon-insensitive a Huber beyond epsilon, the crossing hinge a squared hinge near 0);
+"quantile Huber" loss, epsilon-insensitive a Huber beyond epsilon, the crossing hinge a squared hinge just below 0);
 ``smoothing=0`` gives the losses themselves and a subgradient. The envelope is within ``smoothing / 2`` times the
 squared Lipschitz constant of the loss, so the smoothed minimiser is near the exact one, and its gradient is
 Lipschitz, which lets L-BFGS (``torch.optim.LBFGS``, strong Wolfe line search) solve the problem on CPU or GPU.
@@ -139,7 +140,12 @@ def square_gradient(residual: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------------------
 
 def crossing_penalty(F: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
-    """sum_q max(f_q - f_{q+1}, 0) over consecutive levels, per row (the Moreau envelope for s > 0).
+    """sum_q max(f_q - f_{q+1}, 0) over consecutive levels, per row; for s > 0 a smoothed hinge that is already
+    linear (slope 1) at a gap of 0: with g = f_q - f_{q+1}, (g + s)^2 / (2 s) on [-s, 0], g + s / 2 beyond.
+
+    Shifting the quadratic piece to the left of 0 keeps the penalty exact: with a weight above the losses'
+    Lipschitz constant no crossing (g > 0) survives at the optimum, where a quadratic piece on [0, s] would let
+    gaps up to s / weight through.
 
     Parameters
     ----------
@@ -152,10 +158,12 @@ def crossing_penalty(F: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
     Tensor of shape F.shape[:-1]
     """
     gap = F[..., :-1] - F[..., 1:]
-    u = torch.clamp(gap, min=0.0)
     if smoothing > 0:
         s = float(smoothing)
+        u = torch.clamp(gap + s, min=0.0)
         u = torch.where(u <= s, u * u / (2.0 * s), u - s / 2.0)
+    else:
+        u = torch.clamp(gap, min=0.0)
     return u.sum(-1)
 
 
@@ -163,7 +171,7 @@ def crossing_gradient(F: torch.Tensor, smoothing: float = 0.0) -> torch.Tensor:
     """d crossing_penalty / d F, shape of F (subgradient 0 at ties for s = 0)."""
     gap = F[..., :-1] - F[..., 1:]
     if smoothing > 0:
-        g = torch.clamp(gap / float(smoothing), 0.0, 1.0)
+        g = torch.clamp((gap + float(smoothing)) / float(smoothing), 0.0, 1.0)
     else:
         g = (gap > 0).to(F.dtype)
     out = torch.zeros_like(F)

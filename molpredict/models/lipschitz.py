@@ -29,9 +29,11 @@ __all__ = ["SketchedLipschitzRegressor", "parse_floats", "validation_loss"]
 STATE_FORMAT = "molpredict-lipschitz"
 STATE_VERSION = 1
 
-#: the default input kernel: binned cosine of the peaks plus a Gaussian on the precursor m/z (the peaks say what
-#: a molecule is made of, the precursor how big it is; see DESIGN.md and the README's "Properties of unknowns")
-DEFAULT_INPUT_KERNEL = "mkl:kernels=cosine+precursor:width=100,weights=0.5+0.5"
+#: the default input kernel: the binned cosine of the peaks, a Gaussian on the precursor m/z, one on its mass
+#: defect and one on the fragments' mass-defect histograms, averaged (:mod:`molpredict.kernels.masses`; the peaks
+#: say what a molecule is made of, the masses how big and how hydrogen-rich; chosen on val, see the README's
+#: "Properties of unknowns")
+DEFAULT_INPUT_KERNEL = "mkl:kernels=cosine+precursor+mass-defect:gamma=0.5+precursor:width=none&defect_width=0.05"
 
 
 def parse_floats(value: Any, what: str) -> tuple[float, ...]:
@@ -117,7 +119,7 @@ class SketchedLipschitzRegressor(Regressor):
 
     def __init__(self, input_kernel: str = DEFAULT_INPUT_KERNEL, sketch: str | None = "subsample:m=2000",
                  loss: str = "pinball", levels: Any = "0.1+0.5+0.9", lam: Any = 1e-4, kappa: float = 1.0,
-                 epsilon: float = 0.1, crossing_weight: float = 1.0, smoothing: float = 0.01, max_iter: int = 300,
+                 epsilon: float = 0.1, crossing_weight: float = 1.0, smoothing: float = 0.01, max_iter: int = 200,
                  rel_cutoff: float = 1e-10, seed: int = 0, device: str = "auto") -> None:
         self.input_kernel = input_kernel
         self.sketch = sketch

@@ -42,7 +42,7 @@ class Skipped:
 
 
 def load_spectra(source: Any, skipped: list[Skipped]) -> list[Any]:
-    """Spectra from a path (any format ``read_spectra`` reads) or a sequence of ``Spectrum`` records;
+    """Spectra from a path (any format ``read_spectra`` reads), a list of paths or a sequence of ``Spectrum`` records;
     unreadable records are appended to ``skipped``.
 
     Raises
@@ -50,6 +50,8 @@ def load_spectra(source: Any, skipped: list[Skipped]) -> list[Any]:
     InputError
         The file cannot be read at all.
     """
+    if isinstance(source, (list, tuple)) and source and all(isinstance(x, (str, os.PathLike)) for x in source):
+        return [s for path in source for s in load_spectra(path, skipped)]
     if isinstance(source, (str, os.PathLike)):
         from molpredict.io import SkipReport, read_spectra
         report = SkipReport()
@@ -98,7 +100,7 @@ def train_properties(train: Any, val: Any = None, *, levels: Sequence[float] = D
 
     Parameters
     ----------
-    train, val : path or sequence of Spectrum
+    train, val : path, list of paths or sequence of Spectrum
         Labelled spectra (SMILES); val (structures disjoint from train) chooses the hyperparameter grid and
         calibrates the intervals (without it the intervals are the raw quantiles).
     levels : sequence of float
