@@ -236,3 +236,44 @@ def test_real_subset_intervals_and_weight(shared_data, tmp_path):
     assert props["mw"]["r2"] > 0.9
     assert all(0.65 <= m["coverage"] <= 0.95 for m in props.values()), {k: m["coverage"] for k, m in props.items()}
     assert all(m["crossing"] <= 0.05 for m in props.values())
+
+
+def test_identify_properties_adds_columns_and_the_report_shows_them(model_dir, tmp_path, monkeypatch):
+    """``identify --properties``: every row carries its query's medians and intervals (the same numbers as
+    ``properties predict``), and the HTML report lists them per query."""
+    from identification_helpers import FAKE_MODEL, SMILES as ID_SMILES, install_fake_model, synthetic_spectra
+    from molpredict.chem.candidates import CandidateLibrary
+    from molpredict.io.results import OUTPUT_COLUMNS, read_result_rows
+    from molpredict.modelfile import ModelBundle, SubModel
+    from molpredict.report.page import decode_report_data
+    from molpredict.spectra.cleaning import CleaningPipeline
+    from molpredict.training.pipeline import build_model
+
+    monkeypatch.setenv("MOLPREDICT_HOME", str(tmp_path / "home"))
+    install_fake_model()
+    spectra, molecules = synthetic_spectra(n_per=2, seed=0)
+    model = build_model(FAKE_MODEL, {"lam": "0.01"}).fit(spectra, molecules)
+    ModelBundle({"positive": SubModel(model=model, ion_mode="positive", cleaning=CleaningPipeline().to_dict(),
+                                      adducts=["[M+H]+"])}).save(tmp_path / "idmodel")
+    CandidateLibrary.from_smiles(ID_SMILES, names=[f"c{i}" for i in range(len(ID_SMILES))],
+                                 source="test").to_tsv(tmp_path / "lib.tsv")
+    queries, _ = synthetic_spectra(n_per=1, seed=8)
+    write_mgf(queries, tmp_path / "q.mgf")
+    result = CliRunner().invoke(cli, ["identify", str(tmp_path / "q.mgf"), "--model", str(tmp_path / "idmodel"),
+                                      "--library", str(tmp_path / "lib.tsv"), "--top-k", "2", "--properties",
+                                      str(model_dir), "-o", str(tmp_path / "out.tsv"), "--report",
+                                      str(tmp_path / "r.html"), "-q"])
+    assert result.exit_code == 0, result.output
+    rows = list(read_result_rows(tmp_path / "out.tsv"))
+    assert tuple(rows[0])[:len(OUTPUT_COLUMNS)] == OUTPUT_COLUMNS
+    assert {"prop_logp", "prop_logp_low", "prop_logp_high", "prop_qed_high"} <= set(rows[0])
+    expected = predict_properties(tmp_path / "q.mgf", model_dir).set_index("id")
+    for row in rows:
+        assert row["prop_mw"] == pytest.approx(expected.loc[row["query_id"], "mw"], rel=1e-5)
+        assert row["prop_logp_low"] <= row["prop_logp"] <= row["prop_logp_high"]
+    data = decode_report_data((tmp_path / "r.html").read_text())
+    shown = {q["id"]: {p[0]: p[1:] for p in q["props"]} for q in data["queries"]}
+    first = rows[0]
+    assert shown[first["query_id"]]["logp"] == pytest.approx(
+        [first["prop_logp"], first["prop_logp_low"], first["prop_logp_high"]], rel=1e-3)  # rounded
+    assert "Predicted properties of the unknown" in (tmp_path / "r.html").read_text()

@@ -249,13 +249,16 @@ def _load_library(library: str | None, say, progress: bool, cache: bool | None =
               help="Continue an interrupted run writing to -o FILE: its finished queries are kept, the rest done.")
 @click.option("--block-queries", default=512, show_default=True, type=click.IntRange(min=1),
               help="Spectra per block (the unit in which the output is committed, and resumed).")
+@click.option("--properties", "properties_path", default=None, type=click.Path(file_okay=False),
+              help="A property model (`molpredict properties train`): add each query's predicted properties, "
+                   "median and interval, as prop_<name>, prop_<name>_low, prop_<name>_high columns.")
 @click.option("--ppm-only", is_flag=True,
               help="Mass window of --ppm only, never widened to what the precursor's written precision allows.")
 @_progress_option
 @_quiet_option
 def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sources, formulas, top_k, output, fmt,
              skipped_path, report_path, cache_dir, no_cache, prior, cluster, resume, block_queries, ppm_only,
-             progress, quiet) -> None:
+             progress, quiet, properties_path=None) -> None:
     """Rank candidate structures for each spectrum of SPECTRA (.mgf, .msp, .mzML, .mzXML; stdin MGF when absent or -),
     or for each description given with --text / --text-file (a text model).
 
@@ -282,7 +285,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     """
     from molpredict.identification.candidate_sources import LibrarySource
     from molpredict.identification.identify import IdentifyOptions, Identifier, Skipped, read_formula_hints
-    from molpredict.io.results import ResultWriter, ResumableOutput, output_format, write_skipped
+    from molpredict.io.results import OUTPUT_COLUMNS, ResultWriter, ResumableOutput, output_format, write_skipped
     from molpredict.io import SkipReport, read_spectra
 
     say = _say(quiet)
@@ -317,8 +320,15 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
             raise InputError(f"the model takes {bundle.input_type} input, not spectra: give --text or --text-file",
                              path=str(bundle.path))
         lib = _load_library(library, say, show)
+        properties, columns = None, OUTPUT_COLUMNS
+        if properties_path:
+            from molpredict.properties.model import PropertyBundle
+            from molpredict.properties.pipeline import output_columns
+            properties = PropertyBundle.load(properties_path)
+            columns = tuple(OUTPUT_COLUMNS) + tuple(output_columns(properties.names))
         options = IdentifyOptions(by=by, ppm=ppm, precision_window=not ppm_only, sources=list(sources) or None,
-                                  top_k=top_k, formulas=hints, block_queries=block_queries, prior=prior == "on")
+                                  top_k=top_k, formulas=hints, block_queries=block_queries, prior=prior == "on",
+                                  properties=properties)
         identifier = Identifier(bundle, LibrarySource(lib, options), options,
                                 cache_root=_cache_root(cache_dir, no_cache), progress=show)
         html = None
@@ -332,13 +342,13 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
         if output and output != "-":
             fingerprint = _run_fingerprint(spectra_file, spool, model_path, library, by, ppm, not ppm_only,
                                            sources, formulas, top_k, prior=prior)
-            sink = ResumableOutput(output, out_format, resume=resume, fingerprint=fingerprint)
+            sink = ResumableOutput(output, out_format, columns, resume=resume, fingerprint=fingerprint)
             if sink.done:
                 _restore(identifier, sink.blocks)
                 say(f"resuming {output}: {sink.done} spectra already done")
         else:
             sink = None
-            writer = ResultWriter(sys.stdout, out_format)
+            writer = ResultWriter(sys.stdout, out_format, columns)
         executor = _executor(cluster, say)
         try:
             for block in identifier.run_blocks(spectra, executor=executor, start=sink.done if sink else 0):

@@ -19,7 +19,8 @@ from molpredict.properties.model import MODES, PropertyBundle, PropertyPredictor
 from molpredict.properties.targets import PROPERTY_NAMES, compute_properties
 
 __all__ = ["Skipped", "DEFAULT_LEVELS", "DEFAULT_REGRESSOR", "load_spectra", "label_spectra", "train_properties",
-           "predict_table", "evaluate_properties", "column_names"]
+           "predict_table", "evaluate_properties", "column_names", "output_columns", "property_columns",
+           "COLUMN_PREFIX"]
 
 #: the quantile levels of ``properties train`` (median and an 80% interval)
 DEFAULT_LEVELS = (0.1, 0.5, 0.9)
@@ -225,6 +226,29 @@ def evaluate_properties(spectra: Any, bundle: PropertyBundle) -> tuple[dict[str,
                              for t, name in enumerate(bundle.names)},
               "n_spectra": len(kept)}
     return result, skipped
+
+
+#: the prefix of the property columns ``identify --properties`` adds to its rows
+COLUMN_PREFIX = "prop_"
+
+
+def output_columns(names: Sequence[str]) -> list[str]:
+    """The columns ``identify --properties`` appends: ``prop_<name>``, ``prop_<name>_low``, ``prop_<name>_high``."""
+    return [COLUMN_PREFIX + c for c in column_names(names)]
+
+
+def property_columns(bundle: PropertyBundle, spectra: Sequence[Any]) -> list[dict[str, float]]:
+    """Per spectrum, its :func:`output_columns` values (median and interval per property); an empty dict for a
+    spectrum the model cannot take (an ion mode it lacks)."""
+    spectra = list(spectra)
+    kept, F = _predict(spectra, bundle, [])
+    out: list[dict[str, float]] = [{} for _ in spectra]
+    for j, i in enumerate(kept):
+        for t, name in enumerate(bundle.names):
+            out[i][f"{COLUMN_PREFIX}{name}"] = float(F[j, t, F.shape[2] // 2])
+            out[i][f"{COLUMN_PREFIX}{name}_low"] = float(F[j, t, 0])
+            out[i][f"{COLUMN_PREFIX}{name}_high"] = float(F[j, t, -1])
+    return out
 
 
 def iter_messages(skipped: Iterable[Skipped]) -> list[str]:
