@@ -267,7 +267,8 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     fragment_score, smiles, inchikey, formula, adduct, name, id, n_candidates, mass_window. query_id is the
     spectrum's id, made unique within the run (a repeated id gets #2, #3...); file and record (1-based) say where
     it was read. mass_window: the window used by mass ("10 ppm", or "0.5 m/z" for a precursor written with two
-    decimals or fewer).
+    decimals or fewer). With --properties MODEL: prop_<name>, prop_<name>_low, prop_<name>_high per predicted
+    property (median and interval of the query's molecule, from `molpredict properties train`).
     Ranking: score descending (the fusion of the spectrum model's score with the bundle's structure prior and
     fragment score, each z-scored within the query's candidates; --prior off leaves the prior out), ties broken
     by InChIKey (ascending). probability (rank 1 only): the calibrated estimate that rank 1 is right.
