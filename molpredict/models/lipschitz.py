@@ -203,9 +203,8 @@ class SketchedLipschitzRegressor(Regressor):
             for lam in sorted(grid, reverse=True):  # warm starts from the most regularised solution
                 W, b, _ = fit_linear(Z, Ys, spec, lam, max_iter=int(self.max_iter), init=init)
                 init = (W, b)
-                F = self._unscale((Zv @ W + b).cpu().numpy())
-                loss = validation_loss((Yv - self.y_mean_) / self.y_scale_, (F - self.y_mean_[None, :, None])
-                                       / self.y_scale_[None, :, None], spec)
+                F = (Zv @ W + b).cpu().numpy().reshape(len(val_inputs), self.n_targets_, -1)  # standardised
+                loss = validation_loss((Yv - self.y_mean_) / self.y_scale_, F, spec)
                 self.selection_.append({"lam": float(lam), "loss": loss})
                 if best is None or loss < best[0]:
                     best = (loss, lam, W, b)
