@@ -28,7 +28,7 @@ _LAZY = {
     "Spectrum": "spectra", "CleaningPipeline": "spectra", "read_spectra": "io", "write_mgf": "io",
     "Molecule": "chem.molecules", "CandidateLibrary": "chem.candidates", "ModelBundle": "modelfile",
     "Identifier": "identification.identify", "IdentifyOptions": "identification.identify",
-    "Sketch": "engine.sketches",
+    "Sketch": "engine.sketches", "predict_properties": "api",
 }
 
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from molpredict.modelfile import ModelBundle
 
 __all__ = ["identify", "train", "evaluate", "load_model", "load_library", "iter_spectra", "open_identifier",
-           "skipped_entries"]
+           "skipped_entries", "predict_properties", "load_properties"]
 
 PathLike = str | os.PathLike
 
@@ -119,8 +119,9 @@ def _with_record(spectrum: Any, index: int) -> Any:
 
 def identify_options(*, top_k: int = 10, by: str | None = None, ppm: float = 10.0, precision_window: bool = True,
                      sources: Sequence[str] | None = None, formulas: "PathLike | dict[str, str] | None" = None,
-                     block_queries: int = 512, prior: bool = True) -> "IdentifyOptions":
-    """The options of an identification run, checked (``formulas``: a ``query_id<TAB>formula`` file or a dict)."""
+                     block_queries: int = 512, prior: bool = True, properties: Any = None) -> "IdentifyOptions":
+    """The options of an identification run, checked (``formulas``: a ``query_id<TAB>formula`` file or a dict;
+    ``properties``: a loaded property model, see :func:`load_properties`)."""
     from molpredict.identification.identify import IdentifyOptions, read_formula_hints
 
     if by not in (None, "formula", "mass"):
@@ -130,7 +131,22 @@ def identify_options(*, top_k: int = 10, by: str | None = None, ppm: float = 10.
     hints = read_formula_hints(formulas) if isinstance(formulas, (str, os.PathLike)) else formulas
     return IdentifyOptions(by=by, ppm=ppm, precision_window=precision_window, sources=list(sources) if sources else None,
                            top_k=top_k, formulas=hints, block_queries=block_queries,
-                           prior=prior)
+                           prior=prior, properties=properties)
+
+
+def load_properties(model: Any) -> tuple[Any, tuple[str, ...]]:
+    """``(property model or None, output columns)``: the identification columns, then each property's median and
+    interval (``prop_<name>``, ``prop_<name>_low``, ``prop_<name>_high``) when a property model is given (a path
+    written by ``molpredict properties train``, or a loaded ``PropertyBundle``)."""
+    from molpredict.io.results import OUTPUT_COLUMNS
+
+    if model is None:
+        return None, tuple(OUTPUT_COLUMNS)
+    from molpredict.properties.model import PropertyBundle
+    from molpredict.properties.pipeline import output_columns
+
+    bundle = model if isinstance(model, PropertyBundle) else PropertyBundle.load(os.fspath(model))
+    return bundle, tuple(OUTPUT_COLUMNS) + tuple(output_columns(bundle.names))
 
 
 def open_identifier(bundle: "ModelBundle", library: "CandidateLibrary", options: "IdentifyOptions", *,
@@ -159,7 +175,7 @@ def identify(spectra: Any, model: "PathLike | ModelBundle | None" = None,
              ppm: float = 10.0, prior: bool = True, cluster: str | None = None,
              formulas: "PathLike | dict[str, str] | None" = None, sources: Sequence[str] | None = None,
              precision_window: bool = True, cache_dir: PathLike | None | bool = None, block_queries: int = 512,
-             progress: bool = False) -> "pd.DataFrame":
+             properties: Any = None, progress: bool = False) -> "pd.DataFrame":
     """Rank the library's candidate structures for each spectrum, as ``molpredict identify`` does.
 
     Parameters
@@ -189,12 +205,14 @@ def identify(spectra: Any, model: "PathLike | ModelBundle | None" = None,
         Only library rows of these sources.
     cache_dir : path, None or False
         The candidate-coordinates store (None: the default one; False: none).
+    properties : path or PropertyBundle, optional
+        A property model (``molpredict properties train``): adds each property's median and interval per query.
 
     Returns
     -------
     pandas.DataFrame
         One row per (spectrum, rank) with exactly the command's output columns
-        (:data:`molpredict.io.results.OUTPUT_COLUMNS`), in input order. ``df.attrs["skipped"]`` lists the spectra
+        (:data:`molpredict.io.results.OUTPUT_COLUMNS`, then ``prop_*`` with ``properties``), in input order. ``df.attrs["skipped"]`` lists the spectra
         without rows as dicts ``{query_id, reason, file, record}``; ``df.attrs["summary"]`` the run's counts.
         For matchms or in-memory spectra, ``record`` is the spectrum's 1-based position in ``spectra``.
     """
@@ -202,10 +220,11 @@ def identify(spectra: Any, model: "PathLike | ModelBundle | None" = None,
 
     from molpredict.identification.scoring import executor_for
     from molpredict.io import SkipReport
-    from molpredict.io.results import OUTPUT_COLUMNS
 
+    property_model, columns = load_properties(properties)
     options = identify_options(top_k=top_k, by=by, ppm=ppm, precision_window=precision_window, sources=sources,
-                               formulas=formulas, block_queries=block_queries, prior=prior)
+                               formulas=formulas, block_queries=block_queries, prior=prior,
+                               properties=property_model)
     report = SkipReport()
     stream = iter_spectra(spectra, report=report)
     bundle = model if hasattr(model, "models") and hasattr(model, "input_type") else load_model(model)
@@ -216,7 +235,7 @@ def identify(spectra: Any, model: "PathLike | ModelBundle | None" = None,
         rows = list(identifier.run(stream, executor=executor))
     finally:
         executor.close()
-    frame = pd.DataFrame(rows, columns=list(OUTPUT_COLUMNS))
+    frame = pd.DataFrame(rows, columns=list(columns))
     frame.attrs["skipped"] = [{"query_id": s.query_id, "reason": s.reason, "file": s.file, "record": s.record}
                               for s in skipped_entries(report, identifier)]
     frame.attrs["summary"] = identifier.summary()
@@ -296,3 +315,33 @@ def evaluate(spectra: PathLike | Sequence[PathLike], candidates: PathLike, model
                               progress=progress, executor=executor, prior=prior)
     finally:
         executor.close()
+
+
+def predict_properties(spectra: Any, model: Any) -> "pd.DataFrame":
+    """Properties of the molecules behind spectra (``molpredict properties predict``): per spectrum and property
+    the median and an interval, whether or not any candidate is right.
+
+    Parameters
+    ----------
+    spectra : path, sequence of paths, Spectrum or matchms.Spectrum objects
+        See :func:`iter_spectra`.
+    model : path or PropertyBundle
+        Written by ``molpredict properties train``.
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per spectrum: ``id``, ``file``, ``record``, ``ion_mode``, then per property (``logp``, ``tpsa``,
+        ``mw``, ``hbd``, ``hba``, ``rotatable_bonds``, ``rings``, ``aromatic_rings``, ``fraction_sp3``, ``qed``)
+        its median ``<name>`` and interval ``<name>_low``, ``<name>_high``. ``df.attrs["skipped"]``: the spectra
+        without a row, as dicts ``{file, record, reason}``.
+    """
+    from molpredict.properties import predict_properties as predict
+
+    if not isinstance(spectra, (str, os.PathLike)):
+        spectra = list(iter_spectra(spectra))
+    skipped: list = []
+    table = predict(spectra, model, skipped=skipped)
+    table.attrs["skipped"] = [{"file": getattr(s, "file", None), "record": getattr(s, "record", None),
+                               "reason": getattr(s, "reason", str(s))} for s in skipped]
+    return table

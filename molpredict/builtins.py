@@ -12,6 +12,8 @@ INPUT_KERNELS = {
     "cosine": "molpredict.kernels.spectra:CosineKernel",
     "formula-annotation": "molpredict.kernels.formulas:FormulaAnnotationKernel",
     "mkl": "molpredict.kernels.mkl:MKLKernel",
+    "precursor": "molpredict.kernels.masses:PrecursorKernel",
+    "mass-defect": "molpredict.kernels.masses:MassDefectKernel",
     "text-embedding": "molpredict.kernels.text:TextEmbeddingKernel",
     "text-ngram": "molpredict.kernels.text:TextNgramKernel",
     "smiles-ngram": "molpredict.kernels.text:SmilesNgramKernel",
@@ -52,6 +54,10 @@ ENCODERS = {
     "text-embedding": "molpredict.engine.encoders:TextEmbeddingEncoder",
 }
 
+REGRESSORS = {
+    "lipschitz": "molpredict.models.lipschitz:SketchedLipschitzRegressor",
+}
+
 
 def _register_all(register: Register, table: dict[str, str]) -> None:
     for name, target in table.items():
@@ -81,3 +87,8 @@ def register_models(register: Register) -> None:
 @hookimpl
 def register_encoders(register: Register) -> None:
     _register_all(register, ENCODERS)
+
+
+@hookimpl
+def register_regressors(register: Register) -> None:
+    _register_all(register, REGRESSORS)

@@ -40,5 +40,11 @@ def register_encoders(register: Register) -> None:
 
 
 @hookspec
+def register_regressors(register: Register) -> None:
+    """Register regressors: models of real-valued vector targets (molecular properties), see
+    :class:`molpredict.models.regression.Regressor`."""
+
+
+@hookspec
 def register_commands(cli: Any) -> None:
     """Add click commands to the ``molpredict`` command group ``cli``."""

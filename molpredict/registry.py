@@ -49,6 +49,7 @@ KINDS: dict[str, str] = {
     "sketch": "register_sketches",
     "model": "register_models",
     "encoder": "register_encoders",
+    "regressor": "register_regressors",
 }
 BUILTIN_PROVIDER = "molpredict"
 ENTRY_POINT_GROUP = "molpredict"

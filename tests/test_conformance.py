@@ -15,7 +15,9 @@ from molpredict.testing import check_kernel
 # =========================================================================================================
 SPECTRUM_KERNELS = ["ppk", "ppk-losses", "cosine", "ppk:mz_sigma=auto,ppm=10,int_sigma=0.3",
                     "ppk-losses:loss_weight=0.2,intensity_power=0", "formula-annotation",
-                    "mkl:kernels=ppk-losses+formula-annotation+cosine,weights=uniform"]
+                    "mkl:kernels=ppk-losses+formula-annotation+cosine,weights=uniform",
+                    "precursor", "precursor:width=none,defect_width=0.05", "mass-defect", "mass-defect:gamma=0.5",
+                    "mkl:kernels=cosine+precursor+mass-defect:gamma=0.5+precursor:width=none&defect_width=0.05"]
 MOLECULE_KERNELS = ["tanimoto", "gaussian-tanimoto", "tanimoto:counts=true,size=512",
                     "gaussian-tanimoto:fp=maccs", "fingerprint-cosine", "fingerprint-cosine:counts=false,chiral=true",
                     "wl-subtree", "nspd", "core-wl", "multi-fingerprint",
@@ -49,7 +51,8 @@ def test_every_builtin_kernel_is_covered():
                and e.provider == "molpredict" and isinstance(e.target, str)
                and e.target.startswith(("molpredict.kernels.spectra", "molpredict.kernels.fingerprints",
                                         "molpredict.kernels.graphs", "molpredict.kernels.formulas",
-                                        "molpredict.kernels.mkl", "molpredict.kernels.multifingerprint"))}
+                                        "molpredict.kernels.mkl", "molpredict.kernels.multifingerprint",
+                                        "molpredict.kernels.masses"))}
     assert builtin <= covered, f"not in the conformance suite: {sorted(builtin - covered)}"
 
 

@@ -33,6 +33,7 @@ from molpredict.cli import identification  # noqa: E402,F401
 from molpredict.cli import dsokr  # noqa: E402,F401
 from molpredict.cli import config  # noqa: E402,F401
 from molpredict.cli import report  # noqa: E402,F401
+from molpredict.cli import properties  # noqa: E402,F401
 
 
 def _add_plugin_commands() -> None:

@@ -237,13 +237,16 @@ def _load_library(library: str | None, say, progress: bool, cache: bool | None =
               help="Continue an interrupted run writing to -o FILE: its finished queries are kept, the rest done.")
 @click.option("--block-queries", default=512, show_default=True, type=click.IntRange(min=1),
               help="Spectra per block (the unit in which the output is committed, and resumed).")
+@click.option("--properties", "properties_path", default=None, type=click.Path(file_okay=False),
+              help="A property model (`molpredict properties train`): add each query's predicted properties, "
+                   "median and interval, as prop_<name>, prop_<name>_low, prop_<name>_high columns.")
 @click.option("--ppm-only", is_flag=True,
               help="Mass window of --ppm only, never widened to what the precursor's written precision allows.")
 @_progress_option
 @_quiet_option
 def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sources, formulas, top_k, output, fmt,
              skipped_path, report_path, cache_dir, no_cache, prior, cluster, resume, block_queries, ppm_only,
-             progress, quiet) -> None:
+             progress, quiet, properties_path=None) -> None:
     """Rank candidate structures for each spectrum of SPECTRA (.mgf, .msp, .mzML, .mzXML; stdin MGF when absent or -),
     or for each description given with --text / --text-file (a text model).
 
@@ -252,7 +255,8 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     fragment_score, smiles, inchikey, formula, adduct, name, id, n_candidates, mass_window. query_id is the
     spectrum's id, made unique within the run (a repeated id gets #2, #3...); file and record (1-based) say where
     it was read. mass_window: the window used by mass ("10 ppm", or "0.5 m/z" for a precursor written with two
-    decimals or fewer).
+    decimals or fewer). With --properties MODEL: prop_<name>, prop_<name>_low, prop_<name>_high per predicted
+    property (median and interval of the query's molecule, from `molpredict properties train`).
     Ranking: score descending (the fusion of the spectrum model's score with the bundle's structure prior and
     fragment score, each z-scored within the query's candidates; --prior off leaves the prior out), ties broken
     by InChIKey (ascending). probability (rank 1 only): the calibrated estimate that rank 1 is right.
@@ -268,7 +272,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     Example:
       molpredict identify --text "The molecule is a ..." --model textmodel --library molecules.tsv
     """
-    from molpredict.api import identify_options, open_identifier, skipped_entries
+    from molpredict.api import identify_options, load_properties, open_identifier, skipped_entries
     from molpredict.identification.identify import read_formula_hints
     from molpredict.io.results import ResultWriter, ResumableOutput, output_format, write_skipped
     from molpredict.io import SkipReport, read_spectra
@@ -302,8 +306,10 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
         library = _library_path(library)
         bundle = _load_bundle(model_path, say)
         lib = _load_library(library, say, show)
+        properties, columns = load_properties(properties_path)
         options = identify_options(by=by, ppm=ppm, precision_window=not ppm_only, sources=sources, top_k=top_k,
-                                   formulas=hints, block_queries=block_queries, prior=prior == "on")
+                                   formulas=hints, block_queries=block_queries, prior=prior == "on",
+                                   properties=properties)
         identifier = open_identifier(bundle, lib, options, cache_dir=_cache_root(cache_dir, no_cache), progress=show)
         html = None
         if report_path:
@@ -316,13 +322,13 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
         if output and output != "-":
             fingerprint = _run_fingerprint(spectra_file, spool, model_path, library, by, ppm, not ppm_only,
                                            sources, formulas, top_k, prior=prior)
-            sink = ResumableOutput(output, out_format, resume=resume, fingerprint=fingerprint)
+            sink = ResumableOutput(output, out_format, columns, resume=resume, fingerprint=fingerprint)
             if sink.done:
                 _restore(identifier, sink.blocks)
                 say(f"resuming {output}: {sink.done} spectra already done")
         else:
             sink = None
-            writer = ResultWriter(sys.stdout, out_format)
+            writer = ResultWriter(sys.stdout, out_format, columns)
         executor = _executor(cluster, say)
         try:
             for block in identifier.run_blocks(spectra, executor=executor, start=sink.done if sink else 0):

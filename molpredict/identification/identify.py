@@ -99,6 +99,9 @@ class IdentifyOptions:
         the block holds at most this many candidate coordinate rows).
     prior : bool
         ``--prior on|off``: fuse the bundle's structure prior into the score (when the bundle has one).
+    properties : PropertyBundle or None
+        ``--properties MODEL``: add each query's predicted properties (median and interval) to its rows, columns
+        :func:`molpredict.properties.pipeline.output_columns`.
     """
 
     by: str | None = None
@@ -110,6 +113,7 @@ class IdentifyOptions:
     block_queries: int = 512
     max_block_candidates: int = 16384
     prior: bool = True
+    properties: Any = None
 
 
 @dataclass
@@ -507,4 +511,10 @@ def identify_block(identifier: Identifier, block: Sequence[tuple[int, Any]]) -> 
     for query, scores in worker.fused(queries):
         n_candidates.append(len(query.ids))
         rows.extend(rank_rows(query, scores, worker.source, worker.options.top_k))
+    if worker.options.properties is not None and rows:
+        from molpredict.properties.pipeline import property_columns
+        spectra = [spectrum for _, spectrum in block]
+        by_id = dict(zip((str(s.id) for s in spectra), property_columns(worker.options.properties, spectra)))
+        for row in rows:
+            row.update(by_id.get(row["query_id"], {}))
     return IdentifiedBlock(rows, worker.skipped, len(block), n_candidates, dict(worker.timings))

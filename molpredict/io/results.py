@@ -255,7 +255,7 @@ def read_result_rows(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
 
     def convert(row: dict[str, Any], record: int) -> dict[str, Any]:
         out = dict(row)
-        for column in _NUMERIC_COLUMNS & set(out):
+        for column in _NUMERIC_COLUMNS & set(out) | {c for c in out if c.startswith("prop_")}:
             value = out[column]
             if value in (None, ""):
                 out[column] = None if column != "confidence" else float("nan")

@@ -346,6 +346,12 @@ class Report:
         probability = _number(rows[0].get("probability"))
         if probability is not None:
             query["p"] = probability
+        properties = [[c[len("prop_"):], _number(rows[0].get(c)), _number(rows[0].get(c + "_low")),
+                       _number(rows[0].get(c + "_high"))] for c in rows[0]
+                      if c.startswith("prop_") and not c.endswith(("_low", "_high")) and _number(rows[0].get(c))
+                      is not None]
+        if properties:  # identify --properties: the query's predicted properties, median and interval
+            query["props"] = properties
         file, record = _text(rows[0].get("file")), _text(rows[0].get("record"))
         if spectrum is not None:
             file = file or _text(getattr(spectrum, "file", None))
