@@ -299,13 +299,15 @@ def ranking_candidates(molecules: Sequence[Any], collections: Sequence[Mapping[s
 
 def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
                          collections: Sequence[Mapping[str, Sequence[tuple[str, str]]]], metric: str = "mrr",
-                         seed: int = 0, log: Any = None, max_structures: int | None = None) -> dict[str, Any]:
+                         seed: int = 0, log: Any = None, max_structures: int | None = None,
+                         cache_root: Any = False) -> dict[str, Any]:
     """Fit ``sub``'s fusion and calibration, with and without its prior, on validation candidate sets (every
     validation spectrum ranks once per collection of sets).
 
     Sets ``sub.scoring`` (see :mod:`molpredict.identification.evidence`) and returns the JSON-ready report (per variant).
     ``max_structures`` bounds the cost (the fragment score fragments every candidate): the spectra of a seeded
-    sample of that many validation structures are used (all when None).
+    sample of that many validation structures are used (all when None). ``cache_root``: where candidate
+    coordinates are cached (False: nowhere, the default at training time).
     """
     from molpredict.identification.candidate_sources import SetSource
     from molpredict.identification.evidence import WITH_PRIOR, WITHOUT_PRIOR, ScoringVariant
@@ -318,7 +320,7 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
     wanted = [PRIOR] * (sub.prior is not None) + [FRAGMENTS] * (sub.fragments is not None)
     if max_structures is not None:
         val_spectra = structure_sample(val_spectra, max_structures, seed)
-    parts = [validation_terms(Identifier(bundle, SetSource(dict(sets)), IdentifyOptions(), cache_root=False),
+    parts = [validation_terms(Identifier(bundle, SetSource(dict(sets)), IdentifyOptions(), cache_root=cache_root),
                               val_spectra, wanted) for sets in collections]
     data = ValidationTerms.concatenate(parts)
     scoring, report = {}, {}
