@@ -188,3 +188,69 @@ def test_prior_is_reference_equals_a_top_similarity_of_one():
     counts = PriorBaseline(counts=True).fit(reference, reference)
     np.testing.assert_array_equal(counts.is_reference(queries),
                                   np.isclose(counts.kernel_.transform(queries).max(axis=1), 1.0))
+
+
+@pytest.mark.shared
+def test_grouped_calibration_on_real_validation_spectra(shared_data):
+    """Real val_pos spectra and their same-formula sets, ranked by a structure prior fitted on real training
+    structures: the validation structures are never training structures, so a rank 1 the prior knows is almost
+    always wrong (only a fingerprint collision, e.g. a longer alkyl chain, makes it right); the grouped,
+    structure-weighted calibration learns that and is calibrated out of fold per structure."""
+    import itertools
+
+    from molpredict.chem.candidates import load_candidate_sets
+    from molpredict.chem.molecules import Molecule
+    from molpredict.identification.calibration import out_of_fold_probabilities
+    from molpredict.io import read_spectra
+    from molpredict.models.baselines import PriorBaseline
+    from molpredict.training.ranking_validation import ValidationTerms, fit_scoring
+
+    train = {}
+    for s in itertools.islice(read_spectra(shared_data / "massbank" / "train_pos.mgf"), 6000):
+        if s.inchikey and s.smiles:
+            train.setdefault(s.inchikey[:14], s.smiles)
+    prior = PriorBaseline(top_k=1).fit(list(train.values()), [Molecule(m) for m in train.values()])
+    sets = load_candidate_sets(shared_data / "candidates" / "val_formula.json")
+    spectra = [s for s in read_spectra(shared_data / "massbank" / "val_pos.mgf")
+               if s.inchikey and len(sets.get(s.inchikey[:14], ())) >= 3]
+    keys = sorted({s.inchikey[:14] for s in spectra})
+    chosen = set(np.random.default_rng(0).choice(keys, size=120, replace=False))
+    spectra = [s for s in spectra if s.inchikey[:14] in chosen]
+    scores, known, is_true, sizes, groups = [], [], [], [], []
+    per_structure = {}
+    for key in sorted(chosen):
+        entries = sets[key]
+        molecules = [Molecule(smiles, inchikey14=k) for k, smiles in entries]
+        per_structure[key] = (prior.candidate_scores(molecules), prior.is_reference(molecules),
+                              np.array([k == key for k, _ in entries]))
+    for s in spectra:  # every spectrum of a structure ranks its set: the correlated copies calibration must see
+        key = s.inchikey[:14]
+        p, k, t = per_structure[key]
+        scores.append(p)
+        known.append(k)
+        is_true.append(t)
+        sizes.append(len(p))
+        groups.append(key)
+    data = ValidationTerms(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), np.concatenate(is_true),
+                           {"prior": np.concatenate(scores)}, groups, np.concatenate(known))
+    assert len(set(groups)) == 120 and data.n_queries > 300  # several spectra per structure
+    fusion, calibrator, report = fit_scoring(data, seed=0)
+    cal = report["calibration"]
+    assert calibrator.method in ("platt", "beta", "isotonic") and set(calibrator.features) <= set(ALL_FEATURES)
+    assert cal["compared"] and min(m["log_loss"] for m in cal["compared"].values()) == pytest.approx(
+        cal["log_loss_out_of_fold"])
+    # rank 1 a training structure -> wrong on validation structures, and the feature that says so is chosen
+    rank1_known = np.array([per_structure[g][1][np.argmax(per_structure[g][0])] for g in groups])
+    hits = np.array([per_structure[g][2][np.argmax(per_structure[g][0])] for g in groups])
+    assert rank1_known.sum() >= 50 and hits[rank1_known].mean() < 0.1 < hits[~rank1_known].mean()
+    assert "rank1_known" in calibrator.features
+    # out of fold (folds by structure, structure-weighted): calibrated in the large and per structure
+    names = list(ALL_FEATURES)
+    from molpredict.training.ranking_validation import calibration_data
+    x, correct, _ = calibration_data(data, fusion.combine_flat(data.terms, data.offsets), fusion.temperature)
+    columns = x[:, [names.index(n) for n in calibrator.features]]
+    p = out_of_fold_probabilities(columns, correct, groups, calibrator.method, calibrator.features)
+    w = structure_weights(groups)
+    assert abs(np.average(p, weights=w) - np.average(correct, weights=w)) < 0.05
+    assert expected_calibration_error(p, correct, weights=w) < 0.1
+    assert np.average(p[rank1_known], weights=w[rank1_known]) < 0.1

@@ -14,6 +14,8 @@ from molpredict.spectra.record import Spectrum
 __all__ = ["spectra_to_arrays", "spectra_from_arrays", "ARRAYS_FORMAT_VERSION"]
 
 ARRAYS_FORMAT_VERSION = 1
+#: the format name written, and the names read (the first layout move's name included)
+_FORMAT_NAMES = ("molpredict.spectra", "molpredict.spectra.cleaning")
 _ION_MODE_CODES = {"positive": 1, "negative": -1, None: 0}
 _ION_MODES = {1: "positive", -1: "negative", 0: None}
 _ARRAY_KEYS = ("mz", "intensities", "offsets", "precursor_mz", "charge", "ion_mode", "ms_level", "mz_precision")
@@ -113,7 +115,7 @@ def spectra_from_arrays(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> 
     missing = [k for k in _ARRAY_KEYS if k not in arrays]
     if missing:
         raise ModelFileError(f"spectra arrays lack {', '.join(missing)}")
-    if meta.get("format") not in ("molpredict.spectra", "molpredict.spectra.cleaning") or meta.get("version") != ARRAYS_FORMAT_VERSION:
+    if meta.get("format") not in _FORMAT_NAMES or meta.get("version") != ARRAYS_FORMAT_VERSION:
         raise ModelFileError(f"unsupported spectra format {meta.get('format')!r} version {meta.get('version')!r}")
     offsets = np.asarray(arrays["offsets"], dtype=np.int64)
     n = offsets.shape[0] - 1

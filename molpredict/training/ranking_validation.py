@@ -327,7 +327,8 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
     for variant, names in ((WITH_PRIOR, list(data.terms)), (WITHOUT_PRIOR, [n for n in data.terms if n != PRIOR])):
         if variant == WITH_PRIOR and PRIOR not in data.terms:
             continue
-        view = ValidationTerms(data.offsets, data.is_true, {n: data.terms[n] for n in names}, data.groups)
+        view = ValidationTerms(data.offsets, data.is_true, {n: data.terms[n] for n in names}, data.groups,
+                               data.known)
         fusion, calibrator, variant_report = fit_scoring(view, metric=metric, seed=seed)
         scoring[variant] = ScoringVariant(fusion, calibrator).to_dict()
         report[variant] = variant_report
