@@ -57,6 +57,9 @@ SCORE_FEATURES = ("top1_logit", "top1_log_p", "top1_log_1mp", "margin", "margin3
 EXTRA_FEATURES = ("rank1_known", "rank1_prior")
 ALL_FEATURES = SCORE_FEATURES + EXTRA_FEATURES
 METHODS = ("platt", "beta", "isotonic")
+#: the range fitted calibrators keep their probabilities in: a finite validation set supports neither 0 nor 1
+#: (an estimated FDR of exactly 0), and the output column would print them as certainties
+PROBABILITY_RANGE = (1e-3, 1.0 - 1e-3)
 
 _EPS = 1e-12
 
@@ -226,6 +229,9 @@ class Calibrator:
     isotonic_x, isotonic_y : list of float
         Breakpoints of the isotonic map of the linear score (``method == "isotonic"``): increasing x,
         non-decreasing y; linear in between, constant outside.
+    clip : list of float
+        ``[lo, hi]``: probabilities are clipped into it (fitted ones: :data:`PROBABILITY_RANGE`; ``[0, 1]`` for
+        states saved before it existed, so they give identical probabilities).
     validation : dict
         Metrics on the queries it was fitted on (JSON-ready).
     """
@@ -237,6 +243,7 @@ class Calibrator:
     beta: list[float] = field(default_factory=list)
     isotonic_x: list[float] = field(default_factory=list)
     isotonic_y: list[float] = field(default_factory=list)
+    clip: list[float] = field(default_factory=lambda: [0.0, 1.0])
     validation: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -274,7 +281,8 @@ class Calibrator:
             raise ValueError("Calibrator.fit: weights must be non-negative, one per query, not all 0")
         y = correct.astype(np.float64)
         coef, intercept = _logistic(features, correct, w, c)
-        cal = cls(coef=[float(v) for v in coef], intercept=intercept, features=names, method=method)
+        cal = cls(coef=[float(v) for v in coef], intercept=intercept, features=names, method=method,
+                  clip=list(PROBABILITY_RANGE))
         z = cal.linear(features)
         if method == "beta":
             a, b = _logistic(_beta_inputs(z), correct, w, 1e6)
@@ -307,15 +315,18 @@ class Calibrator:
         if self.method == "beta":
             a, b, c = self.beta
             cols = _beta_inputs(np.atleast_1d(z))
-            out = _sigmoid(a * cols[:, 0] + b * cols[:, 1] + c)
-            return out.reshape(np.shape(z))
-        if self.method == "isotonic":
-            return np.interp(z, np.asarray(self.isotonic_x), np.asarray(self.isotonic_y))
-        return _sigmoid(z)
+            out = _sigmoid(a * cols[:, 0] + b * cols[:, 1] + c).reshape(np.shape(z))
+        elif self.method == "isotonic":
+            out = np.interp(z, np.asarray(self.isotonic_x), np.asarray(self.isotonic_y))
+        else:
+            out = _sigmoid(z)
+        lo, hi = self.clip
+        return np.clip(out, lo, hi) if (lo > 0.0 or hi < 1.0) else out
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.method, "features": list(self.features), "coef": list(self.coef),
-                               "intercept": float(self.intercept), "validation": self.validation}
+                               "intercept": float(self.intercept), "clip": list(self.clip),
+                               "validation": self.validation}
         if self.method == "beta":
             out["beta"] = list(self.beta)
         if self.method == "isotonic":
@@ -341,7 +352,10 @@ class Calibrator:
         if len(coef) != len(names) or not all(math.isfinite(v) for v in coef + [intercept]):
             raise ValueError(f"calibration: coef must be {len(names)} finite numbers (one per feature) and "
                              "intercept a finite number")
-        cal = cls(coef=coef, intercept=intercept, features=names, method=method,
+        clip = [float(v) for v in data.get("clip", [0.0, 1.0])]
+        if len(clip) != 2 or not 0.0 <= clip[0] < clip[1] <= 1.0:
+            raise ValueError("calibration: clip must be [lo, hi] with 0 <= lo < hi <= 1")
+        cal = cls(coef=coef, intercept=intercept, features=names, method=method, clip=clip,
                   validation=dict(data.get("validation", {})))
         if method == "beta":
             cal.beta = [float(v) for v in data["beta"]]
@@ -472,8 +486,12 @@ def out_of_fold_probabilities(features: np.ndarray, correct: np.ndarray, groups:
 def select_calibrator(features: np.ndarray, correct: np.ndarray, groups: Sequence[str],
                       names: Sequence[str] = ALL_FEATURES, available: Sequence[str] | None = None,
                       methods: Sequence[str] = METHODS, feature_sets: Mapping[str, Sequence[str]] | None = None,
-                      n_folds: int = 5, seed: int = 0) -> tuple[Calibrator, dict[str, Any]]:
-    """Compare calibrators by grouped out-of-fold log-loss and refit the best one on all queries.
+                      n_folds: int = 5, seed: int = 0, tolerance: float = 0.005) -> tuple[Calibrator, dict[str, Any]]:
+    """Compare calibrators by grouped out-of-fold log-loss and ECE; refit the best one on all queries.
+
+    The candidates whose structure-weighted out-of-fold log-loss is within ``tolerance`` (relative) of the best
+    one are near-ties (their differences are below the noise of a few hundred structures); among them the one
+    with the lowest structure-weighted out-of-fold ECE is kept.
 
     Parameters
     ----------
@@ -492,12 +510,14 @@ def select_calibrator(features: np.ndarray, correct: np.ndarray, groups: Sequenc
         Name -> feature names (default :data:`FEATURE_SETS`).
     n_folds, seed : int
         The grouped folds of the comparison.
+    tolerance : float
+        Relative log-loss margin of the near-ties decided by ECE.
 
     Returns
     -------
     calibrator : Calibrator
-        The candidate with the lowest structure-weighted out-of-fold log-loss, refitted on every query
-        (structure-weighted); its ``validation`` holds the out-of-fold metrics and ``selection`` the table.
+        The chosen candidate refitted on every query (structure-weighted); its ``validation`` holds its
+        out-of-fold metrics.
     table : dict
         ``{"<feature set>/<method>": {"log_loss", "ece", "ece_per_structure", ...}}`` (JSON-ready).
     """
@@ -507,7 +527,7 @@ def select_calibrator(features: np.ndarray, correct: np.ndarray, groups: Sequenc
     correct = np.asarray(correct, dtype=bool)
     weights = structure_weights(groups)
     table: dict[str, Any] = {}
-    best: tuple[float, str, str, tuple[str, ...], np.ndarray] | None = None
+    candidates: dict[str, tuple[str, str, tuple[str, ...]]] = {}
     for set_name, chosen in feature_sets.items():
         if not set(chosen) <= available:
             continue
@@ -521,14 +541,18 @@ def select_calibrator(features: np.ndarray, correct: np.ndarray, groups: Sequenc
                 "ece_per_structure": expected_calibration_error(p, correct, weights=weights),
                 "confident_at_fdr_0.1": n_confident,
                 "observed_fdr": float(1 - correct[p >= threshold].mean()) if n_confident else None}
-            if best is None or loss < best[0] - 1e-9:
-                best = (loss, set_name, method, tuple(chosen), p)
-    if best is None:
+            candidates[f"{set_name}/{method}"] = (set_name, method, tuple(chosen))
+    if not candidates:
         raise ValueError("select_calibrator: no feature set is available")
-    loss, set_name, method, chosen, p = best
+    finite = {k: v for k, v in table.items() if math.isfinite(v["log_loss"])} or table
+    best_loss = min(v["log_loss"] for v in finite.values())
+    near = [k for k, v in finite.items() if v["log_loss"] <= best_loss * (1 + tolerance) + 1e-12]
+    key = min(near, key=lambda k: (finite[k]["ece_per_structure"], finite[k]["log_loss"]))
+    set_name, method, chosen = candidates[key]
     columns = features[:, [names.index(n) for n in chosen]]
     calibrator = Calibrator.fit(columns, correct, weights, method, chosen)
     calibrator.validation = {**calibrator.validation, "in_sample_ece": calibrator.validation.get("ece"),
                              "feature_set": set_name, **{k: v for k, v in table[f"{set_name}/{method}"].items()},
-                             "selected_by": f"structure-weighted out-of-fold log-loss ({n_folds} folds by structure)"}
+                             "selected_by": f"structure-weighted out-of-fold log-loss ({n_folds} folds by "
+                                            f"structure), near-ties (within {tolerance:.1%}) by ECE per structure"}
     return calibrator, table
