@@ -259,3 +259,41 @@ def test_grouped_calibration_on_real_validation_spectra(shared_data):
     assert abs(np.average(p, weights=w) - np.average(correct, weights=w)) < 0.05
     assert expected_calibration_error(p, correct, weights=w) < 0.1
     assert np.average(p[rank1_known], weights=w[rank1_known]) < 0.1
+
+
+def test_evaluate_calibration_block_per_spectrum_and_per_structure_by_hand():
+    from molpredict.identification.evaluate import calibration_report
+
+    # structure A: three spectra, p 0.95, two right; B: one spectrum, p 0.99, wrong; C: p 0.3, right; D: NaN
+    ranks = {"probability": np.array([0.95, 0.95, 0.95, 0.99, 0.3, np.nan]),
+             "n_greater": np.array([0, 0, 2, 1, 0, 0]), "n_ties": np.zeros(6, dtype=np.int64),
+             "found": np.ones(6, dtype=bool), "groups": ["A", "A", "A", "B", "C", "D"]}
+    cal = calibration_report(ranks, max_fdr=0.1)
+    assert cal["n_queries"] == 5 and cal["accuracy"] == pytest.approx(3 / 5)
+    # confident at est. FDR <= 10%: 0.99, 0.95 x3 (mean 1 - p = 0.04); + 0.3 would give 0.172
+    fdr = cal["confident_at_fdr"]
+    assert fdr["n_queries"] == 4 and fdr["n_structures"] == 2 and fdr["estimated_fdr"] == pytest.approx(0.04)
+    assert fdr["observed_fdr"] == pytest.approx(2 / 4)  # B wrong, one A wrong
+    # per structure: A weighs 1 (1/3 wrong), B weighs 1 (wrong) -> (1/3 + 1) / 2
+    assert fdr["observed_fdr_per_structure"] == pytest.approx(round((1 / 3 + 1) / 2, 4))
+    per = cal["per_structure"]
+    assert per["n_structures"] == 3 and per["accuracy"] == pytest.approx(round((2 / 3 + 0 + 1) / 3, 4))
+    # bins: [0.3, 0.4): C (w 1, p .3, right); [0.9, 1]: A (w 1, p .95, acc 2/3) + B (w 1, p .99, wrong)
+    expected = (1 / 3) * 0.7 + (2 / 3) * abs((0.95 + 0.99) / 2 - (2 / 3) / 2)
+    assert per["ece"] == pytest.approx(round(expected, 4))
+    assert cal["ece"] == pytest.approx(round(0.2 * 0.7 + 0.8 * abs((0.95 * 3 + 0.99) / 4 - 0.5), 4))
+    assert [b["weight"] for b in per["reliability"]] == pytest.approx([1.0, 2.0])
+
+
+def test_calibration_benchmark_rows_say_whether_the_fdr_held():
+    from conftest import load_benchmark
+
+    bench = load_benchmark("calibration")
+    cal = {"ece": 0.041, "mean_probability": 0.4, "per_structure": {"ece": 0.03},
+           "confident_at_fdr": {"n_queries": 40, "n_structures": 12, "estimated_fdr": 0.098, "observed_fdr": 0.125,
+                                "observed_fdr_per_structure": 0.08}}
+    result = {"n_queries": 100, "n_structures": 30, "hit@1": 0.45, "calibration": cal}
+    assert bench.row("positive", "mass", result) == (
+        "| positive | mass | 100 / 30 | 45.0 | 40.0 | 0.041 | 0.030 | 40 / 12 | 9.8 | 12.5 | 8.0 | **no** |")
+    cal["confident_at_fdr"]["observed_fdr"] = 0.11
+    assert bench.row("positive", "mass", result).endswith("| 11.0 | 8.0 | yes |")
