@@ -491,7 +491,7 @@ def select_calibrator(features: np.ndarray, correct: np.ndarray, groups: Sequenc
 
     The candidates whose structure-weighted out-of-fold log-loss is within ``tolerance`` (relative) of the best
     one are near-ties (their differences are below the noise of a few hundred structures); among them the one
-    with the lowest structure-weighted out-of-fold ECE is kept.
+    whose out-of-fold ECE is lowest both per spectrum and per structure (the larger of the two) is kept.
 
     Parameters
     ----------
@@ -547,12 +547,13 @@ def select_calibrator(features: np.ndarray, correct: np.ndarray, groups: Sequenc
     finite = {k: v for k, v in table.items() if math.isfinite(v["log_loss"])} or table
     best_loss = min(v["log_loss"] for v in finite.values())
     near = [k for k, v in finite.items() if v["log_loss"] <= best_loss * (1 + tolerance) + 1e-12]
-    key = min(near, key=lambda k: (finite[k]["ece_per_structure"], finite[k]["log_loss"]))
+    key = min(near, key=lambda k: (max(finite[k]["ece"], finite[k]["ece_per_structure"]), finite[k]["log_loss"]))
     set_name, method, chosen = candidates[key]
     columns = features[:, [names.index(n) for n in chosen]]
     calibrator = Calibrator.fit(columns, correct, weights, method, chosen)
     calibrator.validation = {**calibrator.validation, "in_sample_ece": calibrator.validation.get("ece"),
                              "feature_set": set_name, **{k: v for k, v in table[f"{set_name}/{method}"].items()},
                              "selected_by": f"structure-weighted out-of-fold log-loss ({n_folds} folds by "
-                                            f"structure), near-ties (within {tolerance:.1%}) by ECE per structure"}
+                                            f"structure), near-ties (within {tolerance:.1%}) by the larger of the "
+                                            "ECEs per spectrum and per structure"}
     return calibrator, table
