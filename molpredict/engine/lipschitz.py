@@ -322,7 +322,6 @@ def fit_linear(Z: torch.Tensor, Y: torch.Tensor, spec: LossSpec, lam: float, *, 
         raise ValueError(f"lam must be positive, got {lam}")
     n, p = Z.shape
     T = Y.shape[1]
-    Q = spec.n_outputs
     if init is not None:
         W = init[0].detach().clone().to(Z)
         b = init[1].detach().clone().to(Z)

@@ -230,22 +230,41 @@ def rank_queries(identifier: Identifier, queries: Sequence[LabelledQuery], execu
 
 def calibration_report(ranks: dict[str, Any], max_fdr: float = 0.1, n_bins: int = 10) -> dict[str, Any] | None:
     """ECE, the reliability curve and the queries confident at an estimated FDR <= ``max_fdr``, from
-    :func:`rank_queries` output (None when no query has a probability)."""
-    from molpredict.identification.calibration import confident_at_fdr, expected_calibration_error, reliability_curve
+    :func:`rank_queries` output (None when no query has a probability); per spectrum, and per structure under
+    ``per_structure`` (each true structure weighted once: its spectra weigh 1 / their number)."""
+    from molpredict.identification.calibration import (confident_at_fdr, expected_calibration_error,
+                                                       reliability_curve, structure_weights)
 
     p = ranks.get("probability")
     known = np.isfinite(p) if p is not None else None
     if known is None or not known.any():
         return None
-    correct = (ranks["n_greater"] == 0) & (ranks["n_ties"] == 0) & ranks["found"]
-    n_confident, threshold = confident_at_fdr(p[known], max_fdr)
-    return {"ece": round(expected_calibration_error(p[known], correct[known], n_bins), 4), "n_bins": n_bins,
-            "n_queries": int(known.sum()), "mean_probability": round(float(p[known].mean()), 4),
-            "accuracy": round(float(correct[known].mean()), 4),
+    correct = ((ranks["n_greater"] == 0) & (ranks["n_ties"] == 0) & ranks["found"])[known]
+    p = p[known]
+    groups = [g for g, k in zip(ranks["groups"], known) if k]
+    weights = structure_weights(groups)
+    n_confident, threshold = confident_at_fdr(p, max_fdr)
+    reported = p >= threshold if n_confident else np.zeros(len(p), dtype=bool)
+    estimated = float(np.mean(1 - p[reported])) if n_confident else None
+
+    def observed(w: np.ndarray | None) -> float | None:
+        return round(float(1 - np.average(correct[reported], weights=None if w is None else w[reported])), 4) \
+            if n_confident else None
+
+    return {"ece": round(expected_calibration_error(p, correct, n_bins), 4), "n_bins": n_bins,
+            "n_queries": int(known.sum()), "mean_probability": round(float(p.mean()), 4),
+            "accuracy": round(float(correct.mean()), 4),
             "confident_at_fdr": {"max_fdr": max_fdr, "n_queries": n_confident,
-                                 "observed_fdr": round(float(1 - correct[known][p[known] >= threshold].mean()), 4)
-                                 if n_confident else None, "threshold": round(threshold, 4)},
-            "reliability": reliability_curve(p[known], correct[known], n_bins)}
+                                 "estimated_fdr": round(estimated, 4) if estimated is not None else None,
+                                 "observed_fdr": observed(None), "threshold": round(threshold, 4),
+                                 "n_structures": len({g for g, r in zip(groups, reported) if r}),
+                                 "observed_fdr_per_structure": observed(weights)},
+            "reliability": reliability_curve(p, correct, n_bins),
+            "per_structure": {"n_structures": len(set(groups)),
+                              "ece": round(expected_calibration_error(p, correct, n_bins, weights=weights), 4),
+                              "mean_probability": round(float(np.average(p, weights=weights)), 4),
+                              "accuracy": round(float(np.average(correct, weights=weights)), 4),
+                              "reliability": reliability_curve(p, correct, n_bins, weights=weights)}}
 
 
 def _rounded(x: float) -> float:
@@ -590,7 +609,14 @@ def format_report(results: dict[str, Any]) -> str:
             fdr = cal["confident_at_fdr"]
             lines.append(f"  calibration: ECE {cal['ece']:.4f} ({cal['n_bins']} bins), mean probability "
                          f"{cal['mean_probability']:.3f} vs hit@1 {cal['accuracy']:.3f}; {fdr['n_queries']} queries "
-                         f"confident at estimated FDR <= {fdr['max_fdr']:.0%} (p >= {fdr['threshold']:.3f})")
+                         f"confident at estimated FDR <= {fdr['max_fdr']:.0%} (p >= {fdr['threshold']:.3f})"
+                         + (f", observed FDR {fdr['observed_fdr']:.1%}" if fdr.get("observed_fdr") is not None else ""))
+            if cal.get("per_structure"):
+                per = cal["per_structure"]
+                lines.append(f"  calibration per structure ({per['n_structures']} structures, each weighted once): "
+                             f"ECE {per['ece']:.4f}" + (f"; observed FDR of the confident ones "
+                                                         f"{fdr['observed_fdr_per_structure']:.1%}"
+                                                         if fdr.get("observed_fdr_per_structure") is not None else ""))
     return "\n".join(lines)
 
 

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from molpredict.errors import ModelFileError
-from molpredict.identification.calibration import Calibrator, ranking_features
+from molpredict.identification.calibration import Calibrator, ranking_features, top_index_flat
 from molpredict.identification.fusion import FRAGMENTS, PRIOR, SPECTRUM, ScoreFusion
 
 __all__ = ["ScoringVariant", "QueryScores", "Evidence", "WITH_PRIOR", "WITHOUT_PRIOR", "variant_name"]
@@ -120,6 +120,7 @@ class Evidence:
         self.use_prior = use_prior
         self._variants: dict[tuple[int, bool], ScoringVariant | None] = {}
         self._fragmenters: dict[int, Any] = {}
+        self._known: dict[tuple[int, int], bool] = {}
 
     # -- settings of a sub-model ---------------------------------------------------------------------------
     def variant(self, sub: Any, use_prior: bool | None = None) -> ScoringVariant | None:
@@ -199,8 +200,37 @@ class Evidence:
         fused = variant.fusion.combine(terms)
         probability = math.nan
         if variant.calibrator is not None and len(fused):
-            probability = float(variant.calibrator.predict(ranking_features(fused, variant.fusion.temperature)))
+            calibrator = variant.calibrator
+            extra = self._rank1_features(query, fused, terms, calibrator.needs) if calibrator.needs else None
+            probability = float(calibrator.predict(ranking_features(fused, variant.fusion.temperature,
+                                                                    calibrator.features, extra)))
         return QueryScores(fused, dict(terms), probability)
+
+    # -- what the calibration reads of the rank-1 candidate ----------------------------------------------------
+    def known(self, sub: Any, ids: np.ndarray) -> np.ndarray:
+        """Whether each candidate ``ids`` is a structure ``sub``'s prior knows (a training structure for the
+        default prior: top similarity 1), ndarray of shape (len(ids),), bool; all False without a prior."""
+        ids = np.asarray(ids, dtype=np.int64)
+        prior = sub.prior
+        if prior is None or not hasattr(prior, "is_reference") or not len(ids):
+            return np.zeros(len(ids), dtype=bool)
+        distinct, inverse = np.unique(ids, return_inverse=True)
+        missing = [int(i) for i in distinct if (id(sub), int(i)) not in self._known]
+        if missing:
+            flags = prior.is_reference(self.coordinates.source.molecules(np.asarray(missing, dtype=np.int64)))
+            self._known.update({(id(sub), i): bool(f) for i, f in zip(missing, flags)})
+        return np.array([self._known[(id(sub), int(i))] for i in distinct], dtype=bool)[inverse]
+
+    def _rank1_features(self, query: Any, fused: np.ndarray, terms: Mapping[str, np.ndarray],
+                        needs: Sequence[str]) -> dict[str, float]:
+        """The calibration features of the rank-1 candidate (``rank1_known``, ``rank1_prior``)."""
+        top = int(top_index_flat(fused, np.array([0, len(fused)]))[0])
+        out: dict[str, float] = {}
+        if "rank1_known" in needs:
+            out["rank1_known"] = float(self.known(query.sub, query.ids[top:top + 1])[0])
+        if "rank1_prior" in needs:
+            out["rank1_prior"] = float(terms[PRIOR][top]) if PRIOR in terms else 0.0
+        return out
 
     def scores(self, queries: Sequence[Any], raw: Sequence[np.ndarray], timings: Counter) -> list[QueryScores]:
         """:meth:`terms` then :meth:`fuse` for one block of queries of one sub-model."""

@@ -213,6 +213,7 @@ class PriorBaseline(_FingerprintMixin, Model):
         distinct, _ = distinct_objects(list(molecules), key=structure_key)
         self.kernel_ = self._kernel().fit(distinct)
         self.train_fingerprints_ = self.kernel_.fit_features_.matrix
+        self._reference_keys = None
         self.n_train_ = len(inputs)
         return self
 
@@ -234,6 +235,15 @@ class PriorBaseline(_FingerprintMixin, Model):
         """ndarray of shape (n_molecules, 1): the prior score."""
         return self.candidate_scores(molecules)[:, None]
 
+    def is_reference(self, molecules: Sequence[Molecule]) -> np.ndarray:
+        """Whether each molecule is one of the reference structures as the prior sees them (its fingerprint equals
+        one of theirs: its top similarity is 1), ndarray of shape (n_molecules,), bool."""
+        _check_fitted(self, "train_fingerprints_")
+        if getattr(self, "_reference_keys", None) is None:
+            self._reference_keys = {_fingerprint_key(row) for row in np.asarray(self.train_fingerprints_)}
+        rows = np.asarray(self.kernel_.featurize(list(molecules)).matrix)
+        return np.array([_fingerprint_key(row) in self._reference_keys for row in rows], dtype=bool)
+
     def get_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         _check_fitted(self, "train_fingerprints_")
         fps = self.train_fingerprints_
@@ -253,6 +263,12 @@ class PriorBaseline(_FingerprintMixin, Model):
         model.kernel_ = kernel.fit_features(kernel.fingerprints(fps))
         model.n_train_ = int(metadata.get("n_train", 0))
         return model
+
+
+def _fingerprint_key(row: np.ndarray) -> bytes:
+    """An exact, compact key of one fingerprint row (bits or counts): which entries are set, and their values."""
+    row = np.asarray(row)
+    return np.packbits(row != 0).tobytes() + np.asarray(row[row != 0], dtype=np.float32).tobytes()
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -13,16 +13,17 @@ are not judged on the same queries that chose the weights.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from molpredict.identification.calibration import Calibrator, confident_at_fdr, expected_calibration_error, ranking_features_flat
+from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES, Calibrator, confident_at_fdr,
+                                                   expected_calibration_error, grouped_folds, ranking_features_flat,
+                                                   select_calibrator, structure_weights, top_index_flat)
 from molpredict.errors import InputError
 from molpredict.identification.evidence import Evidence
-from molpredict.identification.fusion import ScoreFusion, fit_fusion, true_ranks
+from molpredict.identification.fusion import PRIOR, ScoreFusion, fit_fusion, true_ranks
 
 __all__ = ["candidate_sets_from_library", "ranking_candidates", "fit_submodel_scoring", "ValidationTerms", "validation_terms",
            "fit_scoring"]
@@ -75,12 +76,16 @@ class ValidationTerms:
         Term name -> raw scores, ndarray of shape (n_candidates_total,).
     groups : list of str
         The true InChIKey first block of each query (folds are drawn by structure).
+    known : ndarray of shape (n_candidates_total,), bool, or None
+        Whether each candidate is a structure the sub-model's prior knows (for the calibration's
+        ``rank1_known``); None without a prior.
     """
 
     offsets: np.ndarray
     is_true: np.ndarray
     terms: dict[str, np.ndarray] = field(default_factory=dict)
     groups: list[str] = field(default_factory=list)
+    known: np.ndarray | None = None
 
     @property
     def n_queries(self) -> int:
@@ -92,9 +97,10 @@ class ValidationTerms:
         offsets = [parts[0].offsets]
         for part in parts[1:]:
             offsets.append(offsets[-1][-1] + part.offsets[1:])
+        known = None if any(p.known is None for p in parts) else np.concatenate([p.known for p in parts])
         return cls(np.concatenate(offsets), np.concatenate([p.is_true for p in parts]),
                    {k: np.concatenate([p.terms[k] for p in parts]) for k in parts[0].terms},
-                   [g for p in parts for g in p.groups])
+                   [g for p in parts for g in p.groups], known)
 
     def subset(self, queries: np.ndarray) -> "ValidationTerms":
         """The queries ``queries`` (indices) as their own flat arrays."""
@@ -102,7 +108,8 @@ class ValidationTerms:
         flat = np.concatenate([np.arange(self.offsets[q], self.offsets[q + 1]) for q in queries]) \
             if len(queries) else np.zeros(0, dtype=np.int64)
         return ValidationTerms(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), self.is_true[flat],
-                               {k: v[flat] for k, v in self.terms.items()}, [self.groups[q] for q in queries])
+                               {k: v[flat] for k, v in self.terms.items()}, [self.groups[q] for q in queries],
+                               None if self.known is None else self.known[flat])
 
 
 def validation_terms(identifier: Any, spectra: Sequence[Any], wanted: Sequence[str] = (),
@@ -143,11 +150,13 @@ def validation_terms(identifier: Any, spectra: Sequence[Any], wanted: Sequence[s
             for name, values in terms.items():
                 columns.setdefault(name, []).append(values)
     sizes = [len(q.ids) for q in queries]
+    sub = queries[0].sub
+    known = evidence.known(sub, np.concatenate([q.ids for q in queries])) if sub.prior is not None else None
     return ValidationTerms(
         offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
         is_true=np.concatenate([source.inchikey14(q.ids) == q.true_key for q in queries]),
         terms={k: np.concatenate(v).astype(np.float64) for k, v in columns.items()},
-        groups=[q.true_key for q in queries])
+        groups=[q.true_key for q in queries], known=known)
 
 
 def structure_sample(spectra: Sequence[Any], max_structures: int, seed: int = 0) -> list[Any]:
@@ -159,17 +168,32 @@ def structure_sample(spectra: Sequence[Any], max_structures: int, seed: int = 0)
     return [s for s in spectra if s.inchikey and s.inchikey.split("-", 1)[0] in chosen]
 
 
-def _folds(groups: Sequence[str], n_folds: int, seed: int) -> np.ndarray:
-    """A fold number per query, drawn by structure (every query of one structure in the same fold)."""
-    distinct = sorted(set(groups))
-    order = np.random.default_rng(seed).permutation(len(distinct))
-    fold_of = {distinct[i]: int(rank % n_folds) for rank, i in enumerate(order)}
-    return np.array([fold_of[g] for g in groups], dtype=np.int64)
+def calibration_data(data: ValidationTerms, fused: np.ndarray, temperature: float
+                     ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Every calibration feature (:data:`~molpredict.identification.calibration.ALL_FEATURES`) of each query under
+    the fused scores ``fused`` (flat, aligned with ``data``), whether its rank 1 is right, and the features
+    available at prediction time (``rank1_prior`` needs the prior term, ``rank1_known`` the prior)."""
+    top = top_index_flat(fused, data.offsets)
+    available = [n for n in ALL_FEATURES if n not in EXTRA_FEATURES]
+    extra = {"rank1_known": np.zeros(len(top)), "rank1_prior": np.zeros(len(top))}
+    if data.known is not None:
+        extra["rank1_known"] = data.known[top].astype(np.float64)
+        available.append("rank1_known")
+    if PRIOR in data.terms:
+        extra["rank1_prior"] = np.asarray(data.terms[PRIOR], dtype=np.float64)[top]
+        available.append("rank1_prior")
+    features = ranking_features_flat(fused, data.offsets, temperature, ALL_FEATURES, extra)
+    return features, true_ranks(fused, data.offsets, data.is_true) == 1, available
 
 
-def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_folds: int = 2
+def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_folds: int = 5
                 ) -> tuple[ScoreFusion, Calibrator, dict[str, Any]]:
     """Fusion weights on all validation queries; calibration on out-of-fold fused scores.
+
+    The fusion is refitted on each fold's complement (folds by structure) to score the fold, so every query gets
+    calibration features from a fusion that never saw its structure. The calibrator (feature set and method:
+    Platt, beta or isotonic) is then chosen by structure-weighted out-of-fold log-loss and refitted on all of
+    them, each structure weighted once (:func:`~molpredict.identification.calibration.select_calibrator`).
 
     Parameters
     ----------
@@ -186,41 +210,53 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
     fusion : ScoreFusion
     calibrator : Calibrator
     report : dict
-        JSON-ready: the fusion's validation metrics, the out-of-fold metrics, ECE and FDR counts.
+        JSON-ready: the fusion's validation metrics, the out-of-fold metrics, the calibrators compared, ECE (per
+        spectrum and per structure) and FDR counts.
     """
     fusion = fit_fusion(data.terms, data.offsets, data.is_true, metric=metric)
-    folds = _folds(data.groups, n_folds, seed)
-    features, correct = [], []
+    folds = grouped_folds(data.groups, n_folds, seed)
+    features = np.zeros((data.n_queries, len(ALL_FEATURES)))
+    correct = np.zeros(data.n_queries, dtype=bool)
+    available: list[str] = []
+    out_of_fold = np.zeros(data.n_queries, dtype=bool)
     for k in range(n_folds):
         train_q, test_q = np.flatnonzero(folds != k), np.flatnonzero(folds == k)
         if not len(train_q) or not len(test_q):
             continue
         tr, te = data.subset(train_q), data.subset(test_q)
         fold_fusion = fit_fusion(tr.terms, tr.offsets, tr.is_true, metric=metric)
-        fused = fold_fusion.combine_flat(te.terms, te.offsets)
-        features.append(ranking_features_flat(fused, te.offsets, fold_fusion.temperature))
-        correct.append(true_ranks(fused, te.offsets, te.is_true) == 1)
-    if features:
-        calibrator = Calibrator.fit(np.concatenate(features), np.concatenate(correct))
-    else:  # one structure only: no out-of-fold data, calibrate in-sample
-        fused = fusion.combine_flat(data.terms, data.offsets)
-        calibrator = Calibrator.fit(ranking_features_flat(fused, data.offsets, fusion.temperature),
-                                    true_ranks(fused, data.offsets, data.is_true) == 1)
+        features[test_q], correct[test_q], available = calibration_data(
+            te, fold_fusion.combine_flat(te.terms, te.offsets), fold_fusion.temperature)
+        out_of_fold[test_q] = True
     fused = fusion.combine_flat(data.terms, data.offsets)
-    probability = calibrator.predict(ranking_features_flat(fused, data.offsets, fusion.temperature))
-    hits = true_ranks(fused, data.offsets, data.is_true) == 1
+    in_sample, hits, available_all = calibration_data(data, fused, fusion.temperature)
+    if not out_of_fold.all():  # one structure only: no out-of-fold data, calibrate in-sample
+        features, correct, available = in_sample, hits, available_all
+    calibrator, table = select_calibrator(features, correct, data.groups, ALL_FEATURES, available,
+                                          n_folds=n_folds, seed=seed + 1)
+    columns = [ALL_FEATURES.index(n) for n in calibrator.features]
+    probability = calibrator.predict(in_sample[:, columns])
     n_confident, threshold = confident_at_fdr(probability, 0.1)
+    weights = structure_weights(data.groups)
+    chosen = calibrator.validation
     report = {
-        "metric": metric, "n_queries": data.n_queries, "weights": fusion.weights,
-        "temperature": fusion.temperature, "fused": fusion.validation["fused"],
+        "metric": metric, "n_queries": data.n_queries, "n_structures": len(set(data.groups)),
+        "weights": fusion.weights, "temperature": fusion.temperature, "fused": fusion.validation["fused"],
         **{k: v for k, v in fusion.validation.items() if k.endswith("_alone")},
-        "out_of_fold_hit@1": float(np.mean(np.concatenate(correct))) if correct else math.nan,
-        "calibration": {"ece_out_of_fold": calibrator.validation.get("ece"),
-                        "ece_in_sample": expected_calibration_error(probability, hits), "n_bins": 10,
-                        "confident_at_fdr_0.1": n_confident, "threshold": threshold},
+        "out_of_fold_hit@1": float(np.mean(correct)),
+        "calibration": {"method": calibrator.method, "features": list(calibrator.features),
+                        "feature_set": chosen.get("feature_set"), "selected_by": chosen.get("selected_by"),
+                        "ece_out_of_fold": chosen.get("ece"),
+                        "ece_out_of_fold_per_structure": chosen.get("ece_per_structure"),
+                        "log_loss_out_of_fold": chosen.get("log_loss"),
+                        "observed_fdr_out_of_fold": chosen.get("observed_fdr"),
+                        "ece_in_sample": expected_calibration_error(probability, hits),
+                        "ece_in_sample_per_structure": expected_calibration_error(probability, hits,
+                                                                                  weights=weights),
+                        "n_bins": 10, "confident_at_fdr_0.1": n_confident, "threshold": threshold,
+                        "compared": table},
     }
     return fusion, calibrator, report
-
 
 
 def ranking_candidates(molecules: Sequence[Any], collections: Sequence[Mapping[str, Sequence[tuple[str, str]]]]
@@ -263,13 +299,15 @@ def ranking_candidates(molecules: Sequence[Any], collections: Sequence[Mapping[s
 
 def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
                          collections: Sequence[Mapping[str, Sequence[tuple[str, str]]]], metric: str = "mrr",
-                         seed: int = 0, log: Any = None, max_structures: int | None = None) -> dict[str, Any]:
+                         seed: int = 0, log: Any = None, max_structures: int | None = None,
+                         cache_root: Any = False) -> dict[str, Any]:
     """Fit ``sub``'s fusion and calibration, with and without its prior, on validation candidate sets (every
     validation spectrum ranks once per collection of sets).
 
     Sets ``sub.scoring`` (see :mod:`molpredict.identification.evidence`) and returns the JSON-ready report (per variant).
     ``max_structures`` bounds the cost (the fragment score fragments every candidate): the spectra of a seeded
-    sample of that many validation structures are used (all when None).
+    sample of that many validation structures are used (all when None). ``cache_root``: where candidate
+    coordinates are cached (False: nowhere, the default at training time).
     """
     from molpredict.identification.candidate_sources import SetSource
     from molpredict.identification.evidence import WITH_PRIOR, WITHOUT_PRIOR, ScoringVariant
@@ -282,22 +320,24 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
     wanted = [PRIOR] * (sub.prior is not None) + [FRAGMENTS] * (sub.fragments is not None)
     if max_structures is not None:
         val_spectra = structure_sample(val_spectra, max_structures, seed)
-    parts = [validation_terms(Identifier(bundle, SetSource(dict(sets)), IdentifyOptions(), cache_root=False),
+    parts = [validation_terms(Identifier(bundle, SetSource(dict(sets)), IdentifyOptions(), cache_root=cache_root),
                               val_spectra, wanted) for sets in collections]
     data = ValidationTerms.concatenate(parts)
     scoring, report = {}, {}
     for variant, names in ((WITH_PRIOR, list(data.terms)), (WITHOUT_PRIOR, [n for n in data.terms if n != PRIOR])):
         if variant == WITH_PRIOR and PRIOR not in data.terms:
             continue
-        view = ValidationTerms(data.offsets, data.is_true, {n: data.terms[n] for n in names}, data.groups)
+        view = ValidationTerms(data.offsets, data.is_true, {n: data.terms[n] for n in names}, data.groups,
+                               data.known)
         fusion, calibrator, variant_report = fit_scoring(view, metric=metric, seed=seed)
         scoring[variant] = ScoringVariant(fusion, calibrator).to_dict()
         report[variant] = variant_report
-        fused = variant_report["fused"]
+        fused, cal = variant_report["fused"], variant_report["calibration"]
         say(f"  {sub.ion_mode} {variant.replace('_', ' ')}: weights "
             + ", ".join(f"{k} {v:g}" for k, v in fusion.weights.items())
             + f"; validation hit@1 {100 * fused['hit@1']:.1f}%, hit@10 {100 * fused['hit@10']:.1f}%, "
-              f"MRR {fused['mrr']:.3f} ({data.n_queries} queries); calibration ECE (out of fold) "
-              f"{variant_report['calibration']['ece_out_of_fold']:.3f}")
+              f"MRR {fused['mrr']:.3f} ({data.n_queries} queries); calibration {cal['method']} on "
+              f"{cal['feature_set']}, ECE (out of fold) {cal['ece_out_of_fold']:.3f}, per structure "
+              f"{cal['ece_out_of_fold_per_structure']:.3f}")
     sub.scoring = scoring
     return report
