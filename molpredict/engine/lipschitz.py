@@ -321,7 +321,6 @@ def fit_linear(Z: torch.Tensor, Y: torch.Tensor, spec: LossSpec, lam: float, *, 
     if lam <= 0:
         raise ValueError(f"lam must be positive, got {lam}")
     n, p = Z.shape
-    T = Y.shape[1]
     if init is not None:
         W = init[0].detach().clone().to(Z)
         b = init[1].detach().clone().to(Z)
