@@ -212,3 +212,13 @@ def test_cuda_training_reloads_on_cpu():
     metadata["params"]["device"] = "cpu"
     again = DSOKR.from_state(arrays, metadata)
     np.testing.assert_allclose(again.score(x[:6], y), model.score(x[:6], y), atol=1e-4)
+
+
+def test_explain_masses_parts_give_the_element_counts():
+    from molpredict.chem.formulas import explain_masses, subformula_table
+    table = subformula_table({"C": 1, "H": 5, "N": 2, "O": 1})
+    peak, key, error, ch, het = explain_masses(table, np.array([28.0065]), np.array([0.02]), parts=True)
+    found = sorted(zip(np.abs(error).round(6).tolist(), [tuple(sorted(c.items())) for c in table.counts(ch, het)]))
+    assert found == [(0.000352, (("N", 2),)), (0.011585, (("C", 1), ("O", 1))),
+                     (0.012224, (("C", 1), ("H", 2), ("N", 1)))]  # by hand, see UREA_PEAKS
+    assert explain_masses(table, np.array([28.0065]), np.array([0.02]))[0].tolist() == peak.tolist()
