@@ -49,6 +49,7 @@ MODELS = {
 }
 ENCODERS = {
     "mlp": "molpredict.engine.encoders:MLPEncoder",
+    "formula-transformer": "molpredict.engine.formula_transformer:FormulaTransformerEncoder",
     "kernel-mlp": "molpredict.engine.encoders:KernelMLPEncoder",
     "transformer": "molpredict.engine.encoders:TransformerEncoder",
     "text-embedding": "molpredict.engine.encoders:TextEmbeddingEncoder",

@@ -124,6 +124,11 @@ class SubformulaTable:
         Their keys (uint64) and RDBE contributions ``sum n_e (v_e - 2) / 2``.
     het_mass, het_key, het_rdbe : ndarray of shape (n_het,)
         The same for the hetero-atom parts (one entry, the empty part, when the ion is pure C/H).
+    ch_elements, het_elements : tuple of str
+        The elements of each part.
+    ch_counts : ndarray of shape (n_ch, len(ch_elements)), int64
+        Element counts of the C/H parts (rows in ``ch_mass`` order).
+    het_counts : ndarray of shape (n_het, len(het_elements)), int64
     """
 
     key: np.uint64
@@ -133,6 +138,28 @@ class SubformulaTable:
     het_mass: np.ndarray
     het_key: np.ndarray
     het_rdbe: np.ndarray
+    ch_elements: tuple = ()
+    het_elements: tuple = ()
+    ch_counts: np.ndarray | None = None
+    het_counts: np.ndarray | None = None
+
+    def counts(self, ch: np.ndarray, het: np.ndarray) -> list[dict[str, int]]:
+        """Element-count dicts of the sub-formulas made of C/H part ``ch[i]`` and hetero part ``het[i]`` (as
+        :func:`explain_masses` returns them with ``parts=True``)."""
+        out = []
+        for c, h in zip(np.asarray(ch), np.asarray(het)):
+            counts = dict(zip(self.ch_elements, self.ch_counts[c].tolist()))
+            counts.update(zip(self.het_elements, self.het_counts[h].tolist()))
+            out.append({e: n for e, n in counts.items() if n})
+        return out
+
+
+def _counts_grid(counts: list[int]) -> np.ndarray:
+    """Every count vector ``0 <= n_e <= counts_e`` in C order, shape (prod(counts + 1), len(counts))."""
+    if not counts:
+        return np.zeros((1, 0), dtype=np.int64)
+    axes = np.meshgrid(*[np.arange(n + 1, dtype=np.int64) for n in counts], indexing="ij")
+    return np.stack([a.ravel() for a in axes], axis=1)
 
 
 def _grid(elements: list[str], counts: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -159,7 +186,8 @@ def _table(ion: tuple[tuple[str, int], ...]) -> SubformulaTable:
     order = np.argsort(ch_mass, kind="stable")
     het_mass, het_key, het_rdbe = _grid(het, [counts[e] for e in het])
     return SubformulaTable(formula_key(counts), ch_mass[order], ch_key[order], ch_rdbe[order], het_mass, het_key,
-                           het_rdbe)
+                           het_rdbe, tuple(ch), tuple(het), _counts_grid([counts[e] for e in ch])[order],
+                           _counts_grid([counts[e] for e in het]))
 
 
 def subformula_table(ion: dict[str, int]) -> SubformulaTable:
@@ -168,7 +196,7 @@ def subformula_table(ion: dict[str, int]) -> SubformulaTable:
 
 
 def explain_masses(table: SubformulaTable, masses: np.ndarray, tolerance: np.ndarray,
-                   min_rdbe: float | None = -0.5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   min_rdbe: float | None = -0.5, parts: bool = False) -> tuple[np.ndarray, ...]:
     """Every sub-formula of the ion whose mass is within ``tolerance`` of each of ``masses``.
 
     Parameters
@@ -180,6 +208,9 @@ def explain_masses(table: SubformulaTable, masses: np.ndarray, tolerance: np.nda
         Absolute tolerance (Da) of each mass.
     min_rdbe : float or None
         Keep sub-formulas with RDBE >= this (None: no filter).
+    parts : bool
+        Also return which C/H and hetero-atom part each explanation is made of (for
+        :meth:`SubformulaTable.counts` and the ``ch_counts`` / ``het_counts`` tables).
 
     Returns
     -------
@@ -189,10 +220,12 @@ def explain_masses(table: SubformulaTable, masses: np.ndarray, tolerance: np.nda
         Key of the explaining sub-formula.
     error : ndarray of shape (k,)
         Sub-formula mass minus the mass explained.
+    ch, het : ndarray of shape (k,), int64
+        Only with ``parts``: rows of ``table.ch_counts`` and ``table.het_counts``.
     """
     masses = np.asarray(masses, dtype=np.float64)
     tolerance = np.broadcast_to(np.asarray(tolerance, dtype=np.float64), masses.shape)
-    idx_parts, key_parts, err_parts = [], [], []
+    idx_parts, key_parts, err_parts, ch_parts, het_parts = [], [], [], [], []
     for h0 in range(0, table.het_mass.size, HETERO_CHUNK):
         het = slice(h0, h0 + HETERO_CHUNK)
         target = masses[:, None] - table.het_mass[None, het]  # (n, n_het): mass the C/H part must have
@@ -215,8 +248,14 @@ def explain_masses(table: SubformulaTable, masses: np.ndarray, tolerance: np.nda
         idx_parts.append(peak)
         key_parts.append(key)
         err_parts.append(table.ch_mass[ch] + table.het_mass[het_i] - masses[peak])
+        ch_parts.append(ch)
+        het_parts.append(het_i)
     if not idx_parts:
-        return np.empty(0, np.int64), np.empty(0, np.uint64), np.empty(0)
+        empty = np.empty(0, np.int64)
+        return (empty, np.empty(0, np.uint64), np.empty(0)) + ((empty, empty) if parts else ())
     index, key, error = np.concatenate(idx_parts), np.concatenate(key_parts), np.concatenate(err_parts)
     order = np.argsort(index, kind="stable")
+    if parts:
+        return index[order], key[order], error[order], np.concatenate(ch_parts)[order], \
+            np.concatenate(het_parts)[order]
     return index[order], key[order], error[order]
