@@ -44,7 +44,7 @@ import scipy.optimize
 from molpredict.component import frozen_spec
 from molpredict.errors import InputError, SpecError
 from molpredict.specs import format_value
-from molpredict.kernels.base import DegenerateObjectWarning, InputKernel, _warn_degenerate, normalize_block
+from molpredict.kernels.base import DegenerateObjectWarning, InputKernel, _warn_degenerate, normalize_block, saveable
 
 __all__ = ["split_kernel_list", "centered_gram", "centered_alignment", "alignf_weights", "MKLKernel"]
 
@@ -111,6 +111,7 @@ def alignf_weights(grams: Sequence[np.ndarray], target: np.ndarray) -> np.ndarra
     return v / total if total > 0 else np.full(p, 1.0 / p)
 
 
+@saveable
 @dataclass
 class _MKLFeatures:
     """Each sub-kernel's features of a batch, with their raw self-similarities."""
