@@ -22,12 +22,14 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from molpredict.lazy import lazy_module
 from molpredict.cache import discard_entry, library_entry, load_library_entry, store_library_entry
 from molpredict.errors import InputError
 from molpredict.chem.structures import StructureRecord, is_gzip, open_table_text, read_sdf_records, read_smiles_records
 from molpredict.chem.molecules import Adduct, Molecule, neutral_mass, normalize_formula, parse_adduct
+
+pc = lazy_module("pyarrow.compute")  # building indexes and summaries; opening a cached library needs none of it
 
 __all__ = [
     "COLUMNS",
