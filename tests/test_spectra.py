@@ -500,8 +500,13 @@ def test_spectra_arrays_round_trip():
     assert arrays["ion_mode"].tolist() == [1, 1, -1, -1, -1, 1, -1, 0]
     assert all(a.shape == (n,) for k, a in arrays.items() if k not in ("mz", "intensities", "offsets"))
     meta = json.loads(json.dumps(meta))
+    # the format name bundles have always written (the layout move briefly wrote a module-like name; both read)
+    assert meta["format"] == "molpredict.spectra"
     back = spectra_from_arrays(arrays, meta)
     assert_same_spectra(spectra, back)
+    assert_same_spectra(spectra, spectra_from_arrays(arrays, {**meta, "format": "molpredict.spectra.cleaning"}))
+    with pytest.raises(ModelFileError, match="unsupported spectra format"):
+        spectra_from_arrays(arrays, {**meta, "format": "molpredict.spectrum"})
 
     slim, slim_meta = spectra_to_arrays(spectra, metadata_keys=("smiles",))
     assert slim_meta["metadata"][0] == {"smiles": "CC1Cc2cccc(O)c2C(=O)O1"} and slim_meta["metadata"][1] == {}
