@@ -216,8 +216,11 @@ class Kernel(Component, ABC):
         params = self.get_params()
         if not all(v is None or isinstance(v, (bool, int, float, str)) for v in params.values()):
             raise StateNotSaveable(f"{type(self).__name__}: a parameter is not a JSON value")
-        attributes = {key: encode_fitted(value, f"{prefix}.{key}", arrays, memo)
-                      for key, value in sorted(vars(self).items()) if key.endswith("_") and not key.startswith("_")}
+        fitted = {key: value for key, value in vars(self).items() if key.endswith("_") and not key.startswith("_")}
+        # kernels first (a combination's sub-kernels): rebuilding them imports their modules, which registers their
+        # features classes before the combination's own features (made of theirs) are read
+        order = sorted(fitted, key=lambda key: (not _holds_kernels(fitted[key]), key))
+        attributes = {key: encode_fitted(fitted[key], f"{prefix}.{key}", arrays, memo) for key in order}
         return {"kind": kind, "name": name, "params": params, "attributes": attributes}
 
     @staticmethod
@@ -372,6 +375,10 @@ def decode_fitted(meta: Any, arrays: Mapping[str, np.ndarray], refs: dict[str, A
         raise StateNotSaveable(f"fitted kernel state is incomplete ({type(exc).__name__}: {exc})") from None
     raise StateNotSaveable(f"fitted kernel state: unknown entry {sorted(meta)!r}")
 
+
+
+def _holds_kernels(value: Any) -> bool:
+    return isinstance(value, Kernel) or (isinstance(value, (list, tuple)) and any(isinstance(v, Kernel) for v in value))
 
 
 def _registration(kernel: "Kernel") -> tuple[str, str]:
