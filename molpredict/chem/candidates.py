@@ -383,11 +383,8 @@ class CandidateLibrary:
                 array = self.column(name)
         if array is not None:
             return array[indices]
-        values = self._table.column(name).take(pa.array(indices, type=pa.int64()))
-        if name == "monoisotopic_mass":
-            return values.to_numpy()
-        out = values.to_numpy(zero_copy_only=False)
-        return out if out.dtype == object else out.astype(object)
+        values = self._table.column(name).take(_arrow_indices(self._check_indices(indices))).to_pylist()
+        return np.array(values, dtype=np.float64 if name == "monoisotopic_mass" else object)
 
     smiles = property(lambda self: self.column("smiles"))
     inchikey = property(lambda self: self.column("inchikey"))
@@ -417,7 +414,8 @@ class CandidateLibrary:
         indices = np.asarray(indices, dtype=np.int64).reshape(-1)
         if indices.size == 0:
             return []
-        rows = self._table.take(pa.array(self._check_indices(indices))).to_pydict()
+        taken = self._table.take(_arrow_indices(self._check_indices(indices)))
+        rows = {name: taken.column(name).to_pylist() for name in taken.column_names}
         keys = list(rows)
         return [_molecule({k: rows[k][j] for k in keys}) for j in range(indices.size)]
 
@@ -575,6 +573,13 @@ class CandidateLibrary:
 
 def _clean_cell(value: Any) -> str:
     return str(value).replace("\t", " ").replace("\n", " ").replace("\r", " ")
+
+
+def _arrow_indices(indices: np.ndarray) -> pa.Array:
+    """Row indices as an Arrow array, zero-copy. (``pa.array`` of a numpy array, like ``to_numpy`` of a chunked
+    column or ``to_pydict``, makes pyarrow import pandas, a second at start-up for a few rows.)"""
+    indices = np.ascontiguousarray(indices, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(indices), [None, pa.py_buffer(indices)])
 
 
 def _sorted_position(keys: Any, key: str) -> int | None:
