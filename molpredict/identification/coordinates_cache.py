@@ -237,6 +237,14 @@ class CoordinatesCache:
             seg = len(self._segments)
             self._segments.append(name)
             self._row_arrays = None
+            if self._rows.keys().isdisjoint(keys) and len(set(keys)) == len(keys):
+                # the usual case, in bulk: every key new (a per-key loop was most of opening a warm store)
+                start = len(self._keys)
+                self._rows.update(zip(keys, range(start, start + len(keys))))
+                self._keys.extend(keys)
+                self._row_segment.extend([seg] * len(keys))
+                self._row_local.extend(range(len(keys)))
+                continue
             for local, k in enumerate(keys):
                 if k not in self._rows:
                     self._rows[k] = len(self._keys)

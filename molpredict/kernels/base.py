@@ -207,6 +207,10 @@ class Kernel(Component, ABC):
             Some fitted attribute is not arrays, saveable features (:func:`saveable`), kernels or JSON values.
         """
         self._check_fitted()
+        if self.n_fit_:  # one row through transform fills the reference side's caches, which are then saved too
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DegenerateObjectWarning)
+                self.transform_features(self.take(self.fit_features_, slice(0, 1)))
         arrays: dict[str, np.ndarray] = {}
         meta = self._fitted_state(prefix, arrays, {})
         return arrays, meta
@@ -319,6 +323,21 @@ def encode_fitted(value: Any, name: str, arrays: dict[str, np.ndarray], memo: di
         memo[id(value)] = name
         fields = {f.name: encode_fitted(getattr(value, f.name), f"{name}.{f.name}", arrays, memo)
                   for f in dataclasses.fields(value) if f.compare}
+        own = sum(a.nbytes for key, a in arrays.items() if key.startswith(f"{name}."))
+        for f in dataclasses.fields(value):  # caches: kept when they can be written and are not large
+            cached = getattr(value, f.name)
+            if f.compare or cached is None or (isinstance(cached, dict) and not cached):
+                continue
+            trial_arrays: dict[str, np.ndarray] = {}
+            trial_memo = dict(memo)
+            try:
+                encoded = encode_fitted(cached, f"{name}.{f.name}", trial_arrays, trial_memo)
+            except StateNotSaveable:
+                continue
+            if sum(a.nbytes for a in trial_arrays.values()) <= 2 * own:  # not a float copy of a bit matrix
+                fields[f.name] = encoded
+                arrays.update(trial_arrays)
+                memo.update(trial_memo)
         return {"type": type(value).__qualname__, "fields": fields, "at": name}
     if isinstance(value, (list, tuple)):
         memo[id(value)] = name
