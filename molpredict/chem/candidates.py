@@ -355,13 +355,9 @@ class CandidateLibrary:
             return None
         array = self._arrays.get(name)
         if array is None:
-            column = self._table.column(name)
-            if name == "monoisotopic_mass":
-                array = column.to_numpy()
-            else:
-                array = column.to_numpy(zero_copy_only=False)
-                if array.dtype != object:
-                    array = array.astype(object)
+            # through Python lists: pyarrow's to_numpy would import pandas (a second) for a column it converts as fast
+            values = self._table.column(name).to_pylist()
+            array = np.array(values, dtype=np.float64 if name == "monoisotopic_mass" else object)
             array.flags.writeable = False
             self._arrays[name] = array
         return array
