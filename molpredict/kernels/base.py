@@ -19,8 +19,8 @@ Fitted state. Because features are what a fitted kernel keeps, a fitted kernel i
 ``fit_diag_``, resolved parameters, sub-kernels) as arrays plus JSON, and :meth:`Kernel.from_fitted_state` rebuilds
 it from them without featurising anything (the arrays are used as given, so memory-mapped ones stay mapped). A
 features class takes part by being a dataclass marked :func:`saveable` (its ``compare=False`` fields are caches,
-left out); a kernel whose features are anything else (graph objects) raises :class:`StateNotSaveable`, and a
-model file then keeps only its spec and landmarks, refitting it on load as before.
+kept when small and writable); a kernel whose features are anything else (graph objects) raises
+:class:`StateNotSaveable`, and a model file then keeps only its spec and landmarks, refitting it on load as before.
 """
 from __future__ import annotations
 
@@ -194,6 +194,7 @@ class Kernel(Component, ABC):
         if self.normalized or self.unit_diagonal:
             return np.ones(len(objects), dtype=np.float64)
         return np.asarray(self.self_similarity(self.featurize(list(objects))), dtype=np.float64)
+
     # -- fitted state (model files) ----------------------------------------------------------------------
     def get_fitted_state(self, prefix: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """The fitted kernel as arrays named ``prefix.*`` plus JSON: its registry name, parameters and fitted
@@ -275,9 +276,10 @@ def saveable(cls: type) -> type:
     """Class decorator: the features dataclass ``cls`` may be written in a model file and rebuilt.
 
     Its fields are written recursively (arrays, scipy.sparse matrices, other saveable dataclasses, kernels, lists,
-    dicts with str keys, JSON scalars); fields declared with ``compare=False`` are caches and are left out (the
-    rebuilt instance recomputes them on demand). Loading only builds classes registered here, by name: nothing
-    named in a file is imported.
+    dicts with str keys, JSON scalars). Fields declared with ``compare=False`` are caches: written when they hold
+    only such values and take at most twice the bytes of the other fields (a reference side's formula vocabulary,
+    its peaks sorted by m/z, which the first transform would recompute), else left out and recomputed on demand.
+    Loading only builds classes registered here, by name: nothing named in a file is imported.
     """
     name = cls.__qualname__
     if _SAVEABLE.get(name, cls) is not cls:
