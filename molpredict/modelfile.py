@@ -38,7 +38,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from molpredict import __version__
-from molpredict.cache import file_sha256, home_dir  # noqa: F401  (re-exported: the bundle's home and content hashes)
+from molpredict.cache import file_sha256, home_dir, known_file_sha256  # noqa: F401  (re-exported: home and hashes)
 from molpredict.errors import ModelFileError, PluginError, SpecError
 from molpredict.specs import ComponentSpec, Grid, parse_spec
 from molpredict.spectra.record import ION_MODES  # the bundle is keyed by ion mode (re-exported)
@@ -336,11 +336,27 @@ class ModelBundle:
         models = {mode: cls._load_submodel(path / mode, mode, registry) for mode in modes if mode in wanted}
         return cls(models, path)
 
+    def refitted_on_load(self) -> dict[str, list[str]]:
+        """Per sub-model, the parts whose kernels had to be refitted on their landmarks at load (a bundle saved
+        before fitted kernels were saved: ``molpredict model upgrade`` re-saves it); empty when none."""
+        out = {}
+        for mode, sub in self.models.items():
+            parts = [f"{side} kernel" for side in getattr(sub.model, "refitted_on_load_", None) or []]
+            parts += [f"prior {side} kernel" for side in getattr(sub.prior, "refitted_on_load_", None) or []]
+            if parts:
+                out[mode] = parts
+        return out
+
+    def upgrade_hint(self) -> str | None:
+        """One line saying how to make this bundle load in milliseconds, or None when it already does."""
+        if not self.refitted_on_load():
+            return None
+        where = f" {self.path}" if self.path else ""
+        return (f"model{where} was saved without its fitted kernels: they were recomputed at load (seconds); "
+                f"`molpredict model upgrade{where}` re-saves it to load in milliseconds")
+
     @staticmethod
     def _load_submodel(directory: Path, mode: str, registry: Any) -> SubModel:
-        from safetensors import SafetensorError
-        from safetensors.numpy import load_file
-
         meta_path = directory / METADATA_FILE
         metadata = _read_json(meta_path, what="model metadata")
         _check_version(metadata.get("format_version"), meta_path)
@@ -366,12 +382,9 @@ class ModelBundle:
         if "n_bytes" in tensors_info and size != tensors_info["n_bytes"]:
             raise ModelFileError(f"{tensor_path}: truncated or modified ({size} bytes, expected "
                                  f"{tensors_info['n_bytes']})")
-        if "sha256" in tensors_info and file_sha256([tensor_path]) != tensors_info["sha256"]:
+        if "sha256" in tensors_info and known_file_sha256(tensor_path) != tensors_info["sha256"]:
             raise ModelFileError(f"{tensor_path}: corrupted (SHA-256 does not match metadata.json)")
-        try:
-            arrays = load_file(str(tensor_path))
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise ModelFileError(f"{tensor_path}: unreadable tensors file: {' '.join(str(exc).split())}") from None
+        arrays = map_tensors(tensor_path)
         model_cls = registry.get("model", model_name)
         try:
             model = model_cls.from_state(arrays, state)
@@ -418,6 +431,51 @@ class ModelBundle:
                 weights = sub.scoring.get("with_prior", {}).get("fusion", {}).get("weights", {})
                 out[mode]["prior_weight"] = weights.get("prior", 0.0)
         return out
+
+
+#: safetensors dtype names -> numpy dtypes (little-endian, as the format stores them)
+_SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+                       "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?"}
+
+
+def map_tensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The arrays of a safetensors file, memory-mapped (copy on write): loading reads only its JSON header, and
+    an array's pages are read when it is used (a bundle's landmark features, its weights).
+
+    The format: an 8-byte little-endian header length, the JSON header (``{name: {"dtype", "shape",
+    "data_offsets": [begin, end]}}``, offsets from the end of the header), then the data.
+
+    Raises
+    ------
+    ModelFileError
+        Not a safetensors file, or an entry outside the file or of a dtype numpy does not have (bf16).
+    """
+    import mmap
+    import struct
+
+    path = Path(path)
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            n_header = struct.unpack("<Q", handle.read(8))[0] if size >= 8 else -1
+            if not 0 < n_header <= size - 8:
+                raise ValueError("bad header length")
+            header = json.loads(handle.read(n_header))
+            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY) if size else None
+        arrays = {}
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            dtype = np.dtype(_SAFETENSORS_DTYPES[info["dtype"]])
+            shape = tuple(int(n) for n in info["shape"])
+            begin, end = (int(v) for v in info["data_offsets"])
+            count = int(np.prod(shape, dtype=np.int64))
+            if end - begin != count * dtype.itemsize or begin < 0 or 8 + n_header + end > size:
+                raise ValueError(f"entry {name!r} does not fit the file")
+            arrays[name] = np.frombuffer(mapped, dtype=dtype, count=count, offset=8 + n_header + begin).reshape(shape)
+        return arrays
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, struct.error) as exc:
+        raise ModelFileError(f"{path}: unreadable tensors file: {' '.join(str(exc).split())}") from None
 
 
 def _write_json(path: Path, obj: Any) -> None:

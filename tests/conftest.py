@@ -17,6 +17,9 @@ os.environ.pop("MOLPREDICT_LIBRARY", None)
 os.environ.pop("MOLPREDICT_MODEL", None)
 os.environ["MOLPREDICT_CONFIG"] = os.path.join(__import__("tempfile").gettempdir(),
                                                f"molpredict-test-no-config-{os.getpid()}", "config.json")
+# ... nor write into the developer's cache (loading a bundle remembers its tensors' hash there): a throw-away home
+# (tests of the default location set their own).
+os.environ["MOLPREDICT_HOME"] = os.path.join(__import__("tempfile").gettempdir(), f"molpredict-test-home-{os.getpid()}")
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("MOLPREDICT_SHARED_DATA", PROJECT_ROOT.parent / "shared" / "data"))

@@ -86,8 +86,8 @@ STAGES = ["core", "spectra", "chem", "io", "kernels", "engine", "models", "bundl
           "report", "data", "testing", "api", "cli"]
 #: top-level modules by stage (everything else: its subpackage is its stage)
 TOP_LEVEL = {"errors": "core", "specs": "core", "component": "core", "hookspecs": "core", "registry": "core",
-             "builtins": "core", "cache": "core", "atomic": "core", "modelfile": "bundles", "config": "bundles",
-             "api": "api", "__main__": "cli"}
+             "builtins": "core", "cache": "core", "atomic": "core", "lazy": "core", "modelfile": "bundles",
+             "config": "bundles", "api": "api", "__main__": "cli"}
 
 
 def stage_of(module: str) -> str:

@@ -170,8 +170,11 @@ def test_state_round_trip(registry):
     train = _vectors(20, 8, 15)
     basis = SketchedOutputBasis("test-linear:scale=2.0", "p-sparsified-rademacher:m=6,p=0.3", seed=3).fit(train)
     arrays, meta = basis.get_state()
-    assert set(arrays) == {"output.landmarks.vectors", "output.projection", "output.eigenvalues"}
+    assert {a for a in arrays if ".fitted_kernel." not in a} == {"output.landmarks.vectors", "output.projection",
+                                                                 "output.eigenvalues"}
+    assert {"output.fitted_kernel.fit_features_", "output.fitted_kernel.fit_diag_"} <= set(arrays)
     again = SketchedOutputBasis.from_state(arrays, meta)
+    assert not again.features_.refitted_on_load_
     new = _vectors(4, 8, 16)
     np.testing.assert_allclose(again.coordinates(new), basis.coordinates(new), rtol=0, atol=1e-12)
     assert meta["kernel"] == "test-linear:scale=2.0"

@@ -6,7 +6,8 @@ import pytest
 
 from molpredict.kernels.base import InputKernel
 from molpredict.chem.molecules import Molecule
-from molpredict.registry import get_registry
+from molpredict.hookspecs import hookimpl
+from molpredict.registry import Registry, get_registry, reset_registry
 from molpredict.spectra.record import Spectrum
 from molpredict.testing import check_kernel
 
@@ -94,10 +95,14 @@ class _Points(InputKernel):
             k = k ** self.power_  # a valid kernel, but a different one after each fit
         elif self.defect == "blocks":
             k = k ** (1.0 + 0.01 * len(fa))  # depends on the block size
+        elif self.defect == "hidden-state":
+            k = k ** getattr(self, "_power", 1.0)
         return k
 
     def _fit_data_dependent(self, features):
         self.power_ = 1.0 + np.random.default_rng().uniform(0.0, 0.1)  # unseeded: not reproducible
+        if self.defect == "hidden-state":
+            self._power = 2.0  # fitted state outside the attributes ending in "_": lost in the saved state
 
     def self_similarity(self, features):
         if self.defect == "diagonal":
@@ -122,3 +127,22 @@ def test_check_kernel_passes_a_correct_kernel():
 def test_check_kernel_catches(defect, message):
     with pytest.raises(AssertionError, match=message):
         check_kernel(_Points(defect), POINTS, n_sample=8)
+
+
+class _PointsPlugin:
+    __name__ = "conformance-points"
+
+    @hookimpl
+    def register_input_kernels(self, register):
+        register("test-points", _Points)
+
+
+def test_check_kernel_catches_fitted_state_that_is_not_saved():
+    """A registered kernel is saved as its fitted attributes; state kept elsewhere is caught by the round trip."""
+    reset_registry(Registry(load_external=False, extra_plugins=[_PointsPlugin()]))
+    try:
+        check_kernel(get_registry().create("input_kernel", "test-points"), POINTS)
+        with pytest.raises(AssertionError, match="fitted state"):
+            check_kernel(get_registry().create("input_kernel", "test-points:defect=hidden-state"), POINTS)
+    finally:
+        reset_registry()

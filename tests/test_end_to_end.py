@@ -250,3 +250,95 @@ def test_dsokr_default_through_the_cli(workspace, home, tmp_path):
     assert result.exit_code == 0, result.output
     metrics = json.loads(result.stdout)[str(model_dir)]
     assert metrics["mrr"] > 5 * metrics["random"]["mrr"]
+
+
+def _as_old_bundle(bundle: Path, target: Path) -> Path:
+    """A copy of ``bundle`` as molpredict wrote it before fitted kernels were saved: no ``fitted_kernels`` entry in
+    the model states and no ``fitted_kernels.*`` tensors (the hash and size in metadata.json updated)."""
+    import shutil
+    from safetensors.numpy import load_file, save_file
+    from molpredict.cache import file_sha256
+    shutil.copytree(bundle, target)
+    for meta_path in target.rglob("metadata.json"):
+        meta = json.loads(meta_path.read_text())
+        if "fitted_kernels" not in meta["state"]:
+            continue
+        del meta["state"]["fitted_kernels"]
+        tensors = meta_path.parent / meta["tensors"]["file"]
+        arrays = {k: v for k, v in load_file(str(tensors)).items() if not k.startswith("fitted_kernels.")}
+        save_file(arrays, str(tensors))
+        meta["tensors"].update(sha256=file_sha256([tensors]), n_bytes=tensors.stat().st_size, names=sorted(arrays))
+        meta_path.write_text(json.dumps(meta))
+    return target
+
+
+def test_old_bundle_loads_says_how_to_upgrade_and_upgrades(workspace, trained, home, tmp_path):
+    """A bundle saved before fitted kernels were (the kernels are refitted on their landmarks at load) still loads,
+    predicts exactly as the current format, says how to re-save it, and `molpredict model upgrade` makes it current
+    without changing a prediction, an output byte or the candidate-coordinates cache key."""
+    from molpredict.modelfile import ModelBundle
+    from molpredict.spectra.cleaning import CleaningPipeline
+    from molpredict.io import read_spectra
+    root, files, _ = workspace
+    old = _as_old_bundle(trained[0], tmp_path / "old")
+    current, stale = ModelBundle.load(trained[0]), ModelBundle.load(old)
+    assert current.refitted_on_load() == {} and current.upgrade_hint() is None
+    assert stale.refitted_on_load() == {"positive": ["input kernel", "output kernel"]}
+    assert "molpredict model upgrade" in stale.upgrade_hint()
+    a, b = current.for_mode("positive"), stale.for_mode("positive")
+    clean = CleaningPipeline.from_dict(a.cleaning)
+    spectra = [clean(s) for s in read_spectra(files["test"])][:20]
+    np.testing.assert_array_equal(a.model.predict_coordinates(spectra), b.model.predict_coordinates(spectra))
+    assert a.model.coordinates_key() == b.model.coordinates_key()
+
+    runner = CliRunner()
+    args = [str(files["test"]), "--library", str(root / "library.tsv"), "--no-progress"]
+    result = runner.invoke(cli, ["identify", *args, "--model", str(old), "-o", str(tmp_path / "before.tsv")])
+    assert result.exit_code == 0, result.output
+    assert f"`molpredict model upgrade {old}`" in result.stderr
+    result = runner.invoke(cli, ["model", "upgrade", str(old)])
+    assert result.exit_code == 0, result.output
+    assert "upgraded" in result.stderr
+    upgraded = ModelBundle.load(old)
+    assert upgraded.refitted_on_load() == {}
+    assert upgraded.for_mode("positive").model.coordinates_key() == a.model.coordinates_key()
+    result = runner.invoke(cli, ["identify", *args, "--model", str(old), "-o", str(tmp_path / "after.tsv")])
+    assert result.exit_code == 0 and "model upgrade" not in result.stderr
+    assert (tmp_path / "after.tsv").read_bytes() == (tmp_path / "before.tsv").read_bytes()
+    result = runner.invoke(cli, ["model", "upgrade", str(old)])
+    assert result.exit_code == 0 and "already current" in result.stderr
+
+
+HEAVY = ("torch", "dask", "distributed", "sklearn", "scipy.special", "zarr", "fsspec", "pandas", "rdkit",
+         "pyarrow.compute")
+
+
+def _imported_after(argv: list[str], env: dict, cache_small_libraries: bool = True) -> set[str]:
+    """The HEAVY modules a fresh process has imported after running the CLI entry on ``argv``."""
+    import subprocess
+    import sys
+    # the small test library is cached like the shared pool (over CACHE_MIN_BYTES) is: the warm path a user meets
+    setup = "import molpredict.chem.candidates as c\nc.CACHE_MIN_BYTES = 0\n" if cache_small_libraries else ""
+    code = ("import json, sys\n" + setup + "from molpredict.cli import main\ntry:\n    main(json.loads(sys.argv[1]))\n"
+            "except SystemExit as exc:\n    assert not exc.code, exc.code\n"
+            f"print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(argv)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    return set(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_identify_imports_only_what_it_uses(workspace, trained, home, tmp_path):
+    """`molpredict identify` with a kernel model and a warm local store imports neither torch (the model predicts
+    with numpy) nor Dask, scikit-learn, scipy.special, zarr / fsspec (the store's segments are read directly) or
+    pandas (which pyarrow pulls in for list and to_numpy conversions); `molpredict --help` imports none of the
+    heavy packages."""
+    import os
+    root, files, _ = workspace
+    env = {**os.environ, "MOLPREDICT_HOME": str(home), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    argv = ["identify", str(files["test"]), "--model", str(trained[0]), "--library", str(root / "library.tsv"),
+            "-o", str(tmp_path / "ids.tsv"), "--no-progress", "-q"]
+    _imported_after(argv, env)  # warms the store
+    warm = _imported_after(argv, env)
+    assert not warm & {"torch", "dask", "distributed", "sklearn", "scipy.special", "zarr", "fsspec", "pandas"}, warm
+    assert "rdkit" in warm  # the formula masses of the formula-annotation kernel do need it
+    assert _imported_after(["--help"], env, cache_small_libraries=False) == set()

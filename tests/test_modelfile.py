@@ -10,7 +10,8 @@ import pytest
 
 from identification_helpers import FAKE_MODEL, FingerprintRidge, install_fake_model, synthetic_spectra
 from molpredict.errors import ModelFileError, PluginError
-from molpredict.modelfile import (FORMAT_VERSION, ModelBundle, SubModel, default_bundle_path, home_dir,
+from molpredict.cache import file_sha256, known_file_sha256
+from molpredict.modelfile import (FORMAT_VERSION, ModelBundle, SubModel, default_bundle_path, home_dir, map_tensors,
                                   model_components)
 from molpredict.registry import get_registry, reset_registry
 
@@ -128,6 +129,60 @@ def test_garbage_tensors_without_checksum(bundle_dir):
     with pytest.raises(ModelFileError, match="unreadable tensors file") as e:
         ModelBundle.load(path)
     _one_line(e)
+
+
+def test_corrupted_after_a_load_is_still_caught(bundle_dir):
+    """The tensors' hash is remembered by the file's stat after a load; rewriting the file (same size) invalidates
+    it, so the next load hashes again and sees the damage."""
+    path, _, _ = bundle_dir
+    ModelBundle.load(path)
+    tensors = path / "positive" / "tensors.safetensors"
+    data = bytearray(tensors.read_bytes())
+    data[-8] ^= 0xFF
+    tensors.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match="SHA-256"):
+        ModelBundle.load(path)
+
+
+def test_known_file_sha256_remembers_until_the_file_changes(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOLPREDICT_HOME", str(tmp_path / "home"))
+    target = tmp_path / "data.bin"
+    target.write_bytes(b"a" * 1000)
+    assert known_file_sha256(target) == file_sha256(target)
+    records = list((tmp_path / "home" / "cache" / "hashes").iterdir())
+    assert len(records) == 1
+    # a forged record for the same stat is believed (that is the point: the file is not read again) ...
+    record = json.loads(records[0].read_text())
+    records[0].write_text(json.dumps({**record, "sha256": "remembered"}))
+    assert known_file_sha256(target) == "remembered"
+    # ... until the file is written: new content of the same size is hashed again
+    target.write_bytes(b"b" * 1000)
+    assert known_file_sha256(target) == file_sha256(target) != record["sha256"]
+
+
+def test_map_tensors_reads_what_safetensors_wrote(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    rng = np.random.default_rng(0)
+    arrays = {"f64": rng.standard_normal((7, 3)), "f32": rng.standard_normal(5).astype(np.float32),
+              "i64": np.arange(-3, 9, dtype=np.int64), "u8": np.arange(10, dtype=np.uint8).reshape(2, 5),
+              "i8": np.array([-128, 0, 127], dtype=np.int8), "b": np.array([True, False, True]),
+              "empty": np.zeros((0, 4)), "u64": np.array([2**63 + 5], dtype=np.uint64)}
+    path = tmp_path / "t.safetensors"
+    save_file(arrays, str(path))
+    mapped, reference = map_tensors(path), load_file(str(path))
+    assert set(mapped) == set(arrays)
+    for name, array in arrays.items():
+        assert mapped[name].dtype == array.dtype and mapped[name].shape == array.shape, name
+        np.testing.assert_array_equal(mapped[name], array)
+        np.testing.assert_array_equal(mapped[name], reference[name])
+    assert not mapped["f64"].flags.owndata  # a view of the mapping, not a copy
+    before = path.read_bytes()
+    mapped["f64"][0, 0] = 123.0  # copy on write: the file is never modified
+    assert path.read_bytes() == before
+    path.write_bytes(before[:-4])
+    with pytest.raises(ModelFileError, match="unreadable tensors file"):
+        map_tensors(path)
 
 
 def test_missing_tensors_file(bundle_dir):

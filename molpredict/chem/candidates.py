@@ -22,12 +22,14 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from molpredict.lazy import lazy_module
 from molpredict.cache import discard_entry, library_entry, load_library_entry, store_library_entry
 from molpredict.errors import InputError
 from molpredict.chem.structures import StructureRecord, is_gzip, open_table_text, read_sdf_records, read_smiles_records
 from molpredict.chem.molecules import Adduct, Molecule, neutral_mass, normalize_formula, parse_adduct
+
+pc = lazy_module("pyarrow.compute")  # building indexes and summaries; opening a cached library needs none of it
 
 __all__ = [
     "COLUMNS",
@@ -250,7 +252,8 @@ class CandidateLibrary:
         self._arrays: dict[str, np.ndarray] = {}
         self._mass_order: np.ndarray | None = None
         self._mass_sorted: np.ndarray | None = None
-        self._formula_index: tuple[np.ndarray, np.ndarray, dict[str, list[int]]] | None = None
+        self._formula_index: tuple[np.ndarray, np.ndarray, Any] | None = None
+        self._taken: Counter = Counter()  # rows read per column through take() (a column read often is materialised)
 
     # -- constructors --------------------------------------------------------------------------------------
     @classmethod
@@ -293,7 +296,7 @@ class CandidateLibrary:
         if use_cache:
             library._build_indexes()
             store_library_entry(entry, library.table, library.report.to_dict() if library.report is not None else None,
-                                library._mass_index()[0], library._formulas(), what=f"library {library.path}")
+                                library._mass_index(), library._formulas(), what=f"library {library.path}")
         if library.report is not None:
             library.report.warn()
         return library
@@ -352,16 +355,32 @@ class CandidateLibrary:
             return None
         array = self._arrays.get(name)
         if array is None:
-            column = self._table.column(name)
-            if name == "monoisotopic_mass":
-                array = column.to_numpy()
-            else:
-                array = column.to_numpy(zero_copy_only=False)
-                if array.dtype != object:
-                    array = array.astype(object)
+            # through Python lists: pyarrow's to_numpy would import pandas (a second) for a column it converts as fast
+            values = self._table.column(name).to_pylist()
+            array = np.array(values, dtype=np.float64 if name == "monoisotopic_mass" else object)
             array.flags.writeable = False
             self._arrays[name] = array
         return array
+
+    def take(self, name: str, indices: np.ndarray) -> np.ndarray | None:
+        """Rows ``indices`` of one column (as :meth:`column` types them), reading only those rows of the table;
+        None when the library lacks the column.
+
+        A column read this way for more than an eighth of the library in all is materialised whole (after that,
+        indexing the array is cheaper than the per-call cost of a take): a few queries touch only their
+        candidates, a run over thousands of spectra pays for each column once."""
+        if name not in self._table.column_names:
+            return None
+        indices = np.asarray(indices, dtype=np.int64)
+        array = self._arrays.get(name)
+        if array is None:
+            self._taken[name] += indices.size
+            if self._taken[name] > len(self) // 8:
+                array = self.column(name)
+        if array is not None:
+            return array[indices]
+        values = self._table.column(name).take(_arrow_indices(self._check_indices(indices))).to_pylist()
+        return np.array(values, dtype=np.float64 if name == "monoisotopic_mass" else object)
 
     smiles = property(lambda self: self.column("smiles"))
     inchikey = property(lambda self: self.column("inchikey"))
@@ -391,7 +410,8 @@ class CandidateLibrary:
         indices = np.asarray(indices, dtype=np.int64).reshape(-1)
         if indices.size == 0:
             return []
-        rows = self._table.take(pa.array(self._check_indices(indices))).to_pydict()
+        taken = self._table.take(_arrow_indices(self._check_indices(indices)))
+        rows = {name: taken.column(name).to_pylist() for name in taken.column_names}
         keys = list(rows)
         return [_molecule({k: rows[k][j] for k in keys}) for j in range(indices.size)]
 
@@ -413,36 +433,43 @@ class CandidateLibrary:
         self._formulas()
 
     def _mass_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(order, sorted masses)``: rows by ascending mass (memory-mapped from the cache: a mass window reads
+        only the pages its binary search and its rows touch)."""
         if self._mass_order is None:
             self._mass_order = np.argsort(self.monoisotopic_mass, kind="stable")
         if self._mass_sorted is None:
             self._mass_sorted = np.ascontiguousarray(self.monoisotopic_mass[self._mass_order])
         return self._mass_order, self._mass_sorted
 
-    def _formulas(self) -> tuple[np.ndarray, np.ndarray, dict[str, list[int]]]:
+    def _formulas(self) -> tuple[np.ndarray, np.ndarray, Any]:
+        """The formula index: ``(rows, offsets, keys)`` with ``keys`` the distinct normalised formulas, sorted (a
+        list, or an Arrow string array when memory-mapped from the cache), and ``rows[offsets[k]:offsets[k + 1]]``
+        the rows (ascending) of ``keys[k]``."""
         if self._formula_index is None:
             encoded = pc.dictionary_encode(self._table.column("formula")).combine_chunks()
             codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-            order = np.argsort(codes, kind="stable")
-            offsets = np.zeros(len(encoded.dictionary) + 1, dtype=np.int64)
-            np.cumsum(np.bincount(codes, minlength=len(encoded.dictionary)), out=offsets[1:])
-            keys: dict[str, list[int]] = {}
-            for code, raw in enumerate(encoded.dictionary.to_pylist()):
-                keys.setdefault(_formula_key(raw), []).append(code)
-            self._formula_index = (order, offsets, keys)
+            normalised = [_formula_key(raw) for raw in encoded.dictionary.to_pylist()]
+            keys = sorted(set(normalised))
+            position = {key: k for k, key in enumerate(keys)}
+            key_of_code = np.fromiter((position[key] for key in normalised), dtype=np.int64, count=len(normalised))
+            row_keys = key_of_code[codes]
+            rows = np.argsort(row_keys, kind="stable")
+            offsets = np.zeros(len(keys) + 1, dtype=np.int64)
+            np.cumsum(np.bincount(row_keys, minlength=len(keys)), out=offsets[1:])
+            self._formula_index = (rows, offsets, keys)
         return self._formula_index
 
     def select_by_formula(self, formula: str) -> np.ndarray:
         """Row indices (ascending, int64) whose formula equals ``formula`` after :func:`normalize_formula` on
-        both sides (so ``"OH2"`` finds ``"H2O"``). Raises ``InputError`` on an unparsable query."""
+        both sides (so ``"OH2"`` finds ``"H2O"``). Raises ``InputError`` on an unparsable query.
+
+        A binary search in the sorted distinct formulas: only the query's rows of the index are read."""
         key = normalize_formula(formula)
-        order, offsets, keys = self._formulas()
-        codes = keys.get(key, [])
-        if not codes:
+        rows, offsets, keys = self._formulas()
+        k = _sorted_position(keys, key)
+        if k is None:
             return np.empty(0, dtype=np.int64)
-        parts = [order[offsets[c]:offsets[c + 1]] for c in codes]
-        selected = parts[0] if len(parts) == 1 else np.sort(np.concatenate(parts))
-        return np.asarray(selected, dtype=np.int64)
+        return np.asarray(rows[offsets[k]:offsets[k + 1]], dtype=np.int64)
 
     def mass_windows(self, masses: Sequence[float] | np.ndarray, ppm: float = 10.0,
                      min_tolerance: Sequence[float] | np.ndarray | float = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -542,6 +569,29 @@ class CandidateLibrary:
 
 def _clean_cell(value: Any) -> str:
     return str(value).replace("\t", " ").replace("\n", " ").replace("\r", " ")
+
+
+def _arrow_indices(indices: np.ndarray) -> pa.Array:
+    """Row indices as an Arrow array, zero-copy. (``pa.array`` of a numpy array, like ``to_numpy`` of a chunked
+    column or ``to_pydict``, makes pyarrow import pandas, a second at start-up for a few rows.)"""
+    indices = np.ascontiguousarray(indices, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(indices), [None, pa.py_buffer(indices)])
+
+
+def _sorted_position(keys: Any, key: str) -> int | None:
+    """Position of ``key`` in the sorted strings ``keys`` (a list or an Arrow string array), or None."""
+    lo, hi = 0, len(keys)
+    arrow = isinstance(keys, (pa.Array, pa.ChunkedArray))
+    while lo < hi:
+        mid = (lo + hi) // 2
+        value = keys[mid].as_py() if arrow else keys[mid]
+        if value < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    if lo < len(keys) and (keys[lo].as_py() if arrow else keys[lo]) == key:
+        return lo
+    return None
 
 
 def _formula_key(raw: str | None) -> str:
@@ -789,7 +839,7 @@ def _load_cached(entry: Path, path: Path) -> CandidateLibrary | None:
         discard_entry(entry)
         return None
     if stored.mass_order is not None:
-        library._mass_order = stored.mass_order
+        library._mass_order, library._mass_sorted = stored.mass_order, stored.mass_sorted
         library._formula_index = stored.formula_index
     return library
 

@@ -39,6 +39,9 @@ def _load_bundle(path: str | None, say=None):
     bundle = load_model(path)
     if say is not None:
         say(f"model {bundle.path} ({', '.join(bundle.ion_modes)})")
+        hint = bundle.upgrade_hint()
+        if hint:
+            say(hint)
     return bundle
 
 
@@ -581,7 +584,7 @@ def score_library(library, model_path, ion_mode, block_size, cache_dir, cluster,
 
 @cli.group("model")
 def model_group() -> None:
-    """Inspect model bundles."""
+    """Inspect and upgrade model bundles."""
 
 
 @model_group.command("info")
@@ -592,6 +595,30 @@ def model_info(model_path) -> None:
 
     bundle = _load_bundle(model_path)
     click.echo(json.dumps(json_ready(bundle.describe()), indent=2))
+
+
+@model_group.command("upgrade")
+@click.argument("model_path", metavar="[MODEL]", required=False, type=click.Path())
+@click.option("-o", "--output", default=None, type=click.Path(file_okay=False),
+              help="Write the upgraded bundle here (default: replace MODEL in place, atomically).")
+@_quiet_option
+def model_upgrade(model_path, output, quiet) -> None:
+    """Re-save a bundle in the current format: its fitted kernels' features are stored, so that it loads in
+    milliseconds instead of recomputing them (a bundle saved by molpredict before 0.2). The model is unchanged:
+    same predictions, same candidate-coordinates cache."""
+    say = _say(quiet)
+    t0 = time.perf_counter()
+    bundle = _load_bundle(model_path)
+    load_s = time.perf_counter() - t0
+    stale = bundle.refitted_on_load()
+    target = Path(output) if output else bundle.path
+    if not stale and (output is None or Path(output).resolve() == Path(bundle.path).resolve()):
+        say(f"{bundle.path}: already current (loaded in {load_s:.2f} s); nothing to do")
+        return
+    path = bundle.save(target)
+    t0 = time.perf_counter()
+    _load_bundle(str(path))
+    say(f"upgraded {bundle.path} -> {path}: loads in {time.perf_counter() - t0:.2f} s (was {load_s:.2f} s)")
 
 
 # ----------------------------------------------------------------------------------------------------------

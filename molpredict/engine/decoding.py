@@ -26,7 +26,6 @@ import math
 from typing import Sequence
 
 import numpy as np
-from scipy.special import digamma
 
 __all__ = [
     "TIE_POLICIES",
@@ -127,6 +126,8 @@ def true_rank_counts(scores: np.ndarray, is_true: np.ndarray) -> tuple[int, int,
 def _harmonic(n: np.ndarray) -> np.ndarray:
     """H_n = sum_{r=1..n} 1/r for non-negative integer arrays (H_0 = 0)."""
     n = np.asarray(n, dtype=np.float64)
+    from scipy.special import digamma  # here: scipy.special costs 0.1-0.2 s to import, identification never needs it
+
     return np.where(n > 0, digamma(n + 1.0) + _EULER_GAMMA, 0.0)
 
 

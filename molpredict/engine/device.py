@@ -5,18 +5,19 @@ every model asks :func:`resolve_device` instead of testing ``torch.cuda.is_avail
 """
 from __future__ import annotations
 
-import torch
-
 from molpredict.errors import ResourceError, SpecError
+from molpredict.lazy import lazy_module
+
+torch = lazy_module("torch")  # imported when a device or dtype is resolved (fitting), not to predict
 
 __all__ = ["resolve_device", "resolve_dtype", "DTYPES"]
 
-#: names accepted by :func:`resolve_dtype`
-DTYPES: dict[str, torch.dtype] = {
-    "float64": torch.float64,
-    "double": torch.float64,
-    "float32": torch.float32,
-    "float": torch.float32,
+#: names accepted by :func:`resolve_dtype` -> the name of the torch dtype they stand for
+DTYPES: dict[str, str] = {
+    "float64": "float64",
+    "double": "float64",
+    "float32": "float32",
+    "float": "float32",
 }
 
 
@@ -69,6 +70,6 @@ def resolve_dtype(name: "str | torch.dtype" = "float64") -> torch.dtype:
             return name
         raise SpecError(f"dtype {name} is not supported; valid: float64, float32")
     try:
-        return DTYPES[str(name).strip().lower()]
+        return getattr(torch, DTYPES[str(name).strip().lower()])
     except KeyError:
         raise SpecError(f"dtype {name!r} is not supported; valid: {', '.join(DTYPES)}") from None

@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 
 import numpy as np
-import torch
+
+from molpredict.lazy import lazy_module
+
+torch = lazy_module("torch")  # fitting and GPU paths only: not imported to predict
 
 __all__ = ["truncated_eigh", "lapack_threads"]
 

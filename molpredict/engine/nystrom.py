@@ -26,15 +26,23 @@ import copy
 from typing import Any, Callable, Sequence
 
 import numpy as np
-import torch
+
+from molpredict.lazy import lazy_module
 
 from molpredict.component import frozen_spec
 from molpredict.errors import ModelFileError, SpecError
 from molpredict.engine.linalg import truncated_eigh
+from molpredict.kernels.base import Kernel, StateNotSaveable
 from molpredict.engine.sketches import Sketch, make_sketch
 from molpredict.specs import ComponentSpec, nested_spec, parse_spec
 
-__all__ = ["Nystrom", "objects_to_state", "objects_from_state", "create_component", "restrict_kernel"]
+torch = lazy_module("torch")  # fitting and GPU paths only: not imported to predict
+
+__all__ = ["Nystrom", "objects_to_state", "objects_from_state", "create_component", "restrict_kernel",
+           "LazyLandmarks", "FITTED_KERNEL"]
+
+#: metadata key (and array name part) of a map's fitted kernel state (:meth:`Kernel.get_fitted_state`)
+FITTED_KERNEL = "fitted_kernel"
 
 # ----------------------------------------------------------------------------------------------------------
 # landmark objects in model files
@@ -138,6 +146,29 @@ def restrict_kernel(kernel: Any, index: np.ndarray, objects: Sequence[Any] | Non
     return type(kernel)(**params).fit(list(objects))
 
 
+class LazyLandmarks:
+    """A landmarks attribute (``landmarks_``, ``input_landmarks_``...): set by ``fit``, or decoded from a loaded
+    state on first access, by the loader a ``from_state`` left in the instance's ``_landmark_loaders`` under the
+    attribute's name (identification needs only the fitted kernel, never the landmark objects)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, model: Any, owner: type | None = None) -> Any:
+        if model is None:
+            return self
+        values = model.__dict__
+        if self.name not in values:
+            load = values.get("_landmark_loaders", {}).pop(self.name, None)
+            if load is None:
+                raise AttributeError(self.name)
+            values[self.name] = load()
+        return values[self.name]
+
+    def __set__(self, model: Any, value: Any) -> None:
+        model.__dict__[self.name] = value
+
+
 def _no_stage(name: str, shape: tuple[int, int, int] | None = None, kind: str = "gemm"):
     return contextlib.nullcontext()
 
@@ -182,6 +213,8 @@ class Nystrom:
         whitened), on the fit's device and dtype; the caller may delete it
     """
 
+    landmarks_ = LazyLandmarks()
+
     def __init__(self, kernel: Any, sketch: Any = "subsample:m=2000", rel_cutoff: float = 1e-10,
                  seed: int | None = None, kernel_kind: str = "input_kernel", whiten: bool = True,
                  fit_kernel_on: str = "all") -> None:
@@ -201,7 +234,7 @@ class Nystrom:
             nested_spec(self.sketch)
         return make_sketch(spec, seed=self.seed)
 
-    def fit(self, objects: Sequence[Any], device: torch.device | None = None, dtype: torch.dtype = torch.float64,
+    def fit(self, objects: Sequence[Any], device: torch.device | None = None, dtype: torch.dtype | None = None,
             stage: Callable[..., Any] | None = None) -> "Nystrom":
         """Choose the landmarks among ``objects`` (length n) and build the map.
 
@@ -209,7 +242,8 @@ class Nystrom:
         ----------
         objects : sequence of what the kernel takes
         device, dtype
-            Where the whitening and the training features are computed (eigendecompositions in float64).
+            Where the whitening and the training features are computed (default the CPU, float64;
+            eigendecompositions in float64).
         stage : callable, optional
             ``stage(name, shape=None, kind="gemm")`` returning a context manager that times a step
             (the IOKR engine's profile); names: kernel_fit, sketch_fit, sketch_rows, landmark_kernel_fit, eigh,
@@ -222,6 +256,7 @@ class Nystrom:
             raise SpecError(f"Nystrom features: fit_kernel_on must be all or landmarks, got {self.fit_kernel_on!r}")
         stage = stage or _no_stage
         device = device or torch.device("cpu")
+        dtype = torch.float64 if dtype is None else dtype
         n = len(objects)
         sketch = self._make_sketch()
         B = None
@@ -305,7 +340,9 @@ class Nystrom:
 
     # -- state -------------------------------------------------------------------------------------------
     def get_state(self, prefix: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-        """Arrays named ``prefix.*`` (landmarks, projection, eigenvalues) and JSON metadata."""
+        """Arrays named ``prefix.*`` (landmarks, projection, eigenvalues, the fitted kernel's features under
+        ``prefix.fitted_kernel``) and JSON metadata (the fitted kernel's under ``fitted_kernel``, None when it cannot
+        be saved so)."""
         self._check_fitted()
         arrays, landmarks = objects_to_state(self.landmarks_, f"{prefix}.landmarks")
         if self.projection_ is not None:
@@ -314,12 +351,19 @@ class Nystrom:
         sketch = self.sketch_.to_spec() if self.sketch_ is not None else self.sketch
         meta = {"kernel": self.kernel_spec_, "sketch": str(sketch), "rel_cutoff": float(self.rel_cutoff),
                 "kernel_kind": self.kernel_kind, "whiten": bool(self.whiten), "rank": self.rank_,
-                "landmarks": landmarks}
+                "landmarks": landmarks, FITTED_KERNEL: None}
+        try:
+            kernel_arrays, meta[FITTED_KERNEL] = self.kernel_.get_fitted_state(f"{prefix}.{FITTED_KERNEL}")
+            arrays.update(kernel_arrays)
+        except (StateNotSaveable, AttributeError):  # AttributeError: a kernel not derived from Kernel
+            pass
         return arrays, meta
 
     @classmethod
     def from_state(cls, arrays: dict[str, np.ndarray], meta: dict[str, Any], prefix: str) -> "Nystrom":
-        """Rebuild a map that gives the same :meth:`transform` (the kernel refitted on the landmarks).
+        """Rebuild a map that gives the same :meth:`transform`: the kernel from its saved fitted state (nothing
+        featurised; ``refitted_on_load_`` False), else refitted on the landmarks. Landmark objects are decoded on
+        first access only.
 
         Also reads the landmark features of ``kernel-mlp`` / ``mlp`` encoders saved before this component
         (no projection saved: the whitening is recomputed from the landmarks, as it was then).
@@ -330,13 +374,23 @@ class Nystrom:
             landmarks_meta = meta["landmarks"]
         except (KeyError, TypeError) as exc:
             raise ModelFileError(f"Nystrom features state ({prefix}) lacks {exc}") from None
-        nys.landmarks_ = objects_from_state(arrays, landmarks_meta, f"{prefix}.landmarks")
-        nys.landmark_index_ = np.arange(len(nys.landmarks_))
-        nys.kernel_ = create_component(nys.kernel_kind, meta["kernel"]).fit(nys.landmarks_)
+        nys._landmark_loaders = {"landmarks_": lambda: objects_from_state(arrays, landmarks_meta,
+                                                                         f"{prefix}.landmarks")}
+        nys.kernel_ = None
+        if meta.get(FITTED_KERNEL):
+            try:
+                nys.kernel_ = Kernel.from_fitted_state(arrays, meta[FITTED_KERNEL])
+            except StateNotSaveable:
+                nys.kernel_ = None
+        nys.refitted_on_load_ = nys.kernel_ is None
+        if nys.kernel_ is None:
+            nys.kernel_ = create_component(nys.kernel_kind, meta["kernel"]).fit(nys.landmarks_)
+        n_landmarks = int(nys.kernel_.n_fit_)
+        nys.landmark_index_ = np.arange(n_landmarks)
         nys.kernel_spec_ = str(meta["kernel"])
         nys.sketch_ = nys.whitening_ = nys.train_features_ = None
         if not nys.whiten:
-            nys.projection_, nys.eigenvalues_, nys.rank_ = None, np.zeros(0), len(nys.landmarks_)
+            nys.projection_, nys.eigenvalues_, nys.rank_ = None, np.zeros(0), n_landmarks
             return nys
         if f"{prefix}.projection" in arrays:
             nys.projection_ = np.asarray(arrays[f"{prefix}.projection"], dtype=np.float64)
@@ -345,7 +399,7 @@ class Nystrom:
             s, V = truncated_eigh(nys.kernel_.gram(), nys.rel_cutoff)
             nys.projection_, nys.eigenvalues_ = V / np.sqrt(s), s
         nys.rank_ = int(nys.projection_.shape[1])
-        if nys.projection_.shape[0] != len(nys.landmarks_):
-            raise ModelFileError(f"Nystrom features state ({prefix}): {len(nys.landmarks_)} landmarks for a "
+        if nys.projection_.shape[0] != n_landmarks:
+            raise ModelFileError(f"Nystrom features state ({prefix}): {n_landmarks} landmarks for a "
                                  f"projection with {nys.projection_.shape[0]} rows")
         return nys

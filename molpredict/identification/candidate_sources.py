@@ -95,7 +95,6 @@ class LibrarySource(CandidateSource):
             allowed = library.select_by_source(list(options.sources))
             self._allowed = np.zeros(len(library), dtype=bool)
             self._allowed[allowed] = True
-        self._inchikey = library.column("inchikey")
         self._formula_cache: dict[str, np.ndarray] = {}
         self.has_name = library.has_column("name")
         self.has_id = library.has_column("id")
@@ -168,23 +167,23 @@ class LibrarySource(CandidateSource):
         return np.flatnonzero(self._allowed).astype(np.int64)
 
     def keys(self, ids: np.ndarray) -> list[str]:
-        return list(self._inchikey[ids])
+        return list(self.library.take("inchikey", ids))
 
     def tie_keys(self, ids: np.ndarray) -> np.ndarray:
-        return self._inchikey[ids]
+        return self.library.take("inchikey", ids)
 
     def molecules(self, ids: np.ndarray) -> list[Any]:
         return self.library.molecules(ids)
 
     def inchikey14(self, ids: np.ndarray) -> np.ndarray:
-        return self.library.column("inchikey14")[ids]
+        return self.library.take("inchikey14", ids)
 
     def fields(self, ids: np.ndarray) -> dict[str, np.ndarray]:
-        out = {"smiles": self.library.column("smiles")[ids], "inchikey": self._inchikey[ids],
-               "formula": self.library.column("formula")[ids]}
+        """Output columns of ``ids``, reading only those rows (:meth:`CandidateLibrary.take`)."""
+        out = {name: self.library.take(name, ids) for name in ("smiles", "inchikey", "formula")}
         for name in ("name", "id"):
-            column = self.library.column(name)
-            out[name] = column[ids] if column is not None else np.full(len(ids), None, dtype=object)
+            column = self.library.take(name, ids)
+            out[name] = column if column is not None else np.full(len(ids), None, dtype=object)
         return out
 
 

@@ -28,12 +28,10 @@ import threading
 import time
 import uuid
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
-import torch
 
 from molpredict.identification.coordinates_cache import CoordinatesCache
 from molpredict.errors import InputError
@@ -61,20 +59,6 @@ class Query:
     true_key: str | None = None        # for evaluation: the true structure's InChIKey first block
     window: str = ""                   # the mass window its candidates were selected with ("" by formula)
     query_id: str | None = None        # its id in the output, unique within a run (default: the spectrum's)
-
-
-@contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
-    """Run a block with ``n`` torch threads, then restore the previous setting."""
-    previous = torch.get_num_threads()
-    if previous == n:
-        yield
-        return
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def chunked(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
@@ -169,25 +153,21 @@ def score_queries(queries: Sequence[Query], coordinates: CoordinatesFn, timings:
     groups: dict[bytes, list[int]] = {}
     for i, q in enumerate(queries):
         groups.setdefault(q.ids.tobytes(), []).append(i)
-    # The products are small (a few queries x ~256 candidates): they run in torch on one thread. numpy's
-    # BLAS threads would compete with torch's still-spinning OpenMP threads (from the prediction just
-    # before), and any multi-threaded small product is 10-20x slower than one thread on a busy machine.
-    P = torch.from_numpy(np.ascontiguousarray(predicted))
-    C = torch.from_numpy(np.ascontiguousarray(coords))
-    with _torch_threads(1):
-        for members in groups.values():
-            ids = queries[members[0]].ids
-            block = C.index_select(0, torch.from_numpy(np.searchsorted(union, ids)))
-            if not sub.model.dot_product_scores:
-                scores = sub.model.score_coordinates(P[members].numpy(), block.numpy())
-                for row, i in enumerate(members):
-                    out[i] = scores[row]
-            elif len(members) == 1:
-                out[members[0]] = torch.mv(block, P[members[0]]).numpy()
-            else:
-                scores = (P[members] @ block.T).numpy()
-                for row, i in enumerate(members):
-                    out[i] = scores[row]
+    # The products are small (a few queries x a few candidates: by formula in a 2M-structure pool the median query
+    # has 3) and run in numpy, outside BLAS: einsum's own loop on one thread. A threaded BLAS call per query waits
+    # for its worker threads, 10-20x slower than one thread on a busy machine; and every row is one dot product
+    # with one summation order, so candidates with equal coordinates get exactly equal scores (ties then go by
+    # InChIKey, as documented; a blocked BLAS kernel may round rows differently by their position).
+    P = np.ascontiguousarray(predicted)
+    for members in groups.values():
+        ids = queries[members[0]].ids
+        block = coords[np.searchsorted(union, ids)]
+        if not sub.model.dot_product_scores:
+            scores = sub.model.score_coordinates(P[members], block)
+        else:
+            scores = np.einsum("qd,cd->qc", P[members], block)
+        for row, i in enumerate(members):
+            out[i] = scores[row]
     timings["score_s"] += time.perf_counter() - t0
     return out  # type: ignore[return-value]
 

@@ -191,6 +191,33 @@ def _finish_batch(pending: list, stem: str, skip: _Skipper, path: str | None = N
             yield result
 
 
+_NUMPY_TYPES = {"double": np.float64, "int32": np.int32, "int64": np.int64, "int8": np.int8}
+
+
+def _numpy(array: pa.Array) -> np.ndarray:
+    """A null-free numeric or boolean Arrow array as numpy, read from its data buffer (``to_numpy`` would make
+    pyarrow import pandas). Booleans (bit-packed) go through int8."""
+    boolean = pa.types.is_boolean(array.type)
+    if boolean:
+        array = pc.cast(array, pa.int8())
+    if array.null_count:
+        raise ValueError("nulls in a numeric array")
+    dtype = np.dtype(_NUMPY_TYPES[str(array.type)])
+    values = np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * dtype.itemsize)
+    return values.astype(bool) if boolean else values
+
+
+def _string_array(tokens: list[str]) -> pa.Array:
+    """An Arrow string array of ``tokens``, built from their bytes when they are ASCII (peak lists are). ``pa.array``
+    of a Python list would first make pyarrow import pandas, a second at start-up for reading one spectrum."""
+    data = "".join(tokens).encode()
+    offsets = np.zeros(len(tokens) + 1, dtype=np.int32)
+    np.cumsum(np.fromiter(map(len, tokens), dtype=np.int64, count=len(tokens)), out=offsets[1:])
+    if len(data) != offsets[-1] or len(data) >= 2**31:  # non-ASCII (characters != bytes) or too long for int32
+        return pa.array(tokens, type=pa.string())
+    return pa.Array.from_buffers(pa.string(), len(tokens), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
 def _parse_batch(batch: list[list[str]]) -> list[tuple[np.ndarray, np.ndarray, float] | str]:
     """:func:`_parse_peaks` for many records at once: the same results, with one numeric conversion and
     vectorised checks for the whole batch instead of a dozen small numpy calls per record."""
@@ -211,9 +238,9 @@ def _parse_batch(batch: list[list[str]]) -> list[tuple[np.ndarray, np.ndarray, f
         counts.append(len(lines))
     if not fast:
         return results
-    strings = pa.array(tokens, type=pa.string())
+    strings = _string_array(tokens)
     try:
-        values = pc.cast(strings, pa.float64()).to_numpy().reshape(-1, 2)
+        values = _numpy(pc.cast(strings, pa.float64())).reshape(-1, 2)
     except pa.ArrowInvalid:  # some record has a non-number: let the reference path name it
         for i in fast:
             results[i] = _parse_peaks(batch[i])
@@ -231,10 +258,10 @@ def _parse_batch(batch: list[list[str]]) -> list[tuple[np.ndarray, np.ndarray, f
     descending[starts] = False
     record_unsorted = np.logical_or.reduceat(descending, starts)
     # m/z precision from the m/z tokens (every other token): decimals = length - position of "." - 1.
-    length = pc.utf8_length(strings).to_numpy()[0::2]
-    point = pc.find_substring(strings, ".").to_numpy()[0::2]
+    length = _numpy(pc.utf8_length(strings))[0::2]
+    point = _numpy(pc.find_substring(strings, "."))[0::2]
     decimals = np.where(point >= 0, length - point - 1, 0)
-    exponent = pc.match_substring(strings, "e", ignore_case=True).to_numpy(zero_copy_only=False)[0::2]
+    exponent = _numpy(pc.match_substring(strings, "e", ignore_case=True))[0::2]
     record_decimals = np.maximum.reduceat(decimals, starts)
     record_exponent = np.logical_or.reduceat(exponent, starts)
     for j, i in enumerate(fast):

@@ -13,18 +13,28 @@ Degenerate objects whose raw self-similarity is 0 (a spectrum with no peaks, an 
 ``k = 0`` with everything in :meth:`transform`, and ``k = 1`` on the diagonal of :meth:`gram` and in
 :meth:`diagonal` (an object is always identical to itself). :meth:`fit`, :meth:`transform` and
 :meth:`transform_features` each issue one :class:`DegenerateObjectWarning` giving how many such objects they met.
+
+Fitted state. Because features are what a fitted kernel keeps, a fitted kernel is saved as them:
+:meth:`Kernel.get_fitted_state` writes its registry name, parameters and every fitted attribute (``fit_features_``,
+``fit_diag_``, resolved parameters, sub-kernels) as arrays plus JSON, and :meth:`Kernel.from_fitted_state` rebuilds
+it from them without featurising anything (the arrays are used as given, so memory-mapped ones stay mapped). A
+features class takes part by being a dataclass marked :func:`saveable` (its ``compare=False`` fields are caches,
+kept when small and writable); a kernel whose features are anything else (graph objects) raises
+:class:`StateNotSaveable`, and a model file then keeps only its spec and landmarks, refitting it on load as before.
 """
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 import warnings
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
 from molpredict.component import Component
 
-__all__ = ["Kernel", "InputKernel", "OutputKernel", "DegenerateObjectWarning", "normalize_block"]
+__all__ = ["Kernel", "InputKernel", "OutputKernel", "DegenerateObjectWarning", "normalize_block", "saveable",
+           "StateNotSaveable", "encode_fitted", "decode_fitted"]
 
 
 def normalize_block(raw: np.ndarray, diag_rows: np.ndarray, diag_cols: np.ndarray) -> np.ndarray:
@@ -184,6 +194,230 @@ class Kernel(Component, ABC):
         if self.normalized or self.unit_diagonal:
             return np.ones(len(objects), dtype=np.float64)
         return np.asarray(self.self_similarity(self.featurize(list(objects))), dtype=np.float64)
+
+    # -- fitted state (model files) ----------------------------------------------------------------------
+    def get_fitted_state(self, prefix: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """The fitted kernel as arrays named ``prefix.*`` plus JSON: its registry name, parameters and fitted
+        attributes (``fit_features_``, ``fit_diag_``, resolved parameters such as ``gamma_``; sub-kernels of a
+        combination are written the same way), so that :meth:`from_fitted_state` rebuilds it without featurising
+        anything.
+
+        Raises
+        ------
+        StateNotSaveable
+            Some fitted attribute is not arrays, saveable features (:func:`saveable`), kernels or JSON values.
+        """
+        self._check_fitted()
+        if self.n_fit_:  # one row through transform fills the reference side's caches, which are then saved too
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DegenerateObjectWarning)
+                self.transform_features(self.take(self.fit_features_, slice(0, 1)))
+        arrays: dict[str, np.ndarray] = {}
+        meta = self._fitted_state(prefix, arrays, {})
+        return arrays, meta
+
+    def _fitted_state(self, prefix: str, arrays: dict[str, np.ndarray], memo: dict[int, str]) -> dict[str, Any]:
+        kind, name = _registration(self)
+        params = self.get_params()
+        if not all(v is None or isinstance(v, (bool, int, float, str)) for v in params.values()):
+            raise StateNotSaveable(f"{type(self).__name__}: a parameter is not a JSON value")
+        fitted = {key: value for key, value in vars(self).items() if key.endswith("_") and not key.startswith("_")}
+        # kernels first (a combination's sub-kernels): rebuilding them imports their modules, which registers their
+        # features classes before the combination's own features (made of theirs) are read
+        order = sorted(fitted, key=lambda key: (not _holds_kernels(fitted[key]), key))
+        attributes = {key: encode_fitted(fitted[key], f"{prefix}.{key}", arrays, memo) for key in order}
+        return {"kind": kind, "name": name, "params": params, "attributes": attributes}
+
+    @staticmethod
+    def from_fitted_state(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> "Kernel":
+        """The kernel :meth:`get_fitted_state` wrote, its arrays used as given (memory-mapped ones stay mapped).
+
+        Raises
+        ------
+        StateNotSaveable
+            The state is incomplete or names a features class this version does not have (refit instead).
+        SpecError, PluginError
+            The kernel is not registered.
+        """
+        return Kernel._from_fitted_state(meta, arrays, {})
+
+    @staticmethod
+    def _from_fitted_state(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray], refs: dict[str, Any]
+                           ) -> "Kernel":
+        from molpredict.registry import create
+        from molpredict.specs import ComponentSpec
+
+        try:
+            kernel = create(meta["kind"], ComponentSpec(meta["name"], dict(meta["params"])))
+            attributes = meta["attributes"]
+        except (KeyError, TypeError) as exc:
+            raise StateNotSaveable(f"fitted kernel state lacks {exc}") from None
+        for key, value in attributes.items():
+            setattr(kernel, key, decode_fitted(value, arrays, refs))
+        if not hasattr(kernel, "fit_features_"):
+            raise StateNotSaveable("fitted kernel state has no fitted features")
+        return kernel
+
+
+# ----------------------------------------------------------------------------------------------------------
+# fitted state: a fitted kernel as arrays + JSON (model files), so that loading re-featurises nothing
+# ----------------------------------------------------------------------------------------------------------
+
+class StateNotSaveable(TypeError):
+    """A fitted kernel holds something that cannot be written as arrays and JSON (e.g. graph objects); a model
+    file then keeps only its spec and landmarks, and the kernel is refitted on load."""
+
+
+#: features classes whose instances :func:`encode_fitted` may write, by qualified name (see :func:`saveable`)
+_SAVEABLE: dict[str, type] = {}
+
+
+def saveable(cls: type) -> type:
+    """Class decorator: the features dataclass ``cls`` may be written in a model file and rebuilt.
+
+    Its fields are written recursively (arrays, scipy.sparse matrices, other saveable dataclasses, kernels, lists,
+    dicts with str keys, JSON scalars). Fields declared with ``compare=False`` are caches: written when they hold
+    only such values and take at most twice the bytes of the other fields (a reference side's formula vocabulary,
+    its peaks sorted by m/z, which the first transform would recompute), else left out and recomputed on demand.
+    Loading only builds classes registered here, by name: nothing named in a file is imported.
+    """
+    name = cls.__qualname__
+    if _SAVEABLE.get(name, cls) is not cls:
+        raise TypeError(f"two saveable features classes named {name!r}")
+    _SAVEABLE[name] = cls
+    return cls
+
+
+def encode_fitted(value: Any, name: str, arrays: dict[str, np.ndarray], memo: dict[int, str]) -> Any:
+    """The JSON description of ``value``, its arrays added to ``arrays`` under names starting with ``name``.
+
+    An object met twice (the MKL kernel's features hold its sub-kernels' features) is written once and
+    referenced. Raises :class:`StateNotSaveable` for anything else than the types :func:`saveable` lists.
+    """
+    import scipy.sparse as sp
+
+    if value is None or isinstance(value, (bool, str)):
+        return {"value": value}
+    if isinstance(value, (int, float, np.generic)) and not isinstance(value, np.ndarray):
+        item = value.item() if isinstance(value, np.generic) else value
+        if isinstance(item, (bool, int, float)):
+            return {"value": item}
+        raise StateNotSaveable(f"cannot save a {type(value).__name__} value")
+    if id(value) in memo:
+        return {"ref": memo[id(value)]}
+    if isinstance(value, np.ndarray):
+        if value.dtype == object:
+            raise StateNotSaveable(f"{name}: an object array cannot be saved without pickle")
+        memo[id(value)] = name
+        arrays[name] = np.ascontiguousarray(value)
+        return {"array": name}
+    if sp.issparse(value):
+        memo[id(value)] = name
+        csr = sp.csr_matrix(value)
+        arrays[f"{name}.data"], arrays[f"{name}.indices"] = csr.data, csr.indices
+        arrays[f"{name}.indptr"] = csr.indptr
+        return {"csr": name, "shape": [int(s) for s in csr.shape]}
+    if isinstance(value, Kernel):
+        memo[id(value)] = name
+        return {"kernel": value._fitted_state(name, arrays, memo), "at": name}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and \
+            _SAVEABLE.get(type(value).__qualname__) is type(value):
+        memo[id(value)] = name
+        fields = {f.name: encode_fitted(getattr(value, f.name), f"{name}.{f.name}", arrays, memo)
+                  for f in dataclasses.fields(value) if f.compare}
+        own = sum(a.nbytes for key, a in arrays.items() if key.startswith(f"{name}."))
+        for f in dataclasses.fields(value):  # caches: kept when they can be written and are not large
+            cached = getattr(value, f.name)
+            if f.compare or cached is None or (isinstance(cached, dict) and not cached):
+                continue
+            trial_arrays: dict[str, np.ndarray] = {}
+            trial_memo = dict(memo)
+            try:
+                encoded = encode_fitted(cached, f"{name}.{f.name}", trial_arrays, trial_memo)
+            except StateNotSaveable:
+                continue
+            if sum(a.nbytes for a in trial_arrays.values()) <= 2 * own:  # not a float copy of a bit matrix
+                fields[f.name] = encoded
+                arrays.update(trial_arrays)
+                memo.update(trial_memo)
+        return {"type": type(value).__qualname__, "fields": fields, "at": name}
+    if isinstance(value, (list, tuple)):
+        memo[id(value)] = name
+        items = [encode_fitted(v, f"{name}.{i}", arrays, memo) for i, v in enumerate(value)]
+        return {"tuple" if isinstance(value, tuple) else "list": items, "at": name}
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        memo[id(value)] = name
+        return {"dict": {k: encode_fitted(v, f"{name}.{k}", arrays, memo) for k, v in value.items()}, "at": name}
+    raise StateNotSaveable(f"{name}: cannot save a {type(value).__name__} (not a saveable features class)")
+
+
+def decode_fitted(meta: Any, arrays: Mapping[str, np.ndarray], refs: dict[str, Any]) -> Any:
+    """Inverse of :func:`encode_fitted`: arrays are used as given (memory-mapped ones stay mapped).
+
+    Raises
+    ------
+    StateNotSaveable
+        An unknown features class or a missing array (the caller refits the kernel).
+    """
+    try:
+        if "value" in meta:
+            return meta["value"]
+        if "ref" in meta:
+            return refs[meta["ref"]]
+        if "array" in meta:
+            value = refs[meta["array"]] = arrays[meta["array"]]
+            return value
+        if "csr" in meta:
+            import scipy.sparse as sp
+            name = meta["csr"]
+            value = refs[name] = sp.csr_matrix(
+                (arrays[f"{name}.data"], arrays[f"{name}.indices"], arrays[f"{name}.indptr"]),
+                shape=tuple(meta["shape"]))
+            return value
+        if "kernel" in meta:
+            value = refs[meta["at"]] = Kernel._from_fitted_state(meta["kernel"], arrays, refs)
+            return value
+        if "type" in meta:
+            cls = _SAVEABLE.get(meta["type"])
+            if cls is None:
+                raise StateNotSaveable(f"unknown features class {meta['type']!r}")
+            value = cls(**{k: decode_fitted(v, arrays, refs) for k, v in meta["fields"].items()})
+            refs[meta["at"]] = value
+            return value
+        for kind in ("list", "tuple"):
+            if kind in meta:
+                items = [decode_fitted(v, arrays, refs) for v in meta[kind]]
+                value = refs[meta["at"]] = items if kind == "list" else tuple(items)
+                return value
+        if "dict" in meta:
+            value = refs[meta["at"]] = {k: decode_fitted(v, arrays, refs) for k, v in meta["dict"].items()}
+            return value
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StateNotSaveable(f"fitted kernel state is incomplete ({type(exc).__name__}: {exc})") from None
+    raise StateNotSaveable(f"fitted kernel state: unknown entry {sorted(meta)!r}")
+
+
+
+def _holds_kernels(value: Any) -> bool:
+    return isinstance(value, Kernel) or (isinstance(value, (list, tuple)) and any(isinstance(v, Kernel) for v in value))
+
+
+def _registration(kernel: "Kernel") -> tuple[str, str]:
+    """``(kind, registry name)`` of ``kernel``'s own class (``registry_name`` is set on the class the registry loaded,
+    so a subclass may inherit its parent's: the class itself is checked)."""
+    from molpredict.registry import get_registry
+
+    registry = get_registry()
+    own = type(kernel).__dict__.get("registry_name")
+    kinds = ("output_kernel", "input_kernel") if isinstance(kernel, OutputKernel) else ("input_kernel", "output_kernel")
+    for kind in kinds:
+        if own in registry.names(kind) and registry.get(kind, own) is type(kernel):
+            return kind, own
+    for kind in kinds:
+        for name in registry.names(kind):
+            if registry.get(kind, name) is type(kernel):
+                return kind, name
+    raise StateNotSaveable(f"{type(kernel).__name__} is not a registered kernel")
 
 
 class InputKernel(Kernel, ABC):

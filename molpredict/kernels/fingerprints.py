@@ -25,7 +25,7 @@ import scipy.sparse as sp
 
 from molpredict.errors import SpecError
 from molpredict.chem.molecules import Molecule, fingerprint_matrix
-from molpredict.kernels.base import OutputKernel
+from molpredict.kernels.base import OutputKernel, saveable
 
 __all__ = ["tanimoto_bits", "minmax_counts", "cosine_fingerprints", "TanimotoKernel", "GaussianTanimotoKernel",
            "FingerprintCosineKernel"]
@@ -216,6 +216,7 @@ def _check_fingerprint_params(fp: str, counts: bool, chiral: bool) -> None:
 CACHE_F32_ENTRIES = 64_000_000
 
 
+@saveable
 @dataclass
 class _Fingerprints:
     """A fingerprint matrix (n, d): uint8 bits or float32 counts, with cached derived forms (for the

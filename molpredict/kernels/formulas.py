@@ -36,12 +36,13 @@ from molpredict.errors import SpecError
 from molpredict.chem.formulas import explain_masses, precursor_ion_formula, subformula_table
 from molpredict.chem.molecules import ELECTRON_MASS
 from molpredict.spectra.record import Spectrum
-from molpredict.kernels.base import InputKernel, normalize_block
+from molpredict.kernels.base import InputKernel, normalize_block, saveable
 from molpredict.kernels.spectra import _check_positive, _clean_peaks, _precision_of
 
 __all__ = ["FormulaBags", "formula_bags", "bag_dot", "FormulaAnnotationKernel"]
 
 
+@saveable
 @dataclass
 class FormulaBags:
     """Sparse bags of formulas of ``n`` spectra: spectrum ``s`` owns entries ``offsets[s]:offsets[s + 1]``,
@@ -179,6 +180,7 @@ def bag_dot(a: FormulaBags, b: FormulaBags) -> np.ndarray:
     return np.asarray((a_mat @ b_t).toarray(), dtype=np.float64)
 
 
+@saveable
 @dataclass
 class _FormulaFeatures:
     """Fragment and loss bags of a batch of spectra, with their raw squared norms."""

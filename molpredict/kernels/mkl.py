@@ -38,13 +38,11 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
-import scipy.linalg
-import scipy.optimize
 
 from molpredict.component import frozen_spec
 from molpredict.errors import InputError, SpecError
 from molpredict.specs import format_value
-from molpredict.kernels.base import DegenerateObjectWarning, InputKernel, _warn_degenerate, normalize_block
+from molpredict.kernels.base import DegenerateObjectWarning, InputKernel, _warn_degenerate, normalize_block, saveable
 
 __all__ = ["split_kernel_list", "centered_gram", "centered_alignment", "alignf_weights", "MKLKernel"]
 
@@ -105,12 +103,16 @@ def alignf_weights(grams: Sequence[np.ndarray], target: np.ndarray) -> np.ndarra
     a = np.array([np.sum(Kc * Lc) for Kc in centered])
     # v^T M v - 2 v^T a = |R v - R^-T a|^2 - const with M = R^T R; a relative jitter keeps R defined
     jitter = 1e-10 * max(float(np.trace(M)), 1e-300)
+    import scipy.linalg  # here: ALIGNF weights are learnt at fit only; a loaded kernel never needs scipy.linalg
+    import scipy.optimize
+
     R = scipy.linalg.cholesky(M + jitter * np.eye(p), lower=False)
     v, _ = scipy.optimize.nnls(R, scipy.linalg.solve_triangular(R, a, trans="T"))
     total = float(v.sum())
     return v / total if total > 0 else np.full(p, 1.0 / p)
 
 
+@saveable
 @dataclass
 class _MKLFeatures:
     """Each sub-kernel's features of a batch, with their raw self-similarities."""

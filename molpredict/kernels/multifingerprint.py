@@ -20,6 +20,7 @@ import numpy as np
 
 from molpredict.errors import SpecError
 from molpredict.chem.molecules import Molecule
+from molpredict.kernels.base import saveable
 from molpredict.kernels.fingerprints import GaussianTanimotoKernel, TanimotoKernel
 
 __all__ = ["parse_fingerprint_list", "MultiFingerprintKernel"]
@@ -56,6 +57,7 @@ def parse_fingerprint_list(text: str, size: int = 2048) -> list[TanimotoKernel]:
     return kernels
 
 
+@saveable
 @dataclass
 class _MultiFingerprints:
     """One fingerprint matrix per fingerprint kind, aligned on the same molecules."""

@@ -63,7 +63,7 @@ import scipy.sparse as sp
 
 from molpredict.errors import SpecError
 from molpredict.spectra.record import Spectrum
-from molpredict.kernels.base import InputKernel, normalize_block
+from molpredict.kernels.base import InputKernel, normalize_block, saveable
 
 __all__ = [
     "PeakSet",
@@ -90,6 +90,7 @@ MAX_CELLS = 4_000_000
 # --------------------------------------------------------------------------------------------------------------
 # Peak sets
 # --------------------------------------------------------------------------------------------------------------
+@saveable
 @dataclass
 class PeakSet:
     """The peaks of ``n`` spectra, flattened: spectrum ``s`` owns peaks ``offsets[s]:offsets[s + 1]``.
@@ -553,6 +554,7 @@ def _precision_of(spectrum: Spectrum) -> float:
     return estimate_mz_precision(mz[np.isfinite(mz)])
 
 
+@saveable
 @dataclass
 class _LossFeatures:
     """Peaks and neutral losses of a batch of spectra, with their raw self-similarities."""
@@ -622,6 +624,7 @@ class PPKLossesKernel(_PPKMixin, InputKernel):
         return (1.0 - a) * (features.diag_peaks > 0) + a * (features.diag_losses > 0)
 
 
+@saveable
 @dataclass
 class _Binned:
     """Binned peak vectors, ``matrix`` of shape (n, n_bins) (a ``len``-able wrapper around the CSR matrix)."""

@@ -22,7 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from molpredict.errors import PluginError, SpecError
-from molpredict.kernels.base import InputKernel
+from molpredict.kernels.base import InputKernel, saveable
 
 __all__ = [
     "ngrams",
@@ -60,6 +60,7 @@ def ngrams(text: str, n_min: int, n_max: int, analyzer: str = "char") -> Counter
     return counts
 
 
+@saveable
 @dataclass
 class NgramFeatures:
     """Sparse n-gram weights over a fixed vocabulary, and each string's full squared norm.

@@ -129,15 +129,30 @@ class Model(Component, ABC):
         """Rebuild a fitted model from :meth:`get_state`'s output."""
 
     def coordinates_key(self) -> str:
-        """A content hash of everything that determines :meth:`candidate_coordinates` (the cache key)."""
+        """A content hash of everything that determines :meth:`candidate_coordinates` (the cache key).
+
+        A fitted kernel's saved state (``fitted_kernel``/``fitted_kernels`` entries and their arrays) is left out:
+        it is what the kernel spec and landmarks, which are hashed, determine, so a bundle re-saved with it
+        (``molpredict model upgrade``) keeps its cached coordinates."""
         arrays, metadata = self.get_state()
         digest = hashlib.sha256()
-        digest.update(json.dumps(metadata.get("output", metadata), sort_keys=True, default=str).encode())
+        digest.update(json.dumps(_without_fitted_kernels(metadata.get("output", metadata)), sort_keys=True,
+                                 default=str).encode())
         for name in sorted(arrays):
-            if name.startswith("output"):
+            if name.startswith("output") and not set(name.split(".")) & _FITTED_KERNEL_KEYS:
                 digest.update(name.encode())
                 digest.update(np.ascontiguousarray(arrays[name]).tobytes())
         return digest.hexdigest()[:32]
+
+
+#: state entries holding a fitted kernel's saved features (see :meth:`Model.coordinates_key`)
+_FITTED_KERNEL_KEYS = frozenset({"fitted_kernel", "fitted_kernels"})
+
+
+def _without_fitted_kernels(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_fitted_kernels(v) for k, v in value.items() if k not in _FITTED_KERNEL_KEYS}
+    return value
 
 
 class CandidateSets:

@@ -67,18 +67,21 @@ from typing import Any, Sequence
 
 import numpy as np
 import scipy.sparse as sp
-import torch
 
 from molpredict.component import frozen_spec
 from molpredict.engine.device import resolve_device, resolve_dtype
 from molpredict.errors import InputError, ModelFileError, MolpredictError, ResourceError, SpecError
+from molpredict.lazy import lazy_module
 from molpredict.registry import create, get_registry
 from molpredict.engine.linalg import lapack_threads
-from molpredict.engine.nystrom import Nystrom, objects_from_state, objects_to_state
+from molpredict.engine.nystrom import LazyLandmarks, Nystrom, objects_from_state, objects_to_state
+from molpredict.kernels.base import Kernel, StateNotSaveable
 from molpredict.engine.sketches import Sketch, make_sketch
 from molpredict.specs import ComponentSpec, Grid, parse_spec, parse_values
 from molpredict.models.base import Model, check_pairs
 from molpredict.models.distinct import distinct_positions, split_by_structure
+
+torch = lazy_module("torch")  # fitting and GPU paths only: not imported to predict
 
 __all__ = ["IOKR", "SIOKR", "ISOKR", "SISOKR"]
 
@@ -86,6 +89,9 @@ STATE_FORMAT = "molpredict.okr"
 #: 2: landmarks written by molpredict.engine.nystrom.objects_to_state (arrays ``prefix.*``); 1 (``prefix_*``) still reads
 STATE_VERSION = 2
 READABLE_VERSIONS = (1, 2)
+#: metadata key (and array prefix) of the fitted kernels' state; optional, so version-2 readers without it still load
+#: such a file (refitting the kernels as before)
+FITTED_KERNELS = "fitted_kernels"
 #: The defaults (the constructors' and so ``molpredict train``'s), chosen on the shared MassBank data (train_pos,
 #: selection and scoring on val_pos with the val_formula256 candidate sets; hit@1 of the variants, all SISOKR
 #: with lam chosen by validation kernel loss): ppk / m_y=1000: 19.9%; ppk / m_y=2000: 25.7%; ppk, no output
@@ -157,6 +163,23 @@ def _group_sum(Z: torch.Tensor, index: torch.Tensor, n_groups: int) -> torch.Ten
     """Column sums of Z (r x n) per group: (r x n_groups)."""
     out = torch.zeros((Z.shape[0], n_groups), dtype=Z.dtype, device=Z.device)
     return out.index_add_(1, index, Z)
+
+
+#: up to this many inputs, the prediction's product runs on one BLAS thread: it reads W once either way, and
+#: starting and spinning BLAS threads cost a short run 0.1 s of CPU (the product splits rows and columns, never the
+#: sum, between threads: the values are the same)
+_FEW_ROWS = 32
+
+
+@contextlib.contextmanager
+def _one_blas_thread(active: bool):
+    if not active:
+        yield
+        return
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1, user_api="blas"):
+        yield
 
 
 def _rows_per_block(width: int) -> int:
@@ -730,6 +753,7 @@ class _OKRBase(Model):
         self.n_unique_ = int(n_u)
         self.rank_ = {"input": inp.rank, "output": out.rank}
         self._device_cache = {}
+        self._loaded_state = None
 
     # -- prediction --------------------------------------------------------------------------------------
     def _check_fitted(self) -> None:
@@ -750,24 +774,45 @@ class _OKRBase(Model):
             cache[key] = _to_device(self.W_, device, dtype)
         return cache[key]
 
+    def _predicts_on_torch(self) -> bool:
+        """Whether :meth:`predict_coordinates` runs its product on torch: only for a ``device`` naming a GPU.
+
+        Otherwise (``cpu``, and ``auto``) it is one BLAS product in numpy, as fast on the CPU and without importing
+        torch: the kernel rows it multiplies are computed on the CPU anyway.
+        """
+        return str(getattr(self, "device", "cpu")).strip().lower().startswith("cuda")
+
     def predict_coordinates(self, inputs: Sequence[Any]) -> np.ndarray:
         """Coefficients over the m_y sketched training outputs, shape (n_inputs, d), float64 (in blocks)."""
         self._check_fitted()
         inputs = list(inputs)
-        device, dtype = self._torch()
-        W = self._weights(device, dtype)
         out = np.empty((len(inputs), self.W_.shape[1]), dtype=np.float64)
         step = _rows_per_block(self.W_.shape[0])
+        if self._predicts_on_torch():
+            device, dtype = self._torch()
+            W = self._weights(device, dtype)
+            for start in range(0, len(inputs), step):
+                K = self.input_kernel_.transform(inputs[start:start + step])  # (b, n'_x)
+                out[start:start + K.shape[0]] = (_to_device(K, device, dtype) @ W).to(torch.float64).cpu().numpy()
+            return out
+        W = self.W_ if str(self.dtype) in ("float64", "double") else self._weights_float32()
         for start in range(0, len(inputs), step):
             K = self.input_kernel_.transform(inputs[start:start + step])  # (b, n'_x)
-            out[start:start + K.shape[0]] = (_to_device(K, device, dtype) @ W).to(torch.float64).cpu().numpy()
+            with _one_blas_thread(K.shape[0] <= _FEW_ROWS):
+                out[start:start + K.shape[0]] = K.astype(W.dtype, copy=False) @ W
         return out
+
+    def _weights_float32(self) -> np.ndarray:
+        cache = self.__dict__.setdefault("_device_cache", {})
+        if "numpy/float32" not in cache:
+            cache["numpy/float32"] = np.ascontiguousarray(self.W_, dtype=np.float32)
+        return cache["numpy/float32"]
 
     def candidate_coordinates(self, molecules: Sequence[Any]) -> np.ndarray:
         """R_y k_y(train, c) for each candidate: K_y(c, output landmarks) A_y^T, shape (n_c, d), float64."""
         self._check_fitted()
         molecules = list(molecules)
-        n_landmarks = len(self.output_landmarks_)
+        n_landmarks = int(self.output_kernel_.n_fit_)
         out = np.empty((len(molecules), self.n_coordinates), dtype=np.float64)
         step = _rows_per_block(n_landmarks)
         for start in range(0, len(molecules), step):
@@ -796,38 +841,66 @@ class _OKRBase(Model):
         return float(per.mean())
 
     # -- state -------------------------------------------------------------------------------------------
+    input_landmarks_ = LazyLandmarks()
+    output_landmarks_ = LazyLandmarks()
+
     def get_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """Arrays: ``W`` (n'_x, d), the input landmarks (``input_landmarks*``), the output sketch weights
-        (``output_A_*``, CSR) and array-valued output landmarks; metadata: specs with resolved parameters,
-        landmark SMILES under ``output``, the selection."""
+        (``output_A_*``, CSR), array-valued output landmarks and the fitted kernels (``fitted_kernels.input.*``,
+        ``fitted_kernels.output.*``: their features, :meth:`~molpredict.kernels.base.Kernel.get_fitted_state`);
+        metadata: specs with resolved parameters, landmark SMILES under ``output``, the selection, the fitted
+        kernels' JSON under ``fitted_kernels`` (``None`` for a kernel that cannot be saved so: it is refitted on its
+        landmarks at load). A model loaded from a state returns that state (with the fitted kernels added when it
+        lacked them), so neither saving it again nor its :meth:`coordinates_key` re-serialises the landmarks."""
         self._check_fitted()
-        arrays: dict[str, np.ndarray] = {"W": np.asarray(self.W_, dtype=np.float64)}
-        in_arrays, in_meta = objects_to_state(self.input_landmarks_, "input_landmarks")
-        out_arrays, out_meta = objects_to_state(self.output_landmarks_, "output_landmarks")
-        arrays.update(in_arrays)
-        arrays.update(out_arrays)
-        if self.output_A_ is not None:
-            arrays.update(_sparse_to_arrays(self.output_A_, "output_A"))
-        metadata = {
-            "format": STATE_FORMAT,
-            "version": STATE_VERSION,
-            "model": self.registry_name or type(self).__name__.lower(),
-            "params": self.get_params(),
-            "input": {"kernel": self.input_kernel_spec_, "sketch": self.input_sketch_spec_,
-                      "landmarks": in_meta},
-            "output": {"kernel": self.output_kernel_spec_, "sketch": self.output_sketch_spec_,
-                       "landmarks": out_meta},
-            "lam": self.lam_,
-            "n_train": self.n_train_,
-            "n_unique": self.n_unique_,
-            "rank": self.rank_,
-            "selection": self.selection_,
-        }
+        loaded = self.__dict__.get("_loaded_state")
+        if loaded is not None:
+            arrays, metadata = dict(loaded[0]), dict(loaded[1])
+        else:
+            arrays = {"W": np.asarray(self.W_, dtype=np.float64)}
+            in_arrays, in_meta = objects_to_state(self.input_landmarks_, "input_landmarks")
+            out_arrays, out_meta = objects_to_state(self.output_landmarks_, "output_landmarks")
+            arrays.update(in_arrays)
+            arrays.update(out_arrays)
+            if self.output_A_ is not None:
+                arrays.update(_sparse_to_arrays(self.output_A_, "output_A"))
+            metadata = {
+                "format": STATE_FORMAT,
+                "version": STATE_VERSION,
+                "model": self.registry_name or type(self).__name__.lower(),
+                "params": self.get_params(),
+                "input": {"kernel": self.input_kernel_spec_, "sketch": self.input_sketch_spec_,
+                          "landmarks": in_meta},
+                "output": {"kernel": self.output_kernel_spec_, "sketch": self.output_sketch_spec_,
+                           "landmarks": out_meta},
+                "lam": self.lam_,
+                "n_train": self.n_train_,
+                "n_unique": self.n_unique_,
+                "rank": self.rank_,
+                "selection": self.selection_,
+            }
+        if not metadata.get(FITTED_KERNELS):
+            fitted: dict[str, Any] = {}
+            for side, kernel in (("input", self.input_kernel_), ("output", self.output_kernel_)):
+                try:
+                    kernel_arrays, fitted[side] = kernel.get_fitted_state(f"{FITTED_KERNELS}.{side}")
+                except StateNotSaveable:
+                    fitted[side] = None
+                    continue
+                arrays.update(kernel_arrays)
+            metadata[FITTED_KERNELS] = fitted
         return arrays, metadata
 
     @classmethod
     def from_state(cls, arrays: dict[str, np.ndarray], metadata: dict[str, Any]) -> "_OKRBase":
-        """Rebuild a fitted model; the kernels are re-created from their resolved specs on the landmarks."""
+        """Rebuild a fitted model.
+
+        The kernels come from their saved fitted state (the arrays used as given: memory-mapped ones stay mapped;
+        nothing is featurised); a state without it (saved before it existed, or a kernel that cannot be saved
+        so) has the kernel re-created from its resolved spec and refitted on the landmarks, and the model says so
+        in ``refitted_on_load_`` (re-saving it, ``molpredict model upgrade``, makes the next load fast). The
+        landmark objects are decoded on first access only.
+        """
         if metadata.get("format") != STATE_FORMAT or metadata.get("version") not in READABLE_VERSIONS:
             raise ModelFileError(f"model state: unsupported format {metadata.get('format')!r} version "
                                  f"{metadata.get('version')!r} (expected {STATE_FORMAT} "
@@ -839,9 +912,11 @@ class _OKRBase(Model):
         model = target(**params)
         try:
             model.W_ = np.asarray(arrays["W"], dtype=np.float64)
-            model.input_landmarks_ = objects_from_state(arrays, metadata["input"]["landmarks"], "input_landmarks")
-            model.output_landmarks_ = objects_from_state(arrays, metadata["output"]["landmarks"],
-                                                         "output_landmarks")
+            landmarks = {"input_landmarks_": (metadata["input"]["landmarks"], "input_landmarks"),
+                         "output_landmarks_": (metadata["output"]["landmarks"], "output_landmarks")}
+            model._landmark_loaders = {
+                name: (lambda meta=meta, prefix=prefix: objects_from_state(arrays, meta, prefix))
+                for name, (meta, prefix) in landmarks.items()}
             model.input_kernel_spec_ = metadata["input"]["kernel"]
             model.output_kernel_spec_ = metadata["output"]["kernel"]
             model.input_sketch_spec_ = metadata["input"]["sketch"]
@@ -856,16 +931,28 @@ class _OKRBase(Model):
         model.val_loss_ = [p.get("val_loss") for p in model.selection_.get("points", [])]
         model.output_A_ = (None if model.output_sketch_spec_ == "identity"
                            else _sparse_from_arrays(arrays, "output_A"))
-        if model.W_.shape[0] != len(model.input_landmarks_):
-            raise ModelFileError(f"model state: W has {model.W_.shape[0]} rows for "
-                                 f"{len(model.input_landmarks_)} input landmarks")
-        width = len(model.output_landmarks_) if model.output_A_ is None else model.output_A_.shape[1]
-        d = len(model.output_landmarks_) if model.output_A_ is None else model.output_A_.shape[0]
-        if width != len(model.output_landmarks_) or d != model.W_.shape[1]:
+        fitted = metadata.get(FITTED_KERNELS) or {}
+        model.refitted_on_load_ = []
+        for side, kind in (("input", "input_kernel"), ("output", "output_kernel")):
+            kernel = None
+            if fitted.get(side):
+                try:
+                    kernel = Kernel.from_fitted_state(arrays, fitted[side])
+                except StateNotSaveable:
+                    kernel = None
+            if kernel is None:
+                kernel = create(kind, getattr(model, f"{side}_kernel_spec_")).fit(getattr(model, f"{side}_landmarks_"))
+                model.refitted_on_load_.append(side)
+            setattr(model, f"{side}_kernel_", kernel)
+        n_input, n_output = int(model.input_kernel_.n_fit_), int(model.output_kernel_.n_fit_)
+        if model.W_.shape[0] != n_input:
+            raise ModelFileError(f"model state: W has {model.W_.shape[0]} rows for {n_input} input landmarks")
+        width = n_output if model.output_A_ is None else model.output_A_.shape[1]
+        d = n_output if model.output_A_ is None else model.output_A_.shape[0]
+        if width != n_output or d != model.W_.shape[1]:
             raise ModelFileError("model state: output sketch, landmarks and W do not match")
-        model.input_kernel_ = create("input_kernel", model.input_kernel_spec_).fit(model.input_landmarks_)
-        model.output_kernel_ = create("output_kernel", model.output_kernel_spec_).fit(model.output_landmarks_)
         model._device_cache = {}
+        model._loaded_state = (arrays, metadata)
         return model
 
 

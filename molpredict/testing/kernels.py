@@ -56,7 +56,11 @@ def check_kernel(kernel: Any, objects: Sequence[Any], *, n_sample: int = 60, ato
     5. ``diagonal(reference)`` equals the diagonal of ``gram()``;
     6. ``transform(reference)`` equals ``gram()`` off the diagonal (the fitted and the transform paths agree);
     7. determinism: a second fit of a deep copy of the unfitted kernel gives identical results;
-    8. blocks: with ``block_rows`` forced to 3, ``gram``, ``gram(index)`` and ``transform`` give the same values.
+    8. blocks: with ``block_rows`` forced to 3, ``gram``, ``gram(index)`` and ``transform`` give the same values;
+    9. fitted state: unless the kernel says it cannot be saved (:class:`~molpredict.kernels.base.StateNotSaveable`),
+       :meth:`~molpredict.kernels.base.Kernel.get_fitted_state` gives plain arrays and JSON, and the kernel
+       :meth:`~molpredict.kernels.base.Kernel.from_fitted_state` rebuilds from them (after a JSON round trip,
+       as a model file stores them) gives exactly the same ``gram`` and ``transform(queries)``.
 
     Parameters
     ----------
@@ -163,3 +167,33 @@ def check_kernel(kernel: Any, objects: Sequence[Any], *, n_sample: int = 60, ato
         err, at = _max_abs_diff(got, want)
         if err > atol:
             _fail(kernel, "blocked computation", f"{name} with block_rows=3 differs by {err:.3g} at {at}")
+
+    # 9. fitted state
+    _check_fitted_state(kernel, gram, trans_q, queries)
+
+
+def _check_fitted_state(kernel: Any, gram: np.ndarray, trans_q: np.ndarray, queries: Sequence[Any]) -> None:
+    import json
+
+    from molpredict.kernels.base import Kernel, StateNotSaveable
+
+    if not isinstance(kernel, Kernel):
+        return
+    try:
+        arrays, meta = kernel.get_fitted_state("kernel")
+    except StateNotSaveable:
+        return
+    for name, array in arrays.items():
+        if not isinstance(array, np.ndarray) or array.dtype == object or not name.startswith("kernel."):
+            _fail(kernel, "fitted state", f"state array {name!r} is not a plain array named kernel.*")
+    try:
+        meta = json.loads(json.dumps(meta))
+    except (TypeError, ValueError) as exc:
+        _fail(kernel, "fitted state", f"the state's metadata is not JSON ({exc})")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rebuilt = Kernel.from_fitted_state({k: v.copy() for k, v in arrays.items()}, meta)
+        gram_r, trans_r = rebuilt.gram(), rebuilt.transform(queries)
+    if not (np.array_equal(gram_r, gram) and np.array_equal(trans_r, trans_q)):
+        err = max(_max_abs_diff(gram_r, gram)[0], _max_abs_diff(trans_r, trans_q)[0])
+        _fail(kernel, "fitted state", f"the kernel rebuilt from its fitted state differs by {err:.3g}")
