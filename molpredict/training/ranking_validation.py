@@ -22,9 +22,10 @@ import numpy as np
 from molpredict.identification.calibration import Calibrator, confident_at_fdr, expected_calibration_error, ranking_features_flat
 from molpredict.errors import InputError
 from molpredict.identification.evidence import Evidence
-from molpredict.identification.fusion import ScoreFusion, fit_fusion, true_ranks
+from molpredict.identification.fusion import PRIOR, SPECTRUM, ScoreFusion, fit_fusion, true_ranks
 
 __all__ = ["candidate_sets_from_library", "ranking_candidates", "fit_submodel_scoring", "ValidationTerms", "validation_terms",
+           "shared_validation_terms",
            "fit_scoring"]
 
 
@@ -150,6 +151,46 @@ def validation_terms(identifier: Any, spectra: Sequence[Any], wanted: Sequence[s
         groups=[q.true_key for q in queries])
 
 
+def shared_validation_terms(sub: Any, validation: Any, wanted: Sequence[str] = ()) -> ValidationTerms | None:
+    """The validation terms from the model's own grid search, without scoring the validation sets again: the
+    scores its chosen grid point gave every validation candidate (``sub.model.validation_scores_``, flat in the
+    order of ``validation.candidates.flat()``) and the prior of each distinct candidate structure, scored once.
+
+    The grid search, the fusion and the calibration thus share one scoring pass. None when the model kept no
+    such scores (another model, no ranking-aware selection) or a term other than the prior is wanted (the
+    fragment score needs each query spectrum): then use :func:`validation_terms`.
+
+    Parameters
+    ----------
+    sub : SubModel
+        Its model fitted with ``val=validation``.
+    validation : ValidationData
+        The validation inputs, their label structures and the
+        :class:`~molpredict.models.base.CandidateSets` the model ranked.
+    wanted : sequence of str
+        Terms besides ``spectrum``.
+
+    Returns
+    -------
+    ValidationTerms or None
+        One query per candidate set (grouped by the label's InChIKey first block), the sets in their order.
+    """
+    candidates = getattr(validation, "candidates", None)
+    scores = getattr(sub.model, "validation_scores_", None)
+    if candidates is None or scores is None or not len(candidates) or any(w != PRIOR for w in wanted):
+        return None
+    offsets, flat, is_true = candidates.flat()
+    if len(scores) != len(flat):
+        return None
+    terms = {SPECTRUM: np.asarray(scores, dtype=np.float64)}
+    if PRIOR in wanted and sub.prior is not None:
+        prior = np.asarray(sub.prior.candidate_coordinates(candidates.molecules), dtype=np.float64)[:, 0]
+        terms[PRIOR] = prior[flat]
+    labels = validation[1]
+    groups = [labels[p].inchikey14 for p in candidates.positions]
+    return ValidationTerms(offsets=offsets, is_true=is_true, terms=terms, groups=groups)
+
+
 def structure_sample(spectra: Sequence[Any], max_structures: int, seed: int = 0) -> list[Any]:
     """The spectra of a seeded sample of at most ``max_structures`` distinct structures (InChIKey first block)."""
     keys = sorted({s.inchikey.split("-", 1)[0] for s in spectra if s.inchikey})
@@ -263,13 +304,17 @@ def ranking_candidates(molecules: Sequence[Any], collections: Sequence[Mapping[s
 
 def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
                          collections: Sequence[Mapping[str, Sequence[tuple[str, str]]]], metric: str = "mrr",
-                         seed: int = 0, log: Any = None, max_structures: int | None = None) -> dict[str, Any]:
+                         seed: int = 0, log: Any = None, max_structures: int | None = None,
+                         validation: Any = None) -> dict[str, Any]:
     """Fit ``sub``'s fusion and calibration, with and without its prior, on validation candidate sets (every
     validation spectrum ranks once per collection of sets).
 
     Sets ``sub.scoring`` (see :mod:`molpredict.identification.evidence`) and returns the JSON-ready report (per variant).
     ``max_structures`` bounds the cost (the fragment score fragments every candidate): the spectra of a seeded
     sample of that many validation structures are used (all when None).
+    ``validation``: the :class:`~molpredict.models.base.ValidationData` the model was fitted with; when its grid
+    search kept its candidates' scores, those are the spectrum term (:func:`shared_validation_terms`: one scoring
+    pass for the grid, the fusion and the calibration) and ``val_spectra`` / ``collections`` are not scored again.
     """
     from molpredict.identification.candidate_sources import SetSource
     from molpredict.identification.evidence import WITH_PRIOR, WITHOUT_PRIOR, ScoringVariant
@@ -282,9 +327,11 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
     wanted = [PRIOR] * (sub.prior is not None) + [FRAGMENTS] * (sub.fragments is not None)
     if max_structures is not None:
         val_spectra = structure_sample(val_spectra, max_structures, seed)
-    parts = [validation_terms(Identifier(bundle, SetSource(dict(sets)), IdentifyOptions(), cache_root=False),
-                              val_spectra, wanted) for sets in collections]
-    data = ValidationTerms.concatenate(parts)
+    data = shared_validation_terms(sub, validation, wanted) if max_structures is None else None
+    if data is None:
+        parts = [validation_terms(Identifier(bundle, SetSource(dict(sets)), IdentifyOptions(), cache_root=False),
+                                  val_spectra, wanted) for sets in collections]
+        data = ValidationTerms.concatenate(parts)
     scoring, report = {}, {}
     for variant, names in ((WITH_PRIOR, list(data.terms)), (WITHOUT_PRIOR, [n for n in data.terms if n != PRIOR])):
         if variant == WITH_PRIOR and PRIOR not in data.terms:
