@@ -14,6 +14,11 @@ from molpredict.spectra.record import Spectrum
 __all__ = ["spectra_to_arrays", "spectra_from_arrays", "ARRAYS_FORMAT_VERSION"]
 
 ARRAYS_FORMAT_VERSION = 1
+#: the format tag of the JSON companion (a file format name, not a module path: bundles written before the
+#: layout move carry it)
+SPECTRA_FORMAT = "molpredict.spectra"
+#: also read: the tag the layout move wrote for a while
+READABLE_SPECTRA_FORMATS = (SPECTRA_FORMAT, "molpredict.spectra.cleaning")
 _ION_MODE_CODES = {"positive": 1, "negative": -1, None: 0}
 _ION_MODES = {1: "positive", -1: "negative", 0: None}
 _ARRAY_KEYS = ("mz", "intensities", "offsets", "precursor_mz", "charge", "ion_mode", "ms_level", "mz_precision")
@@ -39,7 +44,7 @@ def spectra_to_arrays(spectra: Iterable[Spectrum], metadata_keys: Sequence[str] 
         None), ``charge`` (n,) int64 (0 for None), ``ion_mode`` (n,) int8 (1 positive, -1 negative,
         0 unknown), ``ms_level`` (n,) int64, ``mz_precision`` (n,) float64 (NaN for None).
     meta : dict
-        ``{"format": "molpredict.spectra.cleaning", "version": 1, "ids": [n str], "adducts": [n str or None],
+        ``{"format": "molpredict.spectra", "version": 1, "ids": [n str], "adducts": [n str or None],
         "metadata": [n dict]}``; store it as JSON beside the arrays.
     """
     ids: list[str] = []
@@ -82,7 +87,7 @@ def spectra_to_arrays(spectra: Iterable[Spectrum], metadata_keys: Sequence[str] 
         "ms_level": np.asarray(ms_level, dtype=np.int64),
         "mz_precision": np.asarray(precision, dtype=np.float64),
     }
-    meta = {"format": "molpredict.spectra.cleaning", "version": ARRAYS_FORMAT_VERSION, "ids": ids, "adducts": adducts,
+    meta = {"format": SPECTRA_FORMAT, "version": ARRAYS_FORMAT_VERSION, "ids": ids, "adducts": adducts,
             "metadata": metadata}
     try:
         json.dumps(meta)
@@ -113,7 +118,7 @@ def spectra_from_arrays(arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> 
     missing = [k for k in _ARRAY_KEYS if k not in arrays]
     if missing:
         raise ModelFileError(f"spectra arrays lack {', '.join(missing)}")
-    if meta.get("format") != "molpredict.spectra.cleaning" or meta.get("version") != ARRAYS_FORMAT_VERSION:
+    if meta.get("format") not in READABLE_SPECTRA_FORMATS or meta.get("version") != ARRAYS_FORMAT_VERSION:
         raise ModelFileError(f"unsupported spectra format {meta.get('format')!r} version {meta.get('version')!r}")
     offsets = np.asarray(arrays["offsets"], dtype=np.int64)
     n = offsets.shape[0] - 1
