@@ -22,7 +22,7 @@ kept in ``paths``). Stages:
 - ``model linear algebra``: the rest of the fit (products, whitening, weights);
 - ``validation scoring``: scoring the validation candidate sets with the chosen model for the fusion (outside
   the kernel rows);
-- ``prior``: fitting and scoring the structure prior;
+- ``prior``: fitting the structure prior and scoring candidates with it (outside the kernel rows);
 - ``fusion``, ``calibration``: fitting the fusion weights, the calibrator and their report;
 - ``other``: the rest.
 """
@@ -193,7 +193,8 @@ def _instrument() -> list[str]:
                        "calibration"), "Calibrator.fit")
     need(_patch_function(["molpredict.training.pipeline", "molpredict.training"], "_fit_prior", "prior"),
          "_fit_prior")
-    _patch_method(["molpredict.models.baselines", "molpredict.models.prior"], "StructurePrior", "score", "prior")
+    for attr in ("fit", "candidate_coordinates"):
+        need(_patch_method(["molpredict.models.baselines"], "PriorBaseline", attr, "prior"), f"PriorBaseline.{attr}")
     return missing
 
 
