@@ -306,6 +306,10 @@ def markdown(report: dict) -> str:
         hit, mrr = _metric_row(r)
         lines.append(f"| {l} | {r['peak_rss_mb']:.0f} | {r['load_before'][0]:.2f} / {r['load_after'][0]:.2f} | "
                      f"{100 * hit:.2f}% | {mrr:.4f} | {r['chosen_lam']} |")
+    lines += ["", "Where the time is, nested (exclusive CPU seconds per path of stages, the largest):", ""]
+    for l in labels:
+        top = [f"{'/'.join(p['path'])} {p['cpu_s']:.1f}" for p in runs[l]["paths"][:8]]
+        lines.append(f"- {l}: " + "; ".join(top))
     if "ratios" in report:
         ra = report["ratios"]
         lines += ["", f"after / before: CPU {ra['cpu']:.3f}, wall {ra['wall']:.3f}; validation hit@1 "
