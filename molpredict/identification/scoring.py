@@ -463,8 +463,17 @@ class DaskExecutor(Executor):
                 raise InputError(f"--cluster {address!r}: expected local:N with N >= 1 worker processes")
             import dask
 
-            with dask.config.set(local_worker_config(dask.config.get("distributed.nanny.pre-spawn-environ", {}))):
-                cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
+            # a nanny writes its pre-spawn environment into this process's os.environ (an earlier cluster's
+            # MALLOC_TRIM_THRESHOLD_ would be inherited): out while our workers start, then as it was
+            saved = os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+            try:
+                with dask.config.set(local_worker_config(dask.config.get("distributed.nanny.pre-spawn-environ",
+                                                                         {}))):
+                    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                           dashboard_address=None)
+            finally:
+                if saved is not None:
+                    os.environ["MALLOC_TRIM_THRESHOLD_"] = saved
             client = Client(cluster)
             return cls(client, window, owned=[client, cluster])
         if "://" not in address:
