@@ -493,8 +493,20 @@ class IdentifierState(WorkerState):
             from molpredict.identification.candidate_sources import LibrarySource
 
             (path, _, _), options = self.library
-            source = LibrarySource(load_library_once(path), options)
+            library = load_library_once(path)
+            _warm_library(library)
+            source = LibrarySource(library, options)
         return Identifier(load_bundle_once(self.bundle_path), source, self.options, cache_root=self.cache_root)
+
+
+def _warm_library(library: Any) -> None:
+    """Build what a library builds lazily on first use (the formula and mass indexes, the string columns the
+    output rows take), so that a worker does it while loading, not inside the first blocks it runs."""
+    library.select_by_formula("H2O")
+    library.mass_windows([100.0])
+    for name in ("inchikey", "inchikey14", "smiles", "formula", "name", "id"):
+        if name in ("inchikey", "inchikey14", "smiles", "formula") or library.has_column(name):
+            library.column(name)
 
 
 def unique_ids(spectra: Iterable[Any]) -> Iterator[Any]:

@@ -358,6 +358,16 @@ def content_token(*parts: Any) -> str:
     return hashlib.sha256(pickle.dumps(parts, protocol=4)).hexdigest()
 
 
+def _loaded(live: Any, block: Any) -> int:
+    """The task of :func:`_preload`: nothing beyond loading the state; the worker's process id."""
+    return os.getpid()
+
+
+def _preload(state: WorkerState) -> int:
+    """Load ``state`` on the worker that runs this (once per process and token, as every block does)."""
+    return _run_block(_loaded, state, None)
+
+
 def _run_block(task: Callable[[Any, Any], Any], state: WorkerState, block: Any) -> Any:
     """A task as a worker runs it: the state is loaded once per process, blocks run one at a time per
     process (the state's caches are not shared between threads)."""
@@ -493,8 +503,14 @@ class DaskExecutor(Executor):
 
         if not isinstance(state, WorkerState):
             raise TypeError("DaskExecutor.map takes a WorkerState (a recipe the workers load)")
+        from distributed import wait
+
         window = self.window or max(4, 2 * self.n_threads())
         remote_state = self.client.scatter(state, broadcast=True, hash=False)
+        # every worker loads the state once, all at the same time, before the first block (a warm worker with
+        # the same content token has it already): no block pays for a load, and none waits behind one
+        wait([self.client.submit(_preload, remote_state, workers=[address], allow_other_workers=False, pure=False)
+              for address in self.client.scheduler_info()["workers"]])
         pending = as_completed()
         inflight: dict[str, tuple[int, Any]] = {}
         done: dict[int, Any] = {}
