@@ -518,6 +518,10 @@ class _OKRBase(Model):
         "val_loss", ...}], "best": index}`` (``val_loss`` is NaN when nothing was selected).
     val_loss_ : list of float
         The validation kernel loss of each grid point, in the order of ``selection_["points"]``.
+    validation_scores_ : ndarray of shape (n_candidates_total,) or None
+        After a ranking-aware selection (``val`` with candidate sets): the scores the chosen grid point gave the
+        validation candidates, flat in the order of ``val.candidates.flat()`` (float32 products); the fusion
+        and the calibration are fitted on them instead of scoring the sets again. Not saved with the model.
     rank_ : dict
         Numerical ranks kept by the pseudo-inverses: ``{"input": r_x, "output": r_y}``.
     n_train_, n_unique_ : int
