@@ -234,12 +234,104 @@ def throughput(bundle, spectra, source, library, store_root, workdir):
     return out
 
 
+def _cluster_cpu(executor):
+    """CPU seconds used so far by every worker process of ``executor`` (their whole processes: the task
+    threads, Dask's own threads, serialisation)."""
+    import psutil
+
+    def cpu():
+        times = psutil.Process().cpu_times()
+        return times.user + times.system
+    return sum(executor.client.run(cpu).values())
+
+
+def formula_scale(model, pool, spectra_path, sizes, store_root, block_queries=None):
+    """Identify test spectra by formula against a large library (``pool``), warm store: in-process, then on a
+    ``local:2`` cluster, for each size in ``sizes`` (spectra repeated when the file has fewer), all in one run.
+
+    Per size: wall and CPU seconds in-process and on the cluster (workers' whole-process CPU), the per-worker
+    efficiency (worker CPU per spectrum / in-process CPU per spectrum), the wall ratio cluster / in-process,
+    and whether the outputs are byte-identical. The cluster is started and its workers load the bundle and
+    the library once (timed apart: ``startup_s``, ``first_load_s``); every timed run reuses them.
+    """
+    import resource
+
+    from molpredict.identification.candidate_sources import LibrarySource
+    from molpredict.identification.identify import Identifier, IdentifyOptions
+    from molpredict.identification.scoring import DaskExecutor, InProcessExecutor, load_bundle_once, load_library_once
+    from molpredict.io import read_spectra
+    from molpredict.io.results import ResultWriter
+
+    bundle = load_bundle_once(model)
+    t0 = time.perf_counter()
+    library = load_library_once(pool)
+    load_s = time.perf_counter() - t0
+    base = [s for s in read_spectra(spectra_path) if s.formula]
+    options = IdentifyOptions(by="formula", top_k=10, **({"block_queries": block_queries} if block_queries else {}))
+
+    def run(spectra, executor):
+        identifier = Identifier(bundle, LibrarySource(library, options), options, cache_root=store_root)
+        buffer = io.StringIO()
+        writer = ResultWriter(buffer, "tsv")
+        c0, w0 = time.process_time(), time.perf_counter()
+        for row in identifier.run(spectra, executor=executor):
+            writer.write(row)
+        writer.close()
+        return time.perf_counter() - w0, time.process_time() - c0, buffer.getvalue()
+
+    def spectra_of(n):
+        return [base[i % len(base)] for i in range(n)]
+
+    out = {"pool": str(pool), "pool_structures": len(library), "library_load_s": round(load_s, 2),
+           "block_queries": options.block_queries, "distinct_spectra": len(base), "sizes": {}}
+    here = InProcessExecutor()
+    print("formula scale: warming the store", file=sys.stderr, flush=True)
+    run(base, here)  # warm: every candidate's coordinates stored (the larger runs repeat these spectra)
+    t0 = time.perf_counter()
+    executor = DaskExecutor.connect("local:2")
+    out["startup_s"] = round(time.perf_counter() - t0, 2)
+    try:
+        # the workers load the bundle and the library (once per process: later runs reuse them)
+        out["first_load_s"] = round(run(spectra_of(4), executor)[0], 2)
+        for n in sizes:
+            spectra = spectra_of(n)
+            print(f"formula scale: {n} spectra", file=sys.stderr, flush=True)
+            load = os.getloadavg()[0]
+            wall, cpu, reference = run(spectra, here)
+            c0 = _cluster_cpu(executor)
+            cwall, _, text = run(spectra, executor)
+            wcpu = _cluster_cpu(executor) - c0
+            out["sizes"][str(n)] = {
+                "load_1min": round(load, 2),
+                "in_process": {"wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+                               "cpu_ms_per_spectrum": round(1000 * cpu / n, 3)},
+                "local:2": {"wall_s": round(cwall, 3), "worker_cpu_s": round(wcpu, 3),
+                            "worker_cpu_ms_per_spectrum": round(1000 * wcpu / n, 3)},
+                "per_worker_efficiency": round(wcpu / cpu, 3),
+                "wall_ratio_cluster_over_in_process": round(cwall / wall, 3),
+                "identical_outputs": text == reference,
+                "load_1min_after": round(os.getloadavg()[0], 2)}
+            print(json.dumps(out["sizes"][str(n)]), file=sys.stderr, flush=True)
+        out["memory_per_worker_mib"] = _rss_per_worker(executor.client)
+        out["client_peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    finally:
+        executor.close()
+    return out
+
+
 def projection(result):
     acc = result.get("accuracy", {})
     lib = result["throughput"]["score_library"]
     # cost per structure in worker CPU time (what a dedicated core spends; wall rates here depend on the load
     # other developers put on the 2 shared cores), plus the per-block overhead at 8,192-row blocks
     cpu_s = lib["local:1"]["worker_cpu_ms_per_structure"] / 1000
+    efficiency = None
+    sizes = (result.get("formula_scale") or {}).get("sizes") or {}
+    if sizes:
+        # the per-worker efficiency of the largest run (worker CPU per spectrum / in-process CPU per spectrum):
+        # a worker spends the in-process CPU per structure times it
+        efficiency = sizes[max(sizes, key=int)]["per_worker_efficiency"]
+        cpu_s = lib["in-process"]["cpu_ms_per_structure"] / 1000 * efficiency
     rate = lib["local:1"]["structures_per_s"]
     overhead_s = lib["local:1"]["per_block_overhead_ms"] / 1000
     block = 8192
@@ -249,14 +341,17 @@ def projection(result):
     f64_bytes = acc.get("float64", {}).get("bytes_per_structure_on_disk", 16000)
     return {
         "structures": PROJECTION_STRUCTURES, "ion_modes": 1, "block_rows": block, "n_blocks": int(blocks),
-        "worker_cpu_s_per_structure": cpu_s, "measured_wall_rate_local1_structures_per_s": rate,
+        "worker_cpu_s_per_structure": cpu_s, "per_worker_efficiency": efficiency,
+        "in_process_cpu_s_per_structure": lib["in-process"]["cpu_ms_per_structure"] / 1000,
+        "measured_wall_rate_local1_structures_per_s": rate,
         "core_structures_per_s": round(1 / cpu_s, 1), "per_block_overhead_s": overhead_s,
         "core_hours": round(core_hours, 1),
         "hours_on": {str(c): round(core_hours / c, 2) for c in (64, 256, 1024)},
         "storage_tb_int8": round(PROJECTION_STRUCTURES * int8_bytes / 1e12, 3),
         "storage_tb_float64": round(PROJECTION_STRUCTURES * f64_bytes / 1e12, 3),
-        "note": "per ion mode; one single-threaded worker per dedicated core spending the worker CPU time per "
-                "structure measured here, blocks of 8,192 rows (one store segment each)",
+        "note": "per ion mode; one single-threaded worker per dedicated core spending the in-process CPU time per "
+                "structure times the measured per-worker efficiency (without formula-scale runs: the local:1 "
+                "worker CPU per structure), blocks of 8,192 rows (one store segment each)",
     }
 
 
@@ -271,6 +366,13 @@ def main(argv: list[str] | None = None) -> dict:
                         help="with --skip-accuracy: reuse the accuracy results of an earlier run (JSON)")
     parser.add_argument("--workdir", default=None, help="stores go here (default: next to --out)")
     parser.add_argument("--out", default="bench-out/scale/scale.json")
+    parser.add_argument("--formula-pool", default=None,
+                        help="also (or, with --formula-only, only) identify test_pos spectra by formula against this "
+                             "library (e.g. the 1.96M pool), in-process vs local:2, warm store")
+    parser.add_argument("--formula-sizes", default="3000,30000", help="spectra per formula-scale run")
+    parser.add_argument("--formula-store", default=None, help="coordinates store root for the formula runs")
+    parser.add_argument("--formula-only", action="store_true",
+                        help="only the formula-scale runs (the rest of an earlier --out JSON is kept)")
     args = parser.parse_args(argv)
 
     sys.path.insert(0, str(ROOT))
@@ -289,6 +391,17 @@ def main(argv: list[str] | None = None) -> dict:
     workdir = Path(args.workdir) if args.workdir else out_path.parent / "work"
     workdir.mkdir(parents=True, exist_ok=True)
     spectra_path = data / "massbank" / "test_pos.mgf"
+    if args.formula_pool:
+        sizes = [int(v) for v in args.formula_sizes.split(",") if v.strip()]
+        store = Path(args.formula_store) if args.formula_store else workdir / "store-formula"
+        formula = formula_scale(args.model, args.formula_pool, spectra_path, sizes, store)
+        if args.formula_only:
+            result = json.loads(out_path.read_text()) if out_path.exists() else {}
+            result["formula_scale"] = formula
+            result["projection_120M"] = projection(result)
+            out_path.write_text(json.dumps(result, indent=2) + "\n")
+            print(json.dumps(formula, indent=1), file=sys.stderr)
+            return result
     bundle = ModelBundle.load(args.model)
     sets = load_candidate_sets(data / "candidates" / "test_formula256.json")
     result: dict = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
@@ -311,6 +424,8 @@ def main(argv: list[str] | None = None) -> dict:
     chosen = sorted(rng.choice(len(smiles), size=min(args.n_library, len(smiles)), replace=False))
     library = CandidateLibrary.from_smiles([smiles[i] for i in chosen], source="formula256")
     result["throughput"] = throughput(bundle, spectra, source, library, store_root, workdir)
+    if args.formula_pool:
+        result["formula_scale"] = formula
     result["projection_120M"] = projection(result)
     result["total_s"] = round(time.perf_counter() - t0, 1)
     out_path.write_text(json.dumps(result, indent=2) + "\n")

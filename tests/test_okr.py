@@ -551,3 +551,72 @@ def test_ranking_selection_equals_decoding_each_grid_point(model_cls, sketches):
 def test_select_by_rejects_unknown_metrics():
     with pytest.raises(SpecError):
         SISOKR(select_by="accuracy")
+
+
+def test_validation_scores_are_the_chosen_points_decoding():
+    """The grid search keeps the scores its chosen grid point gave the validation candidates
+    (``validation_scores_``, flat in the order of ``CandidateSets.flat()``): they must equal the fitted model's own
+    scores (``score``, the decoding identification uses) up to the float32 of the grid's products, rank the truth
+    as the recorded metric says, and be what the fusion is fitted on (shared_validation_terms)."""
+    from molpredict.engine.decoding import ranking_metrics
+    from molpredict.models.base import CandidateSets, ValidationData
+    from molpredict.modelfile import SubModel
+    from molpredict.training.ranking_validation import shared_validation_terms
+
+    X, Y, U, A = make_data(n=300, n_structures=80, seed=6, noise=0.5)
+    rng = np.random.default_rng(8)
+    Uv = rng.normal(size=(30, 3))
+    Xv = np.tanh(Uv @ A) + 0.5 * rng.normal(size=(30, 5))
+    pool = np.concatenate([np.vstack([u, u + 0.6 * rng.normal(size=(7, 3))]) for u in Uv])
+    positions = np.arange(0, 30, 3)
+    sets = [np.arange(8 * p, 8 * p + 8) for p in positions]
+    truth = [np.arange(8) == 0 for _ in positions]
+    candidates = CandidateSets(list(pool), sets, truth, positions)
+    model = SISOKR(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=150",
+                   output_sketch="p-sparsified-rademacher:m=40", lam="1e-6|1e-3|1e-1", device="cpu")
+    val = ValidationData(list(Xv), list(Uv), candidates)
+    model.fit(list(X), list(Y), val=val)
+    offsets, flat, is_true = candidates.flat()
+    kept = model.validation_scores_
+    assert kept.shape == flat.shape
+    scores = model.score([Xv[p] for p in positions], list(pool))
+    naive = np.concatenate([scores[j, s] for j, s in enumerate(sets)])
+    assert rel_err(kept, naive) < 1e-5
+    best = model.selection_["points"][model.selection_["best"]]
+    assert ranking_metrics(kept, offsets, is_true)["mrr"] == pytest.approx(best["val_mrr"], abs=1e-12)
+
+    class Labels:  # the labels' InChIKey first blocks group the queries (folds by structure)
+        def __init__(self, u):
+            self.inchikey14 = f"S{int(np.argmin(np.abs(Uv - u).sum(1)))}"
+
+    sub = SubModel(model=model, ion_mode="positive", cleaning=None, adducts=[])
+    terms = shared_validation_terms(sub, ValidationData(list(Xv), [Labels(u) for u in Uv], candidates))
+    np.testing.assert_array_equal(terms.offsets, offsets)
+    np.testing.assert_array_equal(terms.is_true, is_true)
+    np.testing.assert_array_equal(terms.terms["spectrum"], kept)
+    assert terms.groups == [f"S{p}" for p in positions]
+    # no scores kept (no ranking-aware selection) or the fragment term wanted: the caller scores the sets itself
+    assert shared_validation_terms(sub, val, ["fragments"]) is None
+    plain = SISOKR(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=150", lam="1e-3", device="cpu")
+    plain.fit(list(X), list(Y), val=(list(Xv), list(Uv)))
+    assert getattr(plain, "validation_scores_", None) is None
+
+
+@pytest.mark.cuda
+def test_cuda_validation_scores_match_cpu():
+    """The shared validation pass on a GPU: the kept candidate scores equal the CPU fit's (float32 products)."""
+    from molpredict.models.base import CandidateSets, ValidationData
+
+    X, Y, U, A = make_data(n=300, n_structures=80, seed=6, noise=0.5)
+    rng = np.random.default_rng(9)
+    Uv = rng.normal(size=(20, 3))
+    Xv = np.tanh(Uv @ A) + 0.5 * rng.normal(size=(20, 5))
+    pool = np.concatenate([np.vstack([u, u + 0.6 * rng.normal(size=(5, 3))]) for u in Uv])
+    candidates = CandidateSets(list(pool), [np.arange(6 * i, 6 * i + 6) for i in range(20)],
+                               [np.arange(6) == 0 for _ in range(20)])
+    params = dict(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=150",
+                  output_sketch="p-sparsified-rademacher:m=40", lam="1e-4|1e-2")
+    cpu = SISOKR(device="cpu", **params).fit(list(X), list(Y), val=ValidationData(list(Xv), list(Uv), candidates))
+    gpu = SISOKR(device="cuda", **params).fit(list(X), list(Y), val=ValidationData(list(Xv), list(Uv), candidates))
+    assert gpu.selection_["best"] == cpu.selection_["best"]
+    assert rel_err(gpu.validation_scores_, cpu.validation_scores_) < 1e-5

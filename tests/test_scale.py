@@ -187,3 +187,48 @@ def test_cluster_addresses():
     for bad in ("local:0", "local:x", "somehost:8786"):
         with pytest.raises(InputError):
             executor_for(bad)
+
+
+def test_a_library_file_travels_as_its_path_with_a_content_token(setup, cluster, tmp_path):
+    """A library read through load_library_once reaches the workers as its file (the pickled state stays small;
+    each worker reads the file once per process), the token is a content hash (the same inputs give the same
+    token, so a warm worker keeps its loaded state from run to run), and the output is still byte-identical."""
+    import pickle
+
+    from molpredict.identification.identify import IdentifierState
+    from molpredict.identification.scoring import library_file, load_library_once
+
+    root, bundle, queries, _ = setup
+    library = load_library_once(root / "library.tsv")
+    assert load_library_once(root / "library.tsv") is library and library_file(library) is not None
+    opts = IdentifyOptions(top_k=4, block_queries=3)
+    make = lambda lib: Identifier(bundle, LibrarySource(lib, opts), opts, cache_root=tmp_path / "s")
+    by_file, again = IdentifierState(make(library)), IdentifierState(make(library))
+    assert by_file.source is None and by_file.library[0] == library_file(library)
+    assert by_file.token == again.token
+    in_memory = CandidateLibrary.from_tsv(root / "library.tsv")  # not read through load_library_once
+    shipped = IdentifierState(make(in_memory))
+    assert library_file(in_memory) is None and shipped.source is not None
+    assert shipped.token != IdentifierState(make(in_memory)).token  # no content key: one token per run
+    assert len(pickle.dumps(by_file)) < len(pickle.dumps(shipped)) / 2
+    loaded = by_file.load()
+    assert len(loaded.source.library) == len(library)
+    here, _ = identify_tsv(bundle, library, queries, tmp_path / "a", block_queries=3)
+    there, _ = identify_tsv(bundle, library, queries, tmp_path / "b", DaskExecutor(cluster), block_queries=3)
+    assert here == there and here.count("\n") > len(queries)
+
+
+def test_local_workers_keep_malloc_and_drop_the_profiler():
+    """local:N workers: Dask's MALLOC_TRIM_THRESHOLD_ (memory returned and re-mapped on every numpy block) and its
+    10 ms stack sampler are off; the one-thread BLAS settings stay."""
+    from molpredict.identification.scoring import local_worker_config
+
+    config = local_worker_config({"MALLOC_TRIM_THRESHOLD_": 65536, "OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1})
+    assert config["distributed.nanny.pre-spawn-environ"] == {"OMP_NUM_THREADS": 1, "MKL_NUM_THREADS": 1}
+    assert config["distributed.worker.profile.enabled"] is False
+    executor = DaskExecutor.connect("local:1")
+    try:
+        env = executor.client.run(lambda: dict(os.environ))
+        assert all("MALLOC_TRIM_THRESHOLD_" not in e and e.get("OMP_NUM_THREADS") == "1" for e in env.values())
+    finally:
+        executor.close()

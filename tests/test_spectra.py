@@ -548,3 +548,20 @@ def test_massbank_round_trip_and_reference_parser(tmp_path, monkeypatch):
     monkeypatch.setattr(mgf_module, "_parse_batch",
                         lambda batch: [mgf_module._parse_peaks(lines) if lines else "no peaks" for lines in batch])
     assert_same_spectra(spectra, list(read_mgf(path)))
+
+
+def test_spectra_arrays_keep_their_format_tag_across_the_layout_move():
+    """The JSON companion's format tag is a file format name: written as ``molpredict.spectra`` (what bundles
+    saved before the layout move carry, so they load), and the tag written for a while after the move
+    (``molpredict.spectra.cleaning``) still reads; anything else is refused."""
+    from molpredict.errors import ModelFileError
+    from molpredict.io.arrays import spectra_from_arrays, spectra_to_arrays
+
+    spectra = [Spectrum(mz=np.array([50.0, 80.5]), intensities=np.array([1.0, 0.25]), precursor_mz=120.0, id="a")]
+    arrays, meta = spectra_to_arrays(spectra)
+    assert meta["format"] == "molpredict.spectra"
+    for tag in ("molpredict.spectra", "molpredict.spectra.cleaning"):
+        back = spectra_from_arrays(arrays, {**meta, "format": tag})
+        np.testing.assert_array_equal(back[0].mz, spectra[0].mz)
+    with pytest.raises(ModelFileError):
+        spectra_from_arrays(arrays, {**meta, "format": "something.else"})

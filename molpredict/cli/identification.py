@@ -195,11 +195,12 @@ def _library_path(library: str | None) -> str:
 
 
 def _load_library(library: str | None, say, progress: bool, cache: bool | None = None):
-    from molpredict.chem.candidates import read_library
+    from molpredict.identification.scoring import load_library_once
 
     library = _library_path(library)
     t0 = time.perf_counter()
-    lib = read_library(library, progress=progress, cache=cache)
+    # read once per process and known by its file: cluster workers read it themselves (no pickled copy)
+    lib = load_library_once(library, progress=progress, cache=cache)
     say(f"library {library}: {len(lib)} structures ({time.perf_counter() - t0:.1f} s)")
     return lib
 

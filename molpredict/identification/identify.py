@@ -50,8 +50,8 @@ from molpredict.identification.evidence import Evidence, QueryScores, check_scor
 from molpredict.identification.fusion import FRAGMENTS, PRIOR, SPECTRUM
 from molpredict.modelfile import ModelBundle, SubModel
 from molpredict.identification.scoring import (CandidateCoordinates, Executor, InProcessExecutor, Query, WorkerState, chunked,
-                      load_bundle_once, require_bundle_path, resolved_cache_root, score_queries, scored,
-                      shared_candidate_scores)
+                      bundle_stamp, content_token, library_file, load_bundle_once, load_library_once,
+                      require_bundle_path, resolved_cache_root, score_queries, scored, shared_candidate_scores)
 from molpredict.spectra.record import spectrum_ion_mode
 
 __all__ = [
@@ -466,18 +466,51 @@ class Identifier:
 
 
 class IdentifierState(WorkerState):
-    """An :class:`Identifier` for workers: the bundle by path, the candidate source itself (scattered once to
-    each worker), the options and the cache root (a shared directory for every worker)."""
+    """An :class:`Identifier` for workers: the bundle by path, the candidate source, the options and the cache
+    root (a shared directory for every worker).
+
+    A :class:`~molpredict.identification.candidate_sources.LibrarySource` over a library file read with
+    :func:`~molpredict.identification.scoring.load_library_once` travels as its file: each worker reads the
+    library itself, once per process (no pickled copy of millions of rows). The token is then a content hash
+    (bundle and library files with their stamps, options, cache root): a worker that already loaded the same
+    inputs for an earlier run keeps them. Any other source is scattered as it is, with a token of its own run.
+    """
 
     def __init__(self, identifier: Identifier) -> None:
         super().__init__()
+        from molpredict.identification.candidate_sources import LibrarySource
+
         self.bundle_path = require_bundle_path(identifier.bundle)
-        self.source = identifier.source
         self.options = identifier.options
         self.cache_root = resolved_cache_root(identifier.cache_root)
+        source = identifier.source
+        origin = library_file(source.library) if type(source) is LibrarySource else None
+        self.library = None if origin is None else (origin, source.options)
+        self.source = source if origin is None else None
+        if origin is not None:
+            self.token = content_token(bundle_stamp(self.bundle_path), origin, source.options, self.options,
+                                       str(self.cache_root))
 
     def load(self) -> Identifier:
-        return Identifier(load_bundle_once(self.bundle_path), self.source, self.options, cache_root=self.cache_root)
+        source = self.source
+        if source is None:
+            from molpredict.identification.candidate_sources import LibrarySource
+
+            (path, _, _), options = self.library
+            library = load_library_once(path)
+            _warm_library(library)
+            source = LibrarySource(library, options)
+        return Identifier(load_bundle_once(self.bundle_path), source, self.options, cache_root=self.cache_root)
+
+
+def _warm_library(library: Any) -> None:
+    """Build what a library builds lazily on first use (the formula and mass indexes, the string columns the
+    output rows take), so that a worker does it while loading, not inside the first blocks it runs."""
+    library.select_by_formula("H2O")
+    library.mass_windows([100.0])
+    for name in ("inchikey", "inchikey14", "smiles", "formula", "name", "id"):
+        if name in ("inchikey", "inchikey14", "smiles", "formula") or library.has_column(name):
+            library.column(name)
 
 
 def unique_ids(spectra: Iterable[Any]) -> Iterator[Any]:

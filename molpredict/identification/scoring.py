@@ -38,7 +38,8 @@ from molpredict.errors import InputError
 from molpredict.modelfile import ModelBundle, SubModel
 
 __all__ = ["Query", "CandidateCoordinates", "score_queries", "query_blocks", "scored", "shared_candidate_scores",
-           "score_library", "load_bundle_once", "WorkerState", "Executor", "InProcessExecutor", "DaskExecutor", "executor_for",
+           "score_library", "load_bundle_once", "load_library_once", "library_file", "bundle_stamp", "file_stamp",
+           "content_token", "WorkerState", "Executor", "InProcessExecutor", "DaskExecutor", "executor_for",
            "chunked"]
 
 #: ``coordinates(sub, ids) -> ndarray (len(ids), d)``: candidate coordinates of ascending unique ids
@@ -273,18 +274,78 @@ class WorkerState:
 _LOADED: dict[str, Any] = {}
 _LOADED_LOCK = threading.Lock()
 _BUNDLES: dict[tuple[str, int], ModelBundle] = {}
+#: libraries read by :func:`load_library_once`, keyed by :func:`file_stamp` (one kept per process: they are big)
+_LIBRARIES: dict[tuple[str, int, int], Any] = {}
+
+
+def bundle_stamp(path: str) -> tuple[str, int]:
+    """``(real path, modification time of bundle.json)``: what identifies a saved bundle's content."""
+    directory = os.path.realpath(path)
+    marker = os.path.join(directory, "bundle.json")
+    return directory, os.stat(marker if os.path.exists(marker) else directory).st_mtime_ns
+
+
+def file_stamp(path: str | os.PathLike) -> tuple[str, int, int]:
+    """``(real path, size, modification time)`` of a file: what identifies its content for per-process caches."""
+    real = os.path.realpath(path)
+    stat = os.stat(real)
+    return real, int(stat.st_size), int(stat.st_mtime_ns)
 
 
 def load_bundle_once(path: str) -> ModelBundle:
     """A bundle loaded once per process (keyed by path and modification time), for worker states: a new run
     on a warm worker does not load the model again."""
-    directory = os.path.realpath(path)
-    marker = os.path.join(directory, "bundle.json")
-    stamp = os.stat(marker if os.path.exists(marker) else directory).st_mtime_ns
-    bundle = _BUNDLES.get((directory, stamp))
+    key = bundle_stamp(path)
+    bundle = _BUNDLES.get(key)
     if bundle is None:
-        bundle = _BUNDLES[(directory, stamp)] = ModelBundle.load(path)
+        bundle = _BUNDLES[key] = ModelBundle.load(path)
     return bundle
+
+
+def load_library_once(path: str | os.PathLike, **kwargs: Any) -> Any:
+    """A candidate library read once per process (keyed by :func:`file_stamp`; ``kwargs`` go to
+    :func:`~molpredict.chem.candidates.read_library`). A library read here is known by its file
+    (:func:`library_file`), so a cluster's workers read it themselves instead of receiving a pickled copy."""
+    key = file_stamp(path)
+    library = _LIBRARIES.get(key)
+    if library is None:
+        from molpredict.chem.candidates import read_library
+
+        library = read_library(path, **kwargs)
+        _LIBRARIES.clear()
+        _LIBRARIES[key] = library
+    return library
+
+
+def library_file(library: Any) -> tuple[str, int, int] | None:
+    """The :func:`file_stamp` of the file ``library`` was read from by :func:`load_library_once` (still
+    unchanged on disk), or None (a library built or subset in memory, or a file changed since)."""
+    for key, known in _LIBRARIES.items():
+        if known is library:
+            try:
+                return key if file_stamp(key[0]) == key else None
+            except OSError:
+                return None
+    return None
+
+
+def content_token(*parts: Any) -> str:
+    """A hex digest of picklable ``parts`` (paths with their stamps, options): a worker state's token that
+    stays the same from run to run while the inputs are unchanged, so warm workers keep what they loaded."""
+    import hashlib
+    import pickle
+
+    return hashlib.sha256(pickle.dumps(parts, protocol=4)).hexdigest()
+
+
+def _loaded(live: Any, block: Any) -> int:
+    """The task of :func:`_preload`: nothing beyond loading the state; the worker's process id."""
+    return os.getpid()
+
+
+def _preload(state: WorkerState) -> int:
+    """Load ``state`` on the worker that runs this (once per process and token, as every block does)."""
+    return _run_block(_loaded, state, None)
 
 
 def _run_block(task: Callable[[Any, Any], Any], state: WorkerState, block: Any) -> Any:
@@ -326,6 +387,20 @@ class InProcessExecutor(Executor):
             if on_done is not None:
                 on_done(result)
             yield result
+
+
+def local_worker_config(environ: dict[str, Any]) -> dict[str, Any]:
+    """Dask settings for the worker processes of a ``local:N`` cluster, so that a worker spends on a spectrum
+    the CPU the process spends in-process.
+
+    - No ``MALLOC_TRIM_THRESHOLD_`` (Dask's nanny sets 64 KiB): glibc then returns freed memory to the system
+      at once and maps it again for the next block's arrays, page faults that cost a numpy-heavy task system
+      time on every allocation (``environ``: the nanny's environment without it; one BLAS / OpenMP thread per
+      single-threaded worker is kept).
+    - No statistical profiler (it samples every thread's stack every 10 ms: CPU the task does not get).
+    """
+    kept = {k: v for k, v in dict(environ).items() if k != "MALLOC_TRIM_THRESHOLD_"}
+    return {"distributed.nanny.pre-spawn-environ": kept, "distributed.worker.profile.enabled": False}
 
 
 class DaskExecutor(Executor):
@@ -376,7 +451,19 @@ class DaskExecutor(Executor):
                 n = 0
             if n < 1:
                 raise InputError(f"--cluster {address!r}: expected local:N with N >= 1 worker processes")
-            cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None)
+            import dask
+
+            # a nanny writes its pre-spawn environment into this process's os.environ (an earlier cluster's
+            # MALLOC_TRIM_THRESHOLD_ would be inherited): out while our workers start, then as it was
+            saved = os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+            try:
+                with dask.config.set(local_worker_config(dask.config.get("distributed.nanny.pre-spawn-environ",
+                                                                         {}))):
+                    cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
+                                           dashboard_address=None)
+            finally:
+                if saved is not None:
+                    os.environ["MALLOC_TRIM_THRESHOLD_"] = saved
             client = Client(cluster)
             return cls(client, window, owned=[client, cluster])
         if "://" not in address:
@@ -396,8 +483,14 @@ class DaskExecutor(Executor):
 
         if not isinstance(state, WorkerState):
             raise TypeError("DaskExecutor.map takes a WorkerState (a recipe the workers load)")
+        from distributed import wait
+
         window = self.window or max(4, 2 * self.n_threads())
         remote_state = self.client.scatter(state, broadcast=True, hash=False)
+        # every worker loads the state once, all at the same time, before the first block (a warm worker with
+        # the same content token has it already): no block pays for a load, and none waits behind one
+        wait([self.client.submit(_preload, remote_state, workers=[address], allow_other_workers=False, pure=False)
+              for address in self.client.scheduler_info()["workers"]])
         pending = as_completed()
         inflight: dict[str, tuple[int, Any]] = {}
         done: dict[int, Any] = {}

@@ -331,9 +331,11 @@ class _OutputSide:
             parts.append(cross.to(torch.float32))
         self.candidate_cross = torch.cat(parts, dim=1)  # (d_core, n_candidates)
 
-    def val_ranking(self, core: torch.Tensor, candidates: Any, metric: str) -> float:
+    def val_ranking(self, core: torch.Tensor, candidates: Any, metric: str, return_scores: bool = False
+                    ) -> float | tuple[float, np.ndarray]:
         """The ranking ``metric`` (mrr, hit@k) of the validation queries' true structures in their candidate sets,
-        from the core coordinates (d_core x n_val), ties counted against the truth."""
+        from the core coordinates (d_core x n_val), ties counted against the truth; with ``return_scores``, also
+        the scores, flat in the order of ``candidates.flat()``."""
         from molpredict.engine.decoding import ranking_metrics
 
         core = core.to(torch.float32)
@@ -349,7 +351,8 @@ class _OutputSide:
                      ).to(torch.float64).cpu().numpy()
             for row, i in enumerate(members):
                 scores[offsets[i]:offsets[i + 1]] = block[row]
-        return ranking_metrics(scores, offsets, is_true)[metric]
+        value = ranking_metrics(scores, offsets, is_true)[metric]
+        return (value, scores) if return_scores else value
 
     def release_val(self) -> None:
         self.val_cross = self.val_diag = None
@@ -538,6 +541,10 @@ class _OKRBase(Model):
         "val_loss", ...}], "best": index}`` (``val_loss`` is NaN when nothing was selected).
     val_loss_ : list of float
         The validation kernel loss of each grid point, in the order of ``selection_["points"]``.
+    validation_scores_ : ndarray of shape (n_candidates_total,) or None
+        After a ranking-aware selection (``val`` with candidate sets): the scores the chosen grid point gave the
+        validation candidates, flat in the order of ``val.candidates.flat()`` (float32 products); the fusion
+        and the calibration are fitted on them instead of scoring the sets again. Not saved with the model.
     rank_ : dict
         Numerical ranks kept by the pseudo-inverses: ``{"input": r_x, "output": r_y}``.
     n_train_, n_unique_ : int
@@ -694,6 +701,7 @@ class _OKRBase(Model):
                     inp.prepare_val(val[0])
             losses: dict[tuple[int, int], float] = {}
             rankings: dict[tuple[int, int], float] = {}
+            scores: dict[tuple[int, int], np.ndarray] = {}  # the ranked candidates' scores, per grid point
             # the Cholesky input side factors once per lam, the whitened one prepares once per output side
             order = ([(o, j) for j in range(len(lams)) for o in range(len(outputs))] if input_cls is _CholeskyInput
                      else [(o, j) for o in range(len(outputs)) for j in range(len(lams))])
@@ -709,7 +717,8 @@ class _OKRBase(Model):
                             else inp.val_core(lams[j], profile))
                     loss = out.val_loss(core)
                     if ranking is not None:
-                        rankings[o, j] = out.val_ranking(core, ranking, self.select_by)
+                        rankings[o, j], scores[o, j] = out.val_ranking(core, ranking, self.select_by,
+                                                                       return_scores=True)
                     del core
                 losses[o, j] = loss
             for o, out in enumerate(outputs):
@@ -726,13 +735,17 @@ class _OKRBase(Model):
                     points.append(point)
                     if best is None or criterion < best_loss:
                         best_loss = criterion if math.isfinite(criterion) else math.inf
-                        best = {"index": len(points) - 1, "input": inp, "output": out, "lam": lam}
+                        best = {"index": len(points) - 1, "input": inp, "output": out, "lam": lam,
+                                "scores": scores.get((o, j))}
             inp.release_val()
             del inp
         for out in outputs:
             out.release_val()
         if build:
             self._build(best, n, n_u, profile)
+            # the chosen point's scores of the validation candidates, for the fusion and calibration fitted
+            # after the model (transient: not part of the model's state)
+            self.validation_scores_ = best.get("scores")
         return points, best["index"]
 
     def _build(self, best: dict[str, Any], n: int, n_u: int, profile: _Profile) -> None:

@@ -367,14 +367,15 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
             say("fitting the score fusion and its calibration on the validation spectra"
                 + (f" of {sample} structures (the fragment score fragments every candidate)" if sample else ""))
             validation["ranking"] = fit_submodel_scoring(sub, val.spectra[mode], sets, metric=metric,
-                                                         seed=options.seed, log=say, max_structures=sample)
+                                                         seed=options.seed, log=say, max_structures=sample,
+                                                         validation=val_pair)
             if sub.fragments is not None and not any(v["fusion"]["weights"].get("fragments")
                                                      for v in sub.scoring.values()):
                 # validation gave the fragments no weight: leave them out, and fit on every validation spectrum
                 sub.fragments = None
                 say("the fragment score got no weight on validation: refitting the fusion without it")
                 validation["ranking"] = fit_submodel_scoring(sub, val.spectra[mode], sets, metric=metric,
-                                                             seed=options.seed, log=say)
+                                                             seed=options.seed, log=say, validation=val_pair)
         info["timings"]["scoring_s"] = time.perf_counter() - t0
         bundle.models[mode] = sub
         summary["models"][mode] = {

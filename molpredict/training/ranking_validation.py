@@ -23,9 +23,10 @@ from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES,
                                                    select_calibrator, structure_weights, top_index_flat)
 from molpredict.errors import InputError
 from molpredict.identification.evidence import Evidence
-from molpredict.identification.fusion import PRIOR, ScoreFusion, fit_fusion, true_ranks
+from molpredict.identification.fusion import PRIOR, SPECTRUM, ScoreFusion, fit_fusion, true_ranks
 
 __all__ = ["candidate_sets_from_library", "ranking_candidates", "fit_submodel_scoring", "ValidationTerms", "validation_terms",
+           "shared_validation_terms",
            "fit_scoring"]
 
 
@@ -157,6 +158,50 @@ def validation_terms(identifier: Any, spectra: Sequence[Any], wanted: Sequence[s
         is_true=np.concatenate([source.inchikey14(q.ids) == q.true_key for q in queries]),
         terms={k: np.concatenate(v).astype(np.float64) for k, v in columns.items()},
         groups=[q.true_key for q in queries], known=known)
+
+
+def shared_validation_terms(sub: Any, validation: Any, wanted: Sequence[str] = ()) -> ValidationTerms | None:
+    """The validation terms from the model's own grid search, without scoring the validation sets again: the
+    scores its chosen grid point gave every validation candidate (``sub.model.validation_scores_``, flat in the
+    order of ``validation.candidates.flat()``) and the prior of each distinct candidate structure, scored once.
+
+    The grid search, the fusion and the calibration thus share one scoring pass. None when the model kept no
+    such scores (another model, no ranking-aware selection) or a term other than the prior is wanted (the
+    fragment score needs each query spectrum): then use :func:`validation_terms`.
+
+    Parameters
+    ----------
+    sub : SubModel
+        Its model fitted with ``val=validation``.
+    validation : ValidationData
+        The validation inputs, their label structures and the
+        :class:`~molpredict.models.base.CandidateSets` the model ranked.
+    wanted : sequence of str
+        Terms besides ``spectrum``.
+
+    Returns
+    -------
+    ValidationTerms or None
+        One query per candidate set (grouped by the label's InChIKey first block), the sets in their order.
+    """
+    candidates = getattr(validation, "candidates", None)
+    scores = getattr(sub.model, "validation_scores_", None)
+    if candidates is None or scores is None or not len(candidates) or any(w != PRIOR for w in wanted):
+        return None
+    offsets, flat, is_true = candidates.flat()
+    if len(scores) != len(flat):
+        return None
+    terms = {SPECTRUM: np.asarray(scores, dtype=np.float64)}
+    if PRIOR in wanted and sub.prior is not None:
+        prior = np.asarray(sub.prior.candidate_coordinates(candidates.molecules), dtype=np.float64)[:, 0]
+        terms[PRIOR] = prior[flat]
+    known = None
+    if sub.prior is not None and hasattr(sub.prior, "is_reference"):
+        # which candidates the prior knows (the calibrator's rank1_known), once per distinct candidate
+        known = np.asarray(sub.prior.is_reference(candidates.molecules), dtype=bool)[flat]
+    labels = validation[1]
+    groups = [labels[p].inchikey14 for p in candidates.positions]
+    return ValidationTerms(offsets=offsets, is_true=is_true, terms=terms, groups=groups, known=known)
 
 
 def structure_sample(spectra: Sequence[Any], max_structures: int, seed: int = 0) -> list[Any]:
@@ -300,7 +345,7 @@ def ranking_candidates(molecules: Sequence[Any], collections: Sequence[Mapping[s
 def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
                          collections: Sequence[Mapping[str, Sequence[tuple[str, str]]]], metric: str = "mrr",
                          seed: int = 0, log: Any = None, max_structures: int | None = None,
-                         cache_root: Any = False) -> dict[str, Any]:
+                         cache_root: Any = False, validation: Any = None) -> dict[str, Any]:
     """Fit ``sub``'s fusion and calibration, with and without its prior, on validation candidate sets (every
     validation spectrum ranks once per collection of sets).
 
@@ -308,6 +353,9 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
     ``max_structures`` bounds the cost (the fragment score fragments every candidate): the spectra of a seeded
     sample of that many validation structures are used (all when None). ``cache_root``: where candidate
     coordinates are cached (False: nowhere, the default at training time).
+    ``validation``: the :class:`~molpredict.models.base.ValidationData` the model was fitted with; when its grid
+    search kept its candidates' scores, those are the spectrum term (:func:`shared_validation_terms`: one scoring
+    pass for the grid, the fusion and the calibration) and ``val_spectra`` / ``collections`` are not scored again.
     """
     from molpredict.identification.candidate_sources import SetSource
     from molpredict.identification.evidence import WITH_PRIOR, WITHOUT_PRIOR, ScoringVariant
@@ -320,9 +368,11 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
     wanted = [PRIOR] * (sub.prior is not None) + [FRAGMENTS] * (sub.fragments is not None)
     if max_structures is not None:
         val_spectra = structure_sample(val_spectra, max_structures, seed)
-    parts = [validation_terms(Identifier(bundle, SetSource(dict(sets)), IdentifyOptions(), cache_root=cache_root),
-                              val_spectra, wanted) for sets in collections]
-    data = ValidationTerms.concatenate(parts)
+    data = shared_validation_terms(sub, validation, wanted) if max_structures is None else None
+    if data is None:
+        parts = [validation_terms(Identifier(bundle, SetSource(dict(sets)), IdentifyOptions(),
+                                             cache_root=cache_root), val_spectra, wanted) for sets in collections]
+        data = ValidationTerms.concatenate(parts)
     scoring, report = {}, {}
     for variant, names in ((WITH_PRIOR, list(data.terms)), (WITHOUT_PRIOR, [n for n in data.terms if n != PRIOR])):
         if variant == WITH_PRIOR and PRIOR not in data.terms:
