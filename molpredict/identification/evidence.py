@@ -28,7 +28,7 @@ import numpy as np
 
 from molpredict.errors import ModelFileError
 from molpredict.identification.calibration import Calibrator, ranking_features
-from molpredict.identification.fusion import FRAGMENTS, PRIOR, SPECTRUM, ScoreFusion
+from molpredict.identification.fusion import FRAGMENT_MODEL, FRAGMENTS, PRIOR, SPECTRUM, ScoreFusion
 
 __all__ = ["ScoringVariant", "QueryScores", "Evidence", "WITH_PRIOR", "WITHOUT_PRIOR", "variant_name"]
 
@@ -189,6 +189,14 @@ class Evidence:
                 terms[FRAGMENTS] = np.asarray(
                     scorer.score(q.spectrum, source.molecules(q.ids), _query_adduct(q)), dtype=np.float64)
             timings["fragments_s"] += time.perf_counter() - t0
+        model = getattr(sub, "fragment_model", None) if FRAGMENT_MODEL in wanted else None
+        if model is not None:
+            t0 = time.perf_counter()
+            source = self.coordinates.source
+            for q, terms in zip(queries, out):
+                terms[FRAGMENT_MODEL] = np.asarray(
+                    model.score(q.spectrum, source.molecules(q.ids), _query_adduct(q)), dtype=np.float64)
+            timings["fragment_model_s"] += time.perf_counter() - t0
         return out
 
     def fuse(self, query: Any, terms: Mapping[str, np.ndarray]) -> QueryScores:
@@ -196,7 +204,8 @@ class Evidence:
         variant = self.variant(query.sub)
         if variant is None:
             return QueryScores(np.asarray(terms[SPECTRUM], dtype=np.float64), dict(terms))
-        fused = variant.fusion.combine(terms)
+        # the set's kind, for a learnt ranker: candidates by formula, or from a mass window
+        fused = variant.fusion.combine(terms, {"formula_known": 0.0 if getattr(query, "window", "") else 1.0})
         probability = math.nan
         if variant.calibrator is not None and len(fused):
             probability = float(variant.calibrator.predict(ranking_features(fused, variant.fusion.temperature)))
