@@ -126,6 +126,27 @@ def test_likelihood_matches_naive_loop(seed):
                                                          absent), rel=1e-12, abs=1e-12)
 
 
+def test_vectorised_score_equals_the_per_candidate_likelihood():
+    model = constant_model(0.1)
+    model.coef_ = np.random.default_rng(0).normal(0, 0.3, model.coef_.shape)  # ions differ in probability
+    smiles = ["CC(=O)Nc1ccc(O)cc1", "CC(=O)Nc1ccccc1O", "OC(=O)c1ccccc1O", "CCO", "C"]
+    spec = spectrum([43.018, 65.039, 93.034, 110.06, 121.03, 139.04, 152.07], [5, 20, 30, 60, 10, 8, 100],
+                    adduct="[M+Na]+", precursor=175.06)
+    mz, w, tol = model.peaks(spec)
+    shifts = model.carrier_shifts(spec)
+    assert shifts.size == 2  # +H and +Na
+    expected = [peak_log_likelihood(*model.ion_groups(s), mz, w, tol, shifts, model.eps, model.absent_weight)
+                for s in smiles]
+    np.testing.assert_allclose(model.score(spec, smiles), expected, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(model.score(spec, smiles[::-1]), expected[::-1], rtol=1e-12, atol=1e-12)
+    empty = Spectrum("e", np.zeros(0), np.zeros(0), precursor_mz=175.06, adduct="[M+H]+", ion_mode="positive")
+    np.testing.assert_allclose(model.score(empty, smiles),
+                               [model.absent_weight * np.log1p(-model.ion_groups(s)[1]).sum() for s in smiles])
+    for s in smiles:  # the per-candidate function agrees on a spectrum without peaks
+        assert peak_log_likelihood(*model.ion_groups(s), np.zeros(0), np.zeros(0), np.zeros(0), shifts, model.eps,
+                                   model.absent_weight) == pytest.approx(model.score(empty, [s])[0], rel=1e-12)
+
+
 def constant_model(p: float, **params) -> FragmentModel:
     """A model predicting ``p`` for every ion (zero weights, intercept logit(p))."""
     model = FragmentModel(**params)

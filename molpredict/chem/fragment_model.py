@@ -256,8 +256,10 @@ def peak_log_likelihood(group_mass: np.ndarray, group_q: np.ndarray, mz: np.ndar
     absent_weight : float
         Weight of the absent-ion penalty.
     """
-    if mz.size == 0 or group_mass.size == 0:
-        return 0.0 if mz.size == 0 else float(weight.sum() * math.log(eps))
+    if group_mass.size == 0:
+        return float(weight.sum() * math.log(eps)) if mz.size else 0.0
+    if mz.size == 0:
+        return absent_weight * float(np.log1p(-np.minimum(group_q, 1 - 1e-12)).sum())
     target = mz[None, :] - shifts[:, None]                                 # (n_carriers, n_peaks)
     lo = np.searchsorted(group_mass, target - tolerance, side="left").ravel()
     hi = np.searchsorted(group_mass, target + tolerance, side="right").ravel()
@@ -274,6 +276,51 @@ def peak_log_likelihood(group_mass: np.ndarray, group_q: np.ndarray, mz: np.ndar
     peak_part = float(weight @ np.log(eps + (1 - eps) * best))
     absent = float(np.log1p(-np.minimum(group_q[~matched], 1 - 1e-12)).sum())
     return peak_part + absent_weight * absent
+
+
+def _score_many(tables: Sequence[tuple[np.ndarray, np.ndarray]], mz: np.ndarray, weight: np.ndarray,
+                tolerance: np.ndarray, shifts: np.ndarray, eps: float, absent_weight: float) -> np.ndarray:
+    """:func:`peak_log_likelihood` of several candidates' ion groups at once: every candidate's sorted masses in
+    one array, candidate ``c`` offset by ``c * spacing`` so that one searchsorted finds every (candidate,
+    carrier, peak) window. ndarray of shape (len(tables),)."""
+    n_cand = len(tables)
+    sizes = np.array([t[0].size for t in tables])
+    peak_part = np.zeros(n_cand)
+    total = int(sizes.sum())
+    if total == 0:
+        return np.full(n_cand, float(weight.sum() * math.log(eps)) if mz.size else 0.0)
+    masses = np.concatenate([t[0] for t in tables])
+    q = np.concatenate([t[1] for t in tables])
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    spacing = 2.0 * (float(np.abs(masses).max()) + (float(mz.max()) if mz.size else 0.0)
+                     + float(np.abs(shifts).max(initial=0.0)) + (float(tolerance.max()) if mz.size else 0.0)) + 1.0
+    owner = np.repeat(np.arange(n_cand), sizes)
+    keys = masses + owner * spacing                                       # ascending: masses sorted per candidate
+    matched = np.zeros(total, dtype=bool)
+    if mz.size:
+        target = (mz[None, :] - shifts[:, None])                           # (n_carriers, n_peaks)
+        base = (np.arange(n_cand) * spacing)[:, None, None]
+        lo = np.searchsorted(keys, base + target - tolerance, side="left").ravel()
+        hi = np.searchsorted(keys, base + target + tolerance, side="right").ravel()
+        q_ext = np.append(q, 0.0)
+        bounds = np.empty(2 * lo.size, dtype=np.intp)
+        bounds[0::2] = lo
+        bounds[1::2] = hi
+        window = np.where(hi > lo, np.maximum.reduceat(q_ext, bounds)[0::2], 0.0)
+        best = window.reshape(n_cand, shifts.size, mz.size).max(axis=1)    # (n_cand, n_peaks)
+        peak_part = np.log(eps + (1 - eps) * best) @ weight
+        cover = np.zeros(total + 1, dtype=np.int64)
+        np.add.at(cover, lo, 1)
+        np.add.at(cover, hi, -1)
+        matched = np.cumsum(cover[:-1]) > 0
+    log_absent = np.where(matched, 0.0, np.log1p(-np.minimum(q, 1 - 1e-12)))
+    absent = np.zeros(n_cand)
+    nonempty = sizes > 0
+    absent[nonempty] = np.add.reduceat(log_absent, starts[nonempty])
+    out = peak_part + absent_weight * absent
+    if mz.size:
+        out[~nonempty] = float(weight.sum() * math.log(eps))
+    return out
 
 
 class FragmentModel(Component):
@@ -531,19 +578,35 @@ class FragmentModel(Component):
         return result
 
     def score(self, spectrum: Spectrum, molecules: Sequence[Molecule | str], adduct: Any = None) -> np.ndarray:
+        """The log-likelihood score of each candidate (module docstring), all candidates in one vectorised pass.
+
+        Parameters
+        ----------
+        spectrum : Spectrum
+        molecules : sequence of Molecule or SMILES, length n_candidates
+        adduct : str or Adduct, optional
+            The precursor type (its charge carriers); the spectrum's own when None.
+
+        Returns
+        -------
+        ndarray of shape (n_candidates,), float64
+            ``-inf`` for a structure that cannot be parsed or fragmented.
+        """
+        self._check_fitted()
         mz, weight, tol = self.peaks(spectrum)
         shifts = self.carrier_shifts(spectrum, adduct)
-        self._check_fitted()
-        out = np.zeros(len(molecules))
+        out = np.full(len(molecules), -np.inf)
+        tables, ok = [], []
         for c, m in enumerate(molecules):
             try:
-                gm, gq = self.ion_groups(m)
+                tables.append(self.ion_groups(m))
+                ok.append(c)
             except (InputError, ValueError, RuntimeError):
-                out[c] = -np.inf
                 continue
-            out[c] = peak_log_likelihood(gm, gq, mz, weight, tol, shifts, self.eps, self.absent_weight)
+        if not tables:
+            return out
+        out[ok] = _score_many(tables, mz, weight, tol, shifts, float(self.eps), float(self.absent_weight))
         return out
-
 
 def spectra_by_structure(spectra: Sequence[Spectrum], molecules: Sequence[Molecule], max_structures: int | None = None,
                          seed: int = 0) -> list[tuple[str, list[Spectrum]]]:
