@@ -8,6 +8,8 @@ A sub-model of a bundle may carry, besides its model:
   disk like any candidate coordinates;
 - ``fragments``: the settings of the candidate fragmentation scorer (:mod:`molpredict.chem.fragments`), which reads each
   candidate structure against the query's peaks;
+- ``fragment_model``: the learnt fragmentation model (:mod:`molpredict.chem.fragment_model`, ``train --fragments``):
+  the log-likelihood of the query's peaks under each candidate's predicted fragment ions, its own term;
 - ``scoring``: per variant (``with_prior``, ``without_prior``: what ``--prior on|off`` picks), the
   :class:`~molpredict.identification.fusion.ScoreFusion` of the terms and the :class:`~molpredict.identification.calibration.Calibrator` of
   the probability that rank 1 is right, both fitted on validation candidate sets at training time.
