@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/fragment_model.py --data ../shared/data --terms formula256=VT256.npz --terms formula=VT.npz \\
         [--mode positive] [--n-train-structures 1000] [--n-val-structures 100] [--spectra-per-structure 2] \\
-        [--out DIR]
+        [--out DIR] [--ranker-only]
 
 Protocol (validation only; every number here is a choice, none is a test figure)
 --------------------------------------------------------------------------------
@@ -206,7 +206,8 @@ def metrics_of(ranks: np.ndarray) -> dict[str, float]:
             **{f"hit@{k}": float(np.mean(ranks <= k)) for k in (1, 5, 10, 20)}}
 
 
-def ablation(data: dict, seed: int, n_folds: int = 3) -> dict[str, Any]:
+def ablation(data: dict, seed: int, n_folds: int = 3, combinations: tuple = COMBINATIONS,
+             alone: tuple = TERMS) -> dict[str, Any]:
     from molpredict.identification.fusion import fit_fusion_kind, true_ranks
     from molpredict.training.ranking_validation import ValidationTerms, _folds
 
@@ -217,13 +218,13 @@ def ablation(data: dict, seed: int, n_folds: int = 3) -> dict[str, Any]:
     def per_kind(ranks: np.ndarray) -> dict[str, Any]:
         return {"all": metrics_of(ranks), **{k: metrics_of(ranks[kinds == k]) for k in sorted(set(kinds))}}
 
-    for t in TERMS:
+    for t in alone:
         rows[f"{t} alone"] = per_kind(true_ranks(vt.terms[t], vt.offsets, vt.is_true))
     for key in data:
         if key.startswith("fragment_model eps="):
             rows[f"{key} alone"] = per_kind(true_ranks(data[key], vt.offsets, vt.is_true))
     folds = _folds(vt.groups, n_folds, seed)
-    for combo in COMBINATIONS:
+    for combo in combinations:
         for kind in ("weights", "ranker"):
             ranks = np.zeros(vt.n_queries, dtype=np.int64)
             chosen = []
@@ -240,6 +241,34 @@ def ablation(data: dict, seed: int, n_folds: int = 3) -> dict[str, Any]:
     return rows
 
 
+def ranker_on_all_queries(term_files: list[tuple[str, Path]], seed: int) -> dict[str, Any]:
+    """The fusion of the spectrum model and the prior on every query of the term files (no fragment terms, so no
+    sampling): weights against the learnt ranker, out of fold (3 folds by structure), per set kind."""
+    parts = []
+    for name, path in term_files:
+        cached = np.load(path)
+        n = len(cached["offsets"]) - 1
+        parts.append({"offsets": cached["offsets"].astype(np.int64), "groups": [str(g) for g in cached["qik"]],
+                      "kind": [name] * n, "is_true": cached["is_true"], "spectrum": cached["spectrum"],
+                      "prior": cached["prior"], "fragments": np.zeros(len(cached["is_true"])),
+                      "fragment_model": np.zeros(len(cached["is_true"]))})
+    rows = ablation(concatenate(parts), seed, combinations=(("spectrum", "prior"),), alone=("spectrum", "prior"))
+    return rows
+
+
+def table(rows: dict[str, Any]) -> list[str]:
+    kinds = sorted({k for row in rows.values() for k in row if k not in ("all", "fitted")})
+    header = "| row | " + " | ".join(f"{k} hit@1 | {k} hit@10 | {k} MRR" for k in ["all", *kinds]) + " |"
+    lines = [header, "|---|" + "---:|" * (3 * (1 + len(kinds)))]
+    for name, row in rows.items():
+        cells = []
+        for k in ["all", *kinds]:
+            m = row[k]
+            cells += [f"{100 * m['hit@1']:.1f}", f"{100 * m['hit@10']:.1f}", f"{m['mrr']:.3f}"]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(results: dict[str, Any]) -> str:
     fm = results["fragment_model"]
     lines = ["# Learnt fragmentation model and fusion ranker on validation (`benchmarks/fragment_model.py`)", "",
@@ -251,15 +280,11 @@ def markdown(results: dict[str, Any]) -> str:
              f"({fm['n_ion_rows']} ion rows); on {fm['held_out_structures']} held-out structures log-loss "
              f"{fm['held_out_log_loss']:.4f} vs {fm['constant_log_loss']:.4f} for a constant, AUC "
              f"{fm['held_out_auc_shown_by_most']:.3f} (ions shown by most spectra).", ""]
-    kinds = sorted({k for row in results["rows"].values() for k in row if k not in ("all", "fitted")})
-    header = "| row | " + " | ".join(f"{k} hit@1 | {k} hit@10 | {k} MRR" for k in ["all", *kinds]) + " |"
-    lines += [header, "|---|" + "---:|" * (3 * (1 + len(kinds)))]
-    for name, row in results["rows"].items():
-        cells = []
-        for k in ["all", *kinds]:
-            m = row[k]
-            cells += [f"{100 * m['hit@1']:.1f}", f"{100 * m['hit@10']:.1f}", f"{m['mrr']:.3f}"]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += table(results["rows"])
+    if results.get("ranker_all_queries"):
+        n = results["ranker_all_queries"]["spectrum alone"]["all"]["n_queries"]
+        lines += ["", f"## The fusion ranker on every validation query ({n} queries, spectrum + prior)", "",
+                  *table(results["ranker_all_queries"])]
     cost = results["cost"]
     lines += ["", "Cost (CPU seconds under the machine's load at the time): "
               + "; ".join(f"{name}: fragment score {c['fragments_cpu_s'] / max(c['n_candidates'], 1) * 1e3:.1f} ms, "
@@ -279,7 +304,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--spectra-per-structure", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
+    parser.add_argument("--ranker-only", action="store_true",
+                        help="only the spectrum + prior fusion on every query of the term files (fast); merged "
+                             "into an existing fragment_model.json under --out")
     args = parser.parse_args(argv)
+    term_files = [(item.split("=", 1)[0], Path(item.split("=", 1)[1])) for item in args.terms]
+    if args.ranker_only:
+        path = args.out / "fragment_model.json"
+        results = json.loads(path.read_text()) if path.is_file() else {}
+        results["ranker_all_queries"] = ranker_on_all_queries(term_files, args.seed)
+        args.out.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=1, default=float))
+        if "rows" in results:
+            (args.out / "fragment_model.md").write_text(markdown(results))
+        return 0
 
     from molpredict.chem.candidates import load_candidate_sets
 
@@ -300,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {"machine": f"{platform.machine()}, {platform.system()}, python {platform.python_version()}",
                "mode": args.mode, "args": {k: str(v) for k, v in vars(args).items()},
                "n_queries": int(len(data["offsets"]) - 1), "fragment_model": fm_report, "cost": cost,
-               "rows": ablation(data, args.seed)}
+               "rows": ablation(data, args.seed), "ranker_all_queries": ranker_on_all_queries(term_files, args.seed)}
     results["args"]["spectra_per_structure"] = args.spectra_per_structure
     results["args"]["n_val_structures"] = args.n_val_structures
     (args.out / "fragment_model.json").write_text(json.dumps(results, indent=1, default=float))
