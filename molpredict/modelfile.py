@@ -425,7 +425,8 @@ class ModelBundle:
             if sub.scoring:
                 out[mode]["scoring"] = {variant: {"weights": v["fusion"]["weights"],
                                                   "temperature": v["fusion"].get("temperature"),
-                                                  "calibrated": "calibration" in v}
+                                                  "calibrated": "calibration" in v,
+                                                  "learnt_ranker": "ranker" in v["fusion"]}
                                         for variant, v in sub.scoring.items()}
                 weights = sub.scoring.get("with_prior", {}).get("fusion", {}).get("weights", {})
                 out[mode]["prior_weight"] = weights.get("prior", 0.0)
