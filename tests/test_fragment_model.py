@@ -355,3 +355,36 @@ def test_identification_fuses_the_fragment_model_through_a_learnt_ranker(tmp_pat
     again = run(ModelBundle.load(path))
     assert [(r["query_id"], r["smiles"]) for r in again] == [(r["query_id"], r["smiles"]) for r in rows]
     np.testing.assert_allclose([r["score"] for r in again], [r["score"] for r in rows], rtol=1e-9)
+
+
+def test_validation_fits_the_fusion_with_the_fragment_model_term():
+    # fit_submodel_scoring with a fragment model: its term is computed for every validation query and fused (its
+    # own weight in both variants, or a ranker over it), and the report says which fusion kind was kept.
+    from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra
+    from molpredict.chem.molecules import Molecule
+    from molpredict.modelfile import SubModel
+    from molpredict.spectra.cleaning import CleaningPipeline
+    from molpredict.training.pipeline import build_model
+    from molpredict.training.ranking_validation import fit_submodel_scoring
+    from test_identify import DECOYS
+
+    install_fake_model()
+    spectra, molecules = synthetic_spectra(n_per=3, seed=0)
+    fake = build_model(FAKE_MODEL, {"lam": "0.01"}).fit(spectra, molecules)
+    reference = [Molecule.from_smiles(s) for s in DECOYS[:3]]
+    sub = SubModel(model=fake, ion_mode="positive", cleaning=CleaningPipeline().to_dict(), adducts=["[M+H]+"],
+                   prior=build_model("prior", {}).fit(reference, reference), fragment_model=constant_model(0.2))
+    sub.fragment_model.coef_ = np.random.default_rng(2).normal(0, 0.3, sub.fragment_model.coef_.shape)
+    val, val_molecules = synthetic_spectra(n_per=2, seed=21)
+    sets = {}
+    for m in val_molecules:
+        same = [Molecule.from_smiles(s) for s in SMILES + DECOYS]
+        sets[m.inchikey14] = [(c.inchikey14, c.smiles) for c in same if c.formula == m.formula]
+    report = fit_submodel_scoring(sub, val, [sets], metric="mrr", seed=0)
+    assert set(sub.scoring["with_prior"]["fusion"]["weights"]) == {"spectrum", "prior", "fragment_model"}
+    assert set(sub.scoring["without_prior"]["fusion"]["weights"]) == {"spectrum", "fragment_model"}
+    for variant in ("with_prior", "without_prior"):
+        kind = report[variant]["fusion_kind"]
+        assert kind in ("weights", "ranker")
+        assert ("ranker" in sub.scoring[variant]["fusion"]) == (kind == "ranker")
+        assert "fragment_model_alone" in report[variant]
