@@ -273,9 +273,10 @@ def markdown(results: dict[str, Any]) -> str:
     fm = results["fragment_model"]
     lines = ["# Learnt fragmentation model and fusion ranker on validation (`benchmarks/fragment_model.py`)", "",
              f"Machine: {results['machine']}. Mode {results['mode']}. Validation only: {results['n_queries']} "
-             f"queries ({results['args']['spectra_per_structure']} seeded spectra of each of "
-             f"{results['args']['n_val_structures']} seeded val structures) ranked against their val_formula256 and "
-             "val_formula sets; fusions out of fold (3 folds by structure). Ties count against the truth.", "",
+             f"queries in all: up to {results['args']['spectra_per_structure']} seeded spectra of each of up to "
+             f"{results['args']['n_val_structures']} seeded val structures, each spectrum ranked once against its "
+             "val_formula256 set and once against its val_formula set; fusions out of fold (3 folds by "
+             "structure). Ties count against the truth.", "",
              f"Fragment model: fitted on {fm['n_spectra']} spectra of {fm['n_structures']} training structures "
              f"({fm['n_ion_rows']} ion rows); on {fm['held_out_structures']} held-out structures log-loss "
              f"{fm['held_out_log_loss']:.4f} vs {fm['constant_log_loss']:.4f} for a constant, AUC "
