@@ -400,7 +400,7 @@ def _uses_fragments(fusion: dict[str, Any]) -> bool:
     from molpredict.identification.fusion import FRAGMENT_MODEL, FRAGMENTS
 
     if fusion.get("ranker"):
-        return True
+        return any(t in fusion["ranker"]["terms"] for t in (FRAGMENTS, FRAGMENT_MODEL))
     return any(fusion["weights"].get(t) for t in (FRAGMENTS, FRAGMENT_MODEL))
 
 

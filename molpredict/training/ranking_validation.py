@@ -334,8 +334,9 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
         scoring[variant] = ScoringVariant(fusion, calibrator).to_dict()
         report[variant] = variant_report
         fused = variant_report["fused"]
-        say(f"  {sub.ion_mode} {variant.replace('_', ' ')}: weights "
-            + ", ".join(f"{k} {v:g}" for k, v in fusion.weights.items())
+        say(f"  {sub.ion_mode} {variant.replace('_', ' ')}: "
+            + ("learnt ranker over " + ", ".join(fusion.ranker.terms) if fusion.ranker is not None else
+               "weights " + ", ".join(f"{k} {v:g}" for k, v in fusion.weights.items()))
             + f"; validation hit@1 {100 * fused['hit@1']:.1f}%, hit@10 {100 * fused['hit@10']:.1f}%, "
               f"MRR {fused['mrr']:.3f} ({data.n_queries} queries); calibration ECE (out of fold) "
               f"{variant_report['calibration']['ece_out_of_fold']:.3f}")
