@@ -388,3 +388,39 @@ def test_validation_fits_the_fusion_with_the_fragment_model_term():
         assert kind in ("weights", "ranker")
         assert ("ranker" in sub.scoring[variant]["fusion"]) == (kind == "ranker")
         assert "fragment_model_alone" in report[variant]
+
+
+def test_train_with_fragments_keeps_a_fragment_model_only_when_fused(tmp_path):
+    # `train --fragments` with validation candidate sets: the bundle trains, saves and loads; a fragment model is
+    # kept exactly when the fitted fusion reads a fragment term, and then survives the round trip.
+    import json
+
+    from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra
+    from molpredict.io import write_mgf
+    from molpredict.modelfile import ModelBundle
+    from molpredict.training.pipeline import TrainOptions, train_bundle
+    from test_identify import DECOYS
+
+    install_fake_model()
+    train, _ = synthetic_spectra(n_per=3, seed=0)
+    val, val_molecules = synthetic_spectra(n_per=2, seed=2)
+    write_mgf(train, tmp_path / "train_pos.mgf")
+    write_mgf(val, tmp_path / "val_pos.mgf")
+    same = [Molecule(s) for s in SMILES + DECOYS]
+    sets = {m.inchikey14: [[c.inchikey14, c.smiles] for c in same if c.formula == m.formula] for m in val_molecules}
+    (tmp_path / "sets.json").write_text(json.dumps(sets))
+    options = TrainOptions(model=FAKE_MODEL, ion_modes=["positive"], fragments=True,
+                           val_candidates=[str(tmp_path / "sets.json")], fragment_model_structures=20)
+    bundle, _ = train_bundle([tmp_path / "train_pos.mgf"], options, val_paths=[tmp_path / "val_pos.mgf"],
+                             progress=False, log=lambda message: None)
+    sub = bundle.for_mode("positive")
+    reads = any(t in ("fragments", "fragment_model")
+                for v in sub.scoring.values()
+                for t in (v["fusion"].get("ranker", {}).get("terms", []) or
+                          [k for k, w in v["fusion"]["weights"].items() if w]))
+    assert reads == (sub.fragments is not None)
+    assert sub.fragment_model is None or sub.fragments is not None  # never a fragment model the fusion drops
+    loaded = ModelBundle.load(bundle.save(tmp_path / "bundle")).for_mode("positive")
+    assert (loaded.fragment_model is None) == (sub.fragment_model is None)
+    if sub.fragment_model is not None:
+        np.testing.assert_array_equal(loaded.fragment_model.coef_, sub.fragment_model.coef_)

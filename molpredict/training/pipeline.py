@@ -369,8 +369,11 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
                 from molpredict.chem.fragments import FragmentScorer
                 sub.fragments = FragmentScorer().get_params()
                 say(f"fitting the fragmentation model on {options.fragment_model_structures} training structures")
-                sub.fragment_model = FragmentModel(seed=options.seed).fit(spectra_by_structure(
-                    spectra, molecules, options.fragment_model_structures, options.seed))
+                try:
+                    sub.fragment_model = FragmentModel(seed=options.seed).fit(spectra_by_structure(
+                        spectra, molecules, options.fragment_model_structures, options.seed))
+                except InputError as exc:  # e.g. no fragment explains any training peak: fuse without it
+                    say(f"no fragmentation model: {exc.message}")
             metric = options.select_by if options.select_by not in (None, "kernel-loss") else "mrr"
             sample = options.fusion_structures if sub.fragments is not None else None
             say("fitting the score fusion and its calibration on the validation spectra"
