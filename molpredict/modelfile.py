@@ -71,6 +71,8 @@ BUNDLE_FILE = "bundle.json"
 METADATA_FILE = "metadata.json"
 TENSORS_FILE = "tensors.safetensors"
 PRIOR_DIR = "prior"
+#: where a sub-model's learnt fragmentation model is saved (npz + JSON, :mod:`molpredict.chem.fragment_model`)
+FRAGMENT_MODEL_DIR = "fragment_model"
 
 #: model parameter name -> registry kind, for the parameters that name components by spec
 _COMPONENT_PARAMS = {
@@ -162,6 +164,9 @@ class SubModel:
         probability.
     fragments : dict or None
         Parameters of the candidate fragmentation scorer when the fusion uses one.
+    fragment_model : FragmentModel or None
+        The learnt fragmentation model (:mod:`molpredict.chem.fragment_model`) when the fusion uses it, saved in
+        the sub-model's ``fragment_model/`` directory.
     source : str or None
         The ``metadata.json`` it was loaded from (named in errors about its settings).
     """
@@ -175,6 +180,7 @@ class SubModel:
     prior: Any = None
     scoring: dict[str, Any] | None = None
     fragments: dict[str, Any] | None = None
+    fragment_model: Any = None
     source: str | None = None
 
     def cleaning_pipeline(self):
@@ -289,6 +295,9 @@ class ModelBundle:
             ModelBundle._save_submodel(SubModel(model=sub.prior, ion_mode=sub.ion_mode), directory / PRIOR_DIR,
                                        created)
             metadata["prior"] = {"directory": PRIOR_DIR, "model": sub.prior.registry_name}
+        if sub.fragment_model is not None:
+            sub.fragment_model.save(directory / FRAGMENT_MODEL_DIR)
+            metadata["fragment_model"] = {"directory": FRAGMENT_MODEL_DIR}
         for key in ("scoring", "fragments"):
             if getattr(sub, key) is not None:
                 metadata[key] = json_ready(getattr(sub, key))
@@ -404,6 +413,9 @@ class ModelBundle:
                 raise ModelFileError(f"{meta_path}: field prior.directory must be {PRIOR_DIR!r}")
             prior = ModelBundle._load_submodel(directory / PRIOR_DIR, mode, registry).model
         extras = {}
+        if metadata.get("fragment_model") is not None:
+            from molpredict.chem.fragment_model import FragmentModel
+            extras["fragment_model"] = FragmentModel.load(directory / FRAGMENT_MODEL_DIR)
         for key in ("scoring", "fragments"):
             value = metadata.get(key)
             if value is not None and not isinstance(value, dict):
@@ -426,7 +438,8 @@ class ModelBundle:
             if sub.scoring:
                 out[mode]["scoring"] = {variant: {"weights": v["fusion"]["weights"],
                                                   "temperature": v["fusion"].get("temperature"),
-                                                  "calibrated": "calibration" in v}
+                                                  "calibrated": "calibration" in v,
+                                                  "learnt_ranker": "ranker" in v["fusion"]}
                                         for variant, v in sub.scoring.items()}
                 weights = sub.scoring.get("with_prior", {}).get("fusion", {}).get("weights", {})
                 out[mode]["prior_weight"] = weights.get("prior", 0.0)

@@ -8,6 +8,8 @@ A sub-model of a bundle may carry, besides its model:
   disk like any candidate coordinates;
 - ``fragments``: the settings of the candidate fragmentation scorer (:mod:`molpredict.chem.fragments`), which reads each
   candidate structure against the query's peaks;
+- ``fragment_model``: the learnt fragmentation model (:mod:`molpredict.chem.fragment_model`, ``train --fragments``):
+  the log-likelihood of the query's peaks under each candidate's predicted fragment ions, its own term;
 - ``scoring``: per variant (``with_prior``, ``without_prior``: what ``--prior on|off`` picks), the
   :class:`~molpredict.identification.fusion.ScoreFusion` of the terms and the :class:`~molpredict.identification.calibration.Calibrator` of
   the probability that rank 1 is right, both fitted on validation candidate sets at training time.
@@ -28,7 +30,7 @@ import numpy as np
 
 from molpredict.errors import ModelFileError
 from molpredict.identification.calibration import Calibrator, ranking_features, top_index_flat
-from molpredict.identification.fusion import FRAGMENTS, PRIOR, SPECTRUM, ScoreFusion
+from molpredict.identification.fusion import FRAGMENT_MODEL, FRAGMENTS, PRIOR, SPECTRUM, ScoreFusion
 
 __all__ = ["ScoringVariant", "QueryScores", "Evidence", "WITH_PRIOR", "WITHOUT_PRIOR", "variant_name"]
 
@@ -190,6 +192,14 @@ class Evidence:
                 terms[FRAGMENTS] = np.asarray(
                     scorer.score(q.spectrum, source.molecules(q.ids), _query_adduct(q)), dtype=np.float64)
             timings["fragments_s"] += time.perf_counter() - t0
+        model = getattr(sub, "fragment_model", None) if FRAGMENT_MODEL in wanted else None
+        if model is not None:
+            t0 = time.perf_counter()
+            source = self.coordinates.source
+            for q, terms in zip(queries, out):
+                terms[FRAGMENT_MODEL] = np.asarray(
+                    model.score(q.spectrum, source.molecules(q.ids), _query_adduct(q)), dtype=np.float64)
+            timings["fragment_model_s"] += time.perf_counter() - t0
         return out
 
     def fuse(self, query: Any, terms: Mapping[str, np.ndarray]) -> QueryScores:
@@ -197,7 +207,8 @@ class Evidence:
         variant = self.variant(query.sub)
         if variant is None:
             return QueryScores(np.asarray(terms[SPECTRUM], dtype=np.float64), dict(terms))
-        fused = variant.fusion.combine(terms)
+        # the set's kind, for a learnt ranker: candidates by formula, or from a mass window
+        fused = variant.fusion.combine(terms, {"formula_known": 0.0 if getattr(query, "window", "") else 1.0})
         probability = math.nan
         if variant.calibrator is not None and len(fused):
             calibrator = variant.calibrator

@@ -90,7 +90,11 @@ class TrainOptions:
         Also fuse the candidate fragmentation score (:mod:`molpredict.chem.fragments`) when validation sets exist.
         Off by default: on val_formula256 it adds about 2-3 points of hit@1 to the fusion, but every candidate
         must be fragmented (about 10 ms per structure, cached per process), which identification at
-        hundreds of spectra per second cannot afford.
+        hundreds of spectra per second cannot afford. With it, the learnt fragmentation model
+        (:mod:`molpredict.chem.fragment_model`) is fitted on the training spectra and fused too (its own term,
+        ``fragment_model``); both stay out when validation gives them no weight.
+    fragment_model_structures : int
+        Training structures (a seeded sample) the fragmentation model is fitted on.
     fusion_structures : int
         With the fragment score (which fragments every candidate), the fusion is fitted on the validation spectra
         of this many seeded structures, which bounds the training time (about 150 x 256 candidate structures).
@@ -114,6 +118,7 @@ class TrainOptions:
     prior: str = "train"
     fragments: bool = False
     fusion_structures: int = 150
+    fragment_model_structures: int = 1000
 
     def component_params(self, input_type: str = "spectrum", n_inputs: int = 0, n_structures: int = 0,
                          registry: Any = None) -> dict[str, Any]:
@@ -360,8 +365,15 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
             from molpredict.training.ranking_validation import fit_submodel_scoring
 
             if options.fragments:
+                from molpredict.chem.fragment_model import FragmentModel, spectra_by_structure
                 from molpredict.chem.fragments import FragmentScorer
                 sub.fragments = FragmentScorer().get_params()
+                say(f"fitting the fragmentation model on {options.fragment_model_structures} training structures")
+                try:
+                    sub.fragment_model = FragmentModel(seed=options.seed).fit(spectra_by_structure(
+                        spectra, molecules, options.fragment_model_structures, options.seed))
+                except InputError as exc:  # e.g. no fragment explains any training peak: fuse without it
+                    say(f"no fragmentation model: {exc.message}")
             metric = options.select_by if options.select_by not in (None, "kernel-loss") else "mrr"
             sample = options.fusion_structures if sub.fragments is not None else None
             say("fitting the score fusion and its calibration on the validation spectra"
@@ -369,10 +381,10 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
             validation["ranking"] = fit_submodel_scoring(sub, val.spectra[mode], sets, metric=metric,
                                                          seed=options.seed, log=say, max_structures=sample,
                                                          validation=val_pair)
-            if sub.fragments is not None and not any(v["fusion"]["weights"].get("fragments")
-                                                     for v in sub.scoring.values()):
+            if sub.fragments is not None and not any(_uses_fragments(v["fusion"]) for v in sub.scoring.values()):
                 # validation gave the fragments no weight: leave them out, and fit on every validation spectrum
                 sub.fragments = None
+                sub.fragment_model = None
                 say("the fragment score got no weight on validation: refitting the fusion without it")
                 validation["ranking"] = fit_submodel_scoring(sub, val.spectra[mode], sets, metric=metric,
                                                              seed=options.seed, log=say, validation=val_pair)
@@ -385,6 +397,15 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
             "fit_s": fit_s,
         }
     return bundle, summary
+
+
+def _uses_fragments(fusion: dict[str, Any]) -> bool:
+    """Whether a fitted fusion (``ScoreFusion.to_dict()``) reads a fragment term (a weight, or a ranker)."""
+    from molpredict.identification.fusion import FRAGMENT_MODEL, FRAGMENTS
+
+    if fusion.get("ranker"):
+        return any(t in fusion["ranker"]["terms"] for t in (FRAGMENTS, FRAGMENT_MODEL))
+    return any(fusion["weights"].get(t) for t in (FRAGMENTS, FRAGMENT_MODEL))
 
 
 def _validation_sets(options: TrainOptions, val: LabelledSet, modes: Sequence[str], say: Any

@@ -23,7 +23,7 @@ from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES,
                                                    select_calibrator, structure_weights, top_index_flat)
 from molpredict.errors import InputError
 from molpredict.identification.evidence import Evidence
-from molpredict.identification.fusion import PRIOR, SPECTRUM, ScoreFusion, fit_fusion, true_ranks
+from molpredict.identification.fusion import FUSION_KINDS, PRIOR, SPECTRUM, ScoreFusion, fit_fusion_kind, true_ranks
 
 __all__ = ["candidate_sets_from_library", "ranking_candidates", "fit_submodel_scoring", "ValidationTerms", "validation_terms",
            "shared_validation_terms",
@@ -231,8 +231,41 @@ def calibration_data(data: ValidationTerms, fused: np.ndarray, temperature: floa
     return features, true_ranks(fused, data.offsets, data.is_true) == 1, available
 
 
-def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_folds: int = 5
-                ) -> tuple[ScoreFusion, Calibrator, dict[str, Any]]:
+def choose_fusion(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_folds: int = 3
+                  ) -> tuple[str, dict[str, Any]]:
+    """Fixed weights or a learnt ranker: each fitted on ``n_folds - 1`` folds of structures and ranked on the
+    last, both ways round; the ranker is chosen only when its out-of-fold ``metric`` is higher and its hit@1 is
+    not lower.
+
+    Returns
+    -------
+    kind : {"weights", "ranker"}
+    report : dict
+        JSON-ready out-of-fold metrics of each kind (``n_folds``, ``weights``, ``ranker``, ``chosen``).
+    """
+    folds = grouped_folds(data.groups, n_folds, seed)
+    report: dict[str, Any] = {"n_folds": n_folds}
+    for kind in FUSION_KINDS:
+        ranks = []
+        for k in range(n_folds):
+            train_q, test_q = np.flatnonzero(folds != k), np.flatnonzero(folds == k)
+            if not len(train_q) or not len(test_q):
+                continue
+            tr, te = data.subset(train_q), data.subset(test_q)
+            fusion = fit_fusion_kind(kind, tr.terms, tr.offsets, tr.is_true, metric=metric)
+            ranks.append(true_ranks(fusion.combine_flat(te.terms, te.offsets), te.offsets, te.is_true))
+        if not ranks:
+            return "weights", {**report, "chosen": "weights"}
+        r = np.concatenate(ranks)
+        report[kind] = {"mrr": float(np.mean(1.0 / r)), **{f"hit@{j}": float(np.mean(r <= j)) for j in (1, 5, 10)}}
+    w, r = report["weights"], report["ranker"]
+    chosen = "ranker" if r[metric] > w[metric] + 1e-9 and r["hit@1"] >= w["hit@1"] else "weights"
+    report["chosen"] = chosen
+    return chosen, report
+
+
+def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_folds: int = 5,
+                fusion_kind: str | None = None) -> tuple[ScoreFusion, Calibrator, dict[str, Any]]:
     """Fusion weights on all validation queries; calibration on out-of-fold fused scores.
 
     The fusion is refitted on each fold's complement (folds by structure) to score the fold, so every query gets
@@ -249,6 +282,8 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
         Seeds the folds.
     n_folds : int
         Folds (by structure) for the out-of-fold calibration data.
+    fusion_kind : {"weights", "ranker"}, optional
+        How the terms are combined; None: chosen by :func:`choose_fusion` when there are several terms.
 
     Returns
     -------
@@ -258,7 +293,10 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
         JSON-ready: the fusion's validation metrics, the out-of-fold metrics, the calibrators compared, ECE (per
         spectrum and per structure) and FDR counts.
     """
-    fusion = fit_fusion(data.terms, data.offsets, data.is_true, metric=metric)
+    choice: dict[str, Any] = {}
+    if fusion_kind is None:
+        fusion_kind, choice = choose_fusion(data, metric, seed) if len(data.terms) > 1 else ("weights", {})
+    fusion = fit_fusion_kind(fusion_kind, data.terms, data.offsets, data.is_true, metric=metric)
     folds = grouped_folds(data.groups, n_folds, seed)
     features = np.zeros((data.n_queries, len(ALL_FEATURES)))
     correct = np.zeros(data.n_queries, dtype=bool)
@@ -269,7 +307,7 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
         if not len(train_q) or not len(test_q):
             continue
         tr, te = data.subset(train_q), data.subset(test_q)
-        fold_fusion = fit_fusion(tr.terms, tr.offsets, tr.is_true, metric=metric)
+        fold_fusion = fit_fusion_kind(fusion_kind, tr.terms, tr.offsets, tr.is_true, metric=metric)
         features[test_q], correct[test_q], available = calibration_data(
             te, fold_fusion.combine_flat(te.terms, te.offsets), fold_fusion.temperature)
         out_of_fold[test_q] = True
@@ -286,7 +324,8 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
     chosen = calibrator.validation
     report = {
         "metric": metric, "n_queries": data.n_queries, "n_structures": len(set(data.groups)),
-        "weights": fusion.weights, "temperature": fusion.temperature, "fused": fusion.validation["fused"],
+        "weights": fusion.weights, "fusion_kind": fusion_kind, **({"fusion_choice": choice} if choice else {}),
+        "temperature": fusion.temperature, "fused": fusion.validation["fused"],
         **{k: v for k, v in fusion.validation.items() if k.endswith("_alone")},
         "out_of_fold_hit@1": float(np.mean(correct)),
         "calibration": {"method": calibrator.method, "features": list(calibrator.features),
@@ -359,13 +398,14 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
     """
     from molpredict.identification.candidate_sources import SetSource
     from molpredict.identification.evidence import WITH_PRIOR, WITHOUT_PRIOR, ScoringVariant
-    from molpredict.identification.fusion import FRAGMENTS, PRIOR
+    from molpredict.identification.fusion import FRAGMENT_MODEL, FRAGMENTS, PRIOR
     from molpredict.identification.identify import Identifier, IdentifyOptions
     from molpredict.modelfile import ModelBundle
 
     say = log or (lambda message: None)
     bundle = ModelBundle({sub.ion_mode: sub})
-    wanted = [PRIOR] * (sub.prior is not None) + [FRAGMENTS] * (sub.fragments is not None)
+    wanted = [PRIOR] * (sub.prior is not None) + [FRAGMENTS] * (sub.fragments is not None) \
+        + [FRAGMENT_MODEL] * (getattr(sub, "fragment_model", None) is not None)
     if max_structures is not None:
         val_spectra = structure_sample(val_spectra, max_structures, seed)
     data = shared_validation_terms(sub, validation, wanted) if max_structures is None else None
@@ -383,8 +423,9 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
         scoring[variant] = ScoringVariant(fusion, calibrator).to_dict()
         report[variant] = variant_report
         fused, cal = variant_report["fused"], variant_report["calibration"]
-        say(f"  {sub.ion_mode} {variant.replace('_', ' ')}: weights "
-            + ", ".join(f"{k} {v:g}" for k, v in fusion.weights.items())
+        say(f"  {sub.ion_mode} {variant.replace('_', ' ')}: "
+            + ("learnt ranker over " + ", ".join(fusion.ranker.terms) if fusion.ranker is not None else
+               "weights " + ", ".join(f"{k} {v:g}" for k, v in fusion.weights.items()))
             + f"; validation hit@1 {100 * fused['hit@1']:.1f}%, hit@10 {100 * fused['hit@10']:.1f}%, "
               f"MRR {fused['mrr']:.3f} ({data.n_queries} queries); calibration {cal['method']} on "
               f"{cal['feature_set']}, ECE (out of fold) {cal['ece_out_of_fold']:.3f}, per structure "
