@@ -209,7 +209,8 @@ def metrics_of(ranks: np.ndarray) -> dict[str, float]:
 def ablation(data: dict, seed: int, n_folds: int = 3, combinations: tuple = COMBINATIONS,
              alone: tuple = TERMS) -> dict[str, Any]:
     from molpredict.identification.fusion import fit_fusion_kind, true_ranks
-    from molpredict.training.ranking_validation import ValidationTerms, _folds
+    from molpredict.identification.calibration import grouped_folds as _folds
+    from molpredict.training.ranking_validation import ValidationTerms
 
     vt = ValidationTerms(data["offsets"], data["is_true"], {t: data[t] for t in TERMS}, data["groups"])
     kinds = np.array(data["kind"])

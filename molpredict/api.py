@@ -64,11 +64,13 @@ def load_library(library: "PathLike | CandidateLibrary | None" = None, *, progre
     """A candidate library: a path (TSV / SMILES / SDF, optionally gzipped; see ``candidates/README.md``), an
     already loaded :class:`~molpredict.chem.candidates.CandidateLibrary` (returned as is), or None for the
     configured default."""
-    from molpredict.chem.candidates import CandidateLibrary, read_library
+    from molpredict.chem.candidates import CandidateLibrary
+    from molpredict.identification.scoring import load_library_once
 
     if isinstance(library, CandidateLibrary):
         return library
-    return read_library(library_path(library), progress=progress, cache=cache)
+    # read once per process and known by its file: cluster workers read it themselves (no pickled copy)
+    return load_library_once(library_path(library), progress=progress, cache=cache)
 
 
 def iter_spectra(spectra: Any, report: "SkipReport | None" = None) -> Iterator[Any]:
@@ -149,6 +151,13 @@ def load_properties(model: Any) -> tuple[Any, tuple[str, ...]]:
     return bundle, tuple(OUTPUT_COLUMNS) + tuple(output_columns(bundle.names))
 
 
+def check_spectra_model(bundle: "ModelBundle") -> None:
+    """Raise the one-line :class:`InputError` when ``bundle`` does not take spectra (a text model)."""
+    if bundle.input_type != "spectrum":
+        raise InputError(f"the model takes {bundle.input_type} input, not spectra: give --text or --text-file",
+                         path=str(bundle.path))
+
+
 def open_identifier(bundle: "ModelBundle", library: "CandidateLibrary", options: "IdentifyOptions", *,
                     cache_dir: PathLike | None | bool = None, progress: bool = False) -> "Identifier":
     """The :class:`~molpredict.identification.identify.Identifier` of a spectra model against a library
@@ -156,9 +165,7 @@ def open_identifier(bundle: "ModelBundle", library: "CandidateLibrary", options:
     from molpredict.identification.candidate_sources import LibrarySource
     from molpredict.identification.identify import Identifier
 
-    if bundle.input_type != "spectrum":
-        raise InputError(f"the model takes {bundle.input_type} input, not spectra: give --text or --text-file",
-                         path=str(bundle.path))
+    check_spectra_model(bundle)
     cache_root = False if cache_dir is False else (Path(cache_dir) if cache_dir else None)
     return Identifier(bundle, LibrarySource(library, options), options, cache_root=cache_root, progress=progress)
 
@@ -228,6 +235,7 @@ def identify(spectra: Any, model: "PathLike | ModelBundle | None" = None,
     report = SkipReport()
     stream = iter_spectra(spectra, report=report)
     bundle = model if hasattr(model, "models") and hasattr(model, "input_type") else load_model(model)
+    check_spectra_model(bundle)
     identifier = open_identifier(bundle, load_library(library, progress=progress), options, cache_dir=cache_dir,
                                  progress=progress)
     executor = executor_for(cluster)

@@ -8,7 +8,8 @@ import pytest
 
 from molpredict.identification.fusion import (LearntRanker, ScoreFusion, fit_fusion_kind, fit_ranker, ranker_features,
                                               softmax_nll)
-from molpredict.training.ranking_validation import ValidationTerms, _folds, choose_fusion, fit_scoring
+from molpredict.identification.calibration import grouped_folds as _folds
+from molpredict.training.ranking_validation import ValidationTerms, choose_fusion, fit_scoring
 
 
 def sets(seed=0, n_sets=60, sizes=(3, 40)):

@@ -17,7 +17,16 @@ from molpredict.registry import create
 from molpredict.spectra.record import Spectrum
 from molpredict.testing import check_regressor
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def _float64_tensors():
+    """float64 literals in this module's tests; the process-wide default is restored after each (other modules'
+    networks are float32)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -195,12 +195,11 @@ def _library_path(library: str | None) -> str:
 
 
 def _load_library(library: str | None, say, progress: bool, cache: bool | None = None):
-    from molpredict.identification.scoring import load_library_once
+    from molpredict.api import load_library
 
     library = _library_path(library)
     t0 = time.perf_counter()
-    # read once per process and known by its file: cluster workers read it themselves (no pickled copy)
-    lib = load_library_once(library, progress=progress, cache=cache)
+    lib = load_library(library, progress=progress, cache=cache)
     say(f"library {library}: {len(lib)} structures ({time.perf_counter() - t0:.1f} s)")
     return lib
 
@@ -276,7 +275,8 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     Example:
       molpredict identify --text "The molecule is a ..." --model textmodel --library molecules.tsv
     """
-    from molpredict.api import identify_options, load_properties, open_identifier, skipped_entries
+    from molpredict.api import (check_spectra_model, identify_options, load_properties, open_identifier,
+                                skipped_entries)
     from molpredict.identification.identify import read_formula_hints
     from molpredict.io.results import ResultWriter, ResumableOutput, output_format, write_skipped
     from molpredict.io import SkipReport, read_spectra
@@ -309,6 +309,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
         hints = read_formula_hints(formulas) if formulas else None
         library = _library_path(library)
         bundle = _load_bundle(model_path, say)
+        check_spectra_model(bundle)  # before the library is read
         lib = _load_library(library, say, show)
         properties, columns = load_properties(properties_path)
         options = identify_options(by=by, ppm=ppm, precision_window=not ppm_only, sources=sources, top_k=top_k,

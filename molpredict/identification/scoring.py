@@ -306,11 +306,14 @@ def load_library_once(path: str | os.PathLike, **kwargs: Any) -> Any:
     """A candidate library read once per process (keyed by :func:`file_stamp`; ``kwargs`` go to
     :func:`~molpredict.chem.candidates.read_library`). A library read here is known by its file
     (:func:`library_file`), so a cluster's workers read it themselves instead of receiving a pickled copy."""
-    key = file_stamp(path)
+    from molpredict.chem.candidates import read_library
+
+    try:
+        key = file_stamp(path)
+    except OSError:  # missing or unreadable: read_library says so in one line (file named)
+        return read_library(path, **kwargs)
     library = _LIBRARIES.get(key)
     if library is None:
-        from molpredict.chem.candidates import read_library
-
         library = read_library(path, **kwargs)
         _LIBRARIES.clear()
         _LIBRARIES[key] = library
