@@ -37,7 +37,8 @@ from typing import Any
 import numpy as np
 from rdkit import Chem
 
-from molpredict.chem.fragments import BOND_KINDS, HYDROGEN_MASS, FragmentScorer, FragmentSet, fragment_structure
+from molpredict.chem.fragments import (BOND_KINDS, HYDROGEN_MASS, FragmentScorer, FragmentSet, fragment_structure,
+                                       scored_peaks)
 from molpredict.chem.molecules import Molecule
 from molpredict.component import Component
 from molpredict.errors import InputError, ModelFileError, SpecError
@@ -388,22 +389,8 @@ class FragmentModel(Component):
     def peaks(self, spectrum: Spectrum) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(m/z, weight summing to 1, tolerance)`` of the peaks scored, sorted by m/z: positive intensity, at
         least ``min_relative_intensity`` of the base peak, below the precursor m/z (plus the tolerance)."""
-        if not isinstance(spectrum, Spectrum):
-            raise TypeError(f"expected a Spectrum, got {type(spectrum).__name__}")
-        mz, intensity = spectrum.mz, spectrum.intensities
-        if not (np.all(np.isfinite(mz)) and np.all(np.isfinite(intensity))) or np.any(intensity < 0):
-            raise InputError("peaks must have finite m/z and non-negative intensities", record=spectrum.id,
-                             field="peaks")
-        floor = max(float(self.min_tolerance_da), float(spectrum.mz_precision or 0.0))
-        tolerance = np.maximum(mz * (self.tolerance_ppm * 1e-6), floor)
-        keep = intensity > 0
-        if keep.any():
-            keep &= intensity >= self.min_relative_intensity * float(intensity.max())
-        if spectrum.precursor_mz is not None:
-            keep &= mz <= spectrum.precursor_mz + tolerance
-        order = np.argsort(mz[keep], kind="stable")
-        mz, intensity, tolerance = mz[keep][order], intensity[keep][order], tolerance[keep][order]
-        weight = mz ** float(self.mz_power) * intensity ** float(self.intensity_power)
+        mz, weight, tolerance = scored_peaks(spectrum, self.tolerance_ppm, self.min_tolerance_da, self.mz_power,
+                                             self.intensity_power, self.min_relative_intensity)
         total = float(weight.sum())
         return mz, (weight / total if total > 0 else weight), tolerance
 

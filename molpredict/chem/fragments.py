@@ -49,6 +49,7 @@ from molpredict.chem.molecules import ELECTRON_MASS, Adduct, Molecule, parse_add
 from molpredict.spectra.record import Spectrum
 
 __all__ = [
+    "scored_peaks",
     "FragmentSet",
     "FragmentScorer",
     "fragment_structure",
@@ -466,6 +467,38 @@ def load_fragment_sets(path: str | os.PathLike) -> tuple[dict[str, FragmentSet],
 # The scorer
 # ----------------------------------------------------------------------------------------------------------
 
+def scored_peaks(spectrum: Spectrum, tolerance_ppm: float, min_tolerance_da: float, mz_power: float,
+                 intensity_power: float, min_relative_intensity: float = 0.0
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The peaks a fragment score reads: ``(m/z, weight, tolerance)``, each of shape (n_kept,), sorted by m/z.
+
+    Kept: positive intensity, at least ``min_relative_intensity`` of the base peak, m/z at most the precursor's
+    plus the tolerance. The weight is ``mz ** mz_power * intensity ** intensity_power`` (not normalised); the
+    tolerance ``max(mz * tolerance_ppm * 1e-6, min_tolerance_da, the spectrum's m/z precision)``.
+
+    Raises
+    ------
+    InputError
+        A non-finite m/z or intensity, or a negative intensity (naming the record and field).
+    """
+    if not isinstance(spectrum, Spectrum):
+        raise TypeError(f"expected a Spectrum, got {type(spectrum).__name__}")
+    mz, intensity = spectrum.mz, spectrum.intensities
+    if not (np.all(np.isfinite(mz)) and np.all(np.isfinite(intensity))) or np.any(intensity < 0):
+        raise InputError("peaks must have finite m/z and non-negative intensities", record=spectrum.id,
+                         field="peaks")
+    floor = max(float(min_tolerance_da), float(spectrum.mz_precision or 0.0))
+    tolerance = np.maximum(mz * (tolerance_ppm * 1e-6), floor)
+    keep = intensity > 0
+    if min_relative_intensity > 0 and keep.any():
+        keep &= intensity >= min_relative_intensity * float(intensity.max())
+    if spectrum.precursor_mz is not None:
+        keep &= mz <= spectrum.precursor_mz + tolerance
+    order = np.argsort(mz[keep], kind="stable")
+    mz, intensity, tolerance = mz[keep][order], intensity[keep][order], tolerance[keep][order]
+    return mz, mz ** float(mz_power) * intensity ** float(intensity_power), tolerance
+
+
 class FragmentScorer(Component):
     """Scores candidate structures by the spectrum intensity their in-silico fragments explain.
 
@@ -606,20 +639,7 @@ class FragmentScorer(Component):
 
     def _peaks(self, spectrum: Spectrum) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(m/z, intensity weight, tolerance) of the peaks scored, sorted by m/z."""
-        if not isinstance(spectrum, Spectrum):
-            raise TypeError(f"expected a Spectrum, got {type(spectrum).__name__}")
-        mz, intensity = spectrum.mz, spectrum.intensities
-        if not (np.all(np.isfinite(mz)) and np.all(np.isfinite(intensity))) or np.any(intensity < 0):
-            raise InputError("peaks must have finite m/z and non-negative intensities", record=spectrum.id,
-                             field="peaks")
-        floor = max(float(self.min_tolerance_da), float(spectrum.mz_precision or 0.0))
-        tolerance = np.maximum(mz * (self.tolerance_ppm * 1e-6), floor)
-        keep = intensity > 0
-        if spectrum.precursor_mz is not None:
-            keep &= mz <= spectrum.precursor_mz + tolerance
-        order = np.argsort(mz[keep], kind="stable")
-        mz, intensity, tolerance = mz[keep][order], intensity[keep][order], tolerance[keep][order]
-        return mz, mz ** float(self.mz_power) * intensity ** float(self.intensity_power), tolerance
+        return scored_peaks(spectrum, self.tolerance_ppm, self.min_tolerance_da, self.mz_power, self.intensity_power)
 
     def _carriers(self, spectrum: Spectrum, adduct: str | Adduct | None) -> list[Carrier]:
         if not isinstance(spectrum, Spectrum):
