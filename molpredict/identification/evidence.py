@@ -184,22 +184,18 @@ class Evidence:
             for q, terms in zip(queries, out):
                 terms[PRIOR] = prior[np.searchsorted(union, q.ids)]
             timings["prior_s"] += time.perf_counter() - t0
-        scorer = self._fragmenter(sub) if FRAGMENTS in wanted else None
-        if scorer is not None:
+        # the candidate-specific terms: each scorer reads the query's spectrum against its candidates
+        scorers = {FRAGMENTS: self._fragmenter(sub) if FRAGMENTS in wanted else None,
+                   FRAGMENT_MODEL: getattr(sub, "fragment_model", None) if FRAGMENT_MODEL in wanted else None}
+        source = self.coordinates.source
+        for name, scorer in scorers.items():
+            if scorer is None:
+                continue
             t0 = time.perf_counter()
-            source = self.coordinates.source
             for q, terms in zip(queries, out):
-                terms[FRAGMENTS] = np.asarray(
-                    scorer.score(q.spectrum, source.molecules(q.ids), _query_adduct(q)), dtype=np.float64)
-            timings["fragments_s"] += time.perf_counter() - t0
-        model = getattr(sub, "fragment_model", None) if FRAGMENT_MODEL in wanted else None
-        if model is not None:
-            t0 = time.perf_counter()
-            source = self.coordinates.source
-            for q, terms in zip(queries, out):
-                terms[FRAGMENT_MODEL] = np.asarray(
-                    model.score(q.spectrum, source.molecules(q.ids), _query_adduct(q)), dtype=np.float64)
-            timings["fragment_model_s"] += time.perf_counter() - t0
+                terms[name] = np.asarray(scorer.score(q.spectrum, source.molecules(q.ids), _query_adduct(q)),
+                                         dtype=np.float64)
+            timings[f"{name}_s"] += time.perf_counter() - t0
         return out
 
     def fuse(self, query: Any, terms: Mapping[str, np.ndarray]) -> QueryScores:
