@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -28,6 +28,20 @@ __all__ = ["check_model"]
 
 def _fail(model: Any, check: str, detail: str) -> None:
     raise AssertionError(f"check_model({type(model).__name__}): {check}: {detail}")
+
+
+def reload_state(fitted: Any, fail: Callable[[str, str], None]) -> Any:
+    """``type(fitted).from_state`` of ``fitted.get_state()`` as a bundle stores it: the arrays must be numeric
+    ndarrays and the metadata must survive a JSON round trip; ``fail(check, detail)`` is called otherwise."""
+    arrays, metadata = fitted.get_state()
+    for name, array in arrays.items():
+        if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
+            fail("state", f"array {name!r} is not a numeric ndarray ({type(array).__name__})")
+    try:
+        metadata = json.loads(json.dumps(metadata))
+    except (TypeError, ValueError) as exc:
+        fail("state", f"metadata is not JSON: {exc}")
+    return type(fitted).from_state({k: np.array(v) for k, v in arrays.items()}, metadata)
 
 
 def _coordinates(model: Any, what: str, values: Any, n: int, d: int | None) -> np.ndarray:
@@ -115,15 +129,7 @@ def check_model(model: Any, inputs: Sequence[Any], molecules: Sequence[Any],
         _fail(model, "determinism", f"a second fit with the same parameters changed the scores by {worst:.3g}")
 
     # 4. save -> load
-    arrays, metadata = fitted.get_state()
-    for name, array in arrays.items():
-        if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
-            _fail(model, "state", f"array {name!r} is not a numeric ndarray ({type(array).__name__})")
-    try:
-        metadata = json.loads(json.dumps(metadata))
-    except (TypeError, ValueError) as exc:
-        _fail(model, "state", f"metadata is not JSON: {exc}")
-    reloaded = type(fitted).from_state({k: np.array(v) for k, v in arrays.items()}, metadata)
+    reloaded = reload_state(fitted, lambda check, detail: _fail(model, check, detail))
     if not np.array_equal(reloaded.score(queries, candidates), scores):
         _fail(model, "save -> load", "the reloaded model scores differently")
     if reloaded.coordinates_key() != fitted.coordinates_key():

@@ -23,10 +23,11 @@ A plugin author's test, on a few dozen real spectra with any numeric targets::
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any, Sequence
 
 import numpy as np
+
+from molpredict.testing.models import reload_state
 
 __all__ = ["check_regressor"]
 
@@ -102,15 +103,7 @@ def check_regressor(regressor: Any, inputs: Sequence[Any], targets: Any, *, n_qu
         _fail(regressor, "determinism", f"a second fit with the same parameters changed predictions by {worst:.3g}")
 
     # 4. save -> load
-    arrays, metadata = fitted.get_state()
-    for name, array in arrays.items():
-        if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
-            _fail(regressor, "state", f"array {name!r} is not a numeric ndarray ({type(array).__name__})")
-    try:
-        metadata = json.loads(json.dumps(metadata))
-    except (TypeError, ValueError) as exc:
-        _fail(regressor, "state", f"metadata is not JSON: {exc}")
-    reloaded = type(fitted).from_state({k: np.array(v) for k, v in arrays.items()}, metadata)
+    reloaded = reload_state(fitted, lambda check, detail: _fail(regressor, check, detail))
     if not np.allclose(reloaded.predict(queries), predictions, rtol=0, atol=1e-12 * scale):
         _fail(regressor, "save -> load", "the reloaded regressor predicts differently")
 
