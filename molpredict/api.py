@@ -27,9 +27,9 @@ __all__ = ["identify", "train", "evaluate", "load_model", "load_library", "iter_
 PathLike = str | os.PathLike
 
 
-def load_model(path: PathLike | None = None) -> "ModelBundle":
-    """A model bundle: ``path``, else the default one (``molpredict config set model``, ``MOLPREDICT_MODEL``, or the
-    bundle ``make demo`` trains).
+def load_model(path: "PathLike | ModelBundle | None" = None) -> "ModelBundle":
+    """A model bundle: ``path``, an already loaded :class:`~molpredict.modelfile.ModelBundle` (returned as is), else
+    the default one (``molpredict config set model``, ``MOLPREDICT_MODEL``, or the bundle ``make demo`` trains).
 
     Raises
     ------
@@ -39,6 +39,8 @@ def load_model(path: PathLike | None = None) -> "ModelBundle":
     from molpredict.config import resolve
     from molpredict.modelfile import ModelBundle
 
+    if isinstance(path, ModelBundle):
+        return path
     if path is None:
         default, origin = resolve("model")
         if origin == "default" and not Path(default).exists():
@@ -151,6 +153,12 @@ def load_properties(model: Any) -> tuple[Any, tuple[str, ...]]:
     return bundle, tuple(OUTPUT_COLUMNS) + tuple(output_columns(bundle.names))
 
 
+def coordinates_root(cache_dir: "PathLike | None | bool") -> "Path | None | bool":
+    """The candidate-coordinates store a run uses: ``cache_dir`` as a path, None for the default one, False for
+    none."""
+    return False if cache_dir is False else (Path(cache_dir) if cache_dir else None)
+
+
 def check_spectra_model(bundle: "ModelBundle") -> None:
     """Raise the one-line :class:`InputError` when ``bundle`` does not take spectra (a text model)."""
     if bundle.input_type != "spectrum":
@@ -166,7 +174,7 @@ def open_identifier(bundle: "ModelBundle", library: "CandidateLibrary", options:
     from molpredict.identification.identify import Identifier
 
     check_spectra_model(bundle)
-    cache_root = False if cache_dir is False else (Path(cache_dir) if cache_dir else None)
+    cache_root = coordinates_root(cache_dir)
     return Identifier(bundle, LibrarySource(library, options), options, cache_root=cache_root, progress=progress)
 
 
@@ -234,7 +242,7 @@ def identify(spectra: Any, model: "PathLike | ModelBundle | None" = None,
                                properties=property_model)
     report = SkipReport()
     stream = iter_spectra(spectra, report=report)
-    bundle = model if hasattr(model, "models") and hasattr(model, "input_type") else load_model(model)
+    bundle = load_model(model)
     check_spectra_model(bundle)
     identifier = open_identifier(bundle, load_library(library, progress=progress), options, cache_dir=cache_dir,
                                  progress=progress)
@@ -311,11 +319,11 @@ def evaluate(spectra: PathLike | Sequence[PathLike], candidates: PathLike, model
     from molpredict.identification.evaluate import evaluate as run_evaluation
     from molpredict.identification.scoring import executor_for
 
-    bundle = model if hasattr(model, "models") and hasattr(model, "input_type") else load_model(model)
+    bundle = load_model(model)
     if bundle.input_type != "spectrum":
         raise InputError(f"the model takes {bundle.input_type} input, not spectra", path=str(bundle.path))
     paths = [spectra] if isinstance(spectra, (str, os.PathLike)) else list(spectra)
-    cache_root = False if cache_dir is False else (Path(cache_dir) if cache_dir else None)
+    cache_root = coordinates_root(cache_dir)
     executor = executor_for(cluster)
     try:
         return run_evaluation(paths, [(str(bundle.path), bundle)], load_candidate_sets(candidates),

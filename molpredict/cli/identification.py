@@ -46,9 +46,9 @@ def _load_bundle(path: str | None, say=None):
 
 
 def _cache_root(cache_dir: str | None, no_cache: bool):
-    if no_cache:
-        return False
-    return Path(cache_dir) if cache_dir else None
+    from molpredict.api import coordinates_root
+
+    return coordinates_root(False if no_cache else cache_dir)
 
 
 _progress_option = click.option("--progress/--no-progress", default=None,
