@@ -12,8 +12,8 @@ Run as ``python -m molpredict.data.demo [--data DIR] [--library LIB] [--n 5] [--
   saved as the default bundle (``$MOLPREDICT_HOME/models/default``); then the same-formula candidates of a few
   ``test_pos.mgf`` spectra are ranked and the top 5 of each printed, marking the true structure.
 
-The repository's ``Makefile`` passes the shared MassBank split and candidate pool when ``../shared`` has them;
-nothing here looks for them.
+The repository's ``Makefile`` passes the project's shared MassBank split and candidate pool when its checkout
+has them beside it; nothing here looks for them.
 """
 from __future__ import annotations
 
