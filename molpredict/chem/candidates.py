@@ -294,7 +294,7 @@ class CandidateLibrary:
                 return cached
         library = _read_tsv(path, n_jobs=n_jobs, progress=progress)
         if use_cache:
-            library._build_indexes()
+            library.build_indexes()
             store_library_entry(entry, library.table, library.report.to_dict() if library.report is not None else None,
                                 library._mass_index(), library._formulas(), what=f"library {library.path}")
         if library.report is not None:
@@ -428,7 +428,9 @@ class CandidateLibrary:
         return np.where(indices < 0, indices + n, indices)
 
     # -- selection -----------------------------------------------------------------------------------------
-    def _build_indexes(self) -> None:
+    def build_indexes(self) -> None:
+        """Build the mass and formula indexes now rather than on the first selection (a cluster worker does it
+        while loading, not inside its first block)."""
         self._mass_index()
         self._formulas()
 

@@ -506,10 +506,9 @@ class IdentifierState(WorkerState):
 def _warm_library(library: Any) -> None:
     """Build what a library builds lazily on first use (the formula and mass indexes, the string columns the
     output rows take), so that a worker does it while loading, not inside the first blocks it runs."""
-    library.select_by_formula("H2O")
-    library.mass_windows([100.0])
+    library.build_indexes()
     for name in ("inchikey", "inchikey14", "smiles", "formula", "name", "id"):
-        if name in ("inchikey", "inchikey14", "smiles", "formula") or library.has_column(name):
+        if library.has_column(name):
             library.column(name)
 
 
