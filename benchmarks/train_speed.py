@@ -178,6 +178,7 @@ def _instrument() -> list[str]:
     torch.linalg.eigh = _timed(original_eigh, "eigendecompositions")
     need(_patch_function(["molpredict.engine.linalg", "molpredict.linalg"], "truncated_eigh", "eigendecompositions"),
          "truncated_eigh")
+    _patch_function(["molpredict.engine.linalg"], "symmetric_eigh", "eigendecompositions")  # CPU: SciPy's (after)
     okr = ["molpredict.models.okr"]
     need(_patch_method(okr, "_OKRBase", "fit", "model linear algebra"), "_OKRBase.fit")
     for cls, attr in (("_OutputSide", "val_ranking"), ("_OutputSide", "val_loss")):

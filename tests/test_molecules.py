@@ -149,6 +149,33 @@ def test_fingerprint_matrix_equals_per_molecule(kind, counts):
     np.testing.assert_array_equal(parallel, expected)
 
 
+def test_remembered_fingerprints_parse_each_record_once(monkeypatch):
+    """Inside the block a record is parsed and fingerprinted once however many kernels featurise it (same rows
+    as without the block); outside it, and after it, nothing is kept on the records."""
+    import molpredict.chem.molecules as molecules
+
+    smiles = [CAFFEINE, "CCO", "c1ccccc1O", "C", "CC(=O)Nc1ccc(O)cc1"]
+    expected = fingerprint_matrix(smiles, size=512)
+    parses = []
+    original = molecules._parse_smiles
+    monkeypatch.setattr(molecules, "_parse_smiles", lambda s: parses.append(s) or original(s))
+    records = [Molecule(s) for s in smiles]
+    outside = Molecule("CCN")
+    with molecules.remembered_fingerprints(records[:4]):
+        first = fingerprint_matrix(records + [outside], size=512)
+        second = fingerprint_matrix(records + [outside], size=512)
+        other_setting = fingerprint_matrix(records[:1], size=256)
+        np.testing.assert_array_equal(first[:5], expected)
+        np.testing.assert_array_equal(second, first)
+        first[:] = 0  # the caller's matrix is its own: the kept rows are copies
+        np.testing.assert_array_equal(fingerprint_matrix(records, size=512), expected)
+    # the 4 remembered records parsed once (two settings for the first), the others at every call
+    assert sorted(parses) == sorted(smiles[:4] + [smiles[0]] + 3 * smiles[4:] + 2 * ["CCN"])
+    assert other_setting.shape == (1, 256)
+    assert all(m._fps is None for m in records + [outside])
+    assert records[0].fingerprint(size=512).sum() == expected[0].sum()  # the record's own cache still works
+
+
 def test_fingerprint_matrix_survives_invalid_smiles():
     smiles = ["CCO", "C1CC", "c1ccccc1", "", "xyz"]
     with pytest.warns(RuntimeWarning, match="3 of 5"):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -385,6 +386,42 @@ def _n_workers(n_jobs: int | None) -> int:
     return max(1, cores + 1 + n_jobs) if n_jobs < 0 else min(int(n_jobs), cores)
 
 
+#: the record sets :func:`remembered_fingerprints` keeps fingerprints on (ids of the records), innermost last
+_REMEMBERED: list[set[int]] = []
+
+
+@contextmanager
+def remembered_fingerprints(molecules: Iterable[Any]) -> Iterator[None]:
+    """Within the block, :func:`fingerprint_matrix` keeps the fingerprints it computes for these records on them
+    (as :meth:`Molecule.fingerprint` does); on exit they are dropped again.
+
+    For one large transient set that several kernels featurise with the same settings (training's validation
+    candidates: the model's output kernel, the prior's scores and its reference test), so that each structure
+    is parsed and fingerprinted once. Costs ``size`` bytes per record and setting while the block runs.
+    """
+    records = [m for m in molecules if isinstance(m, Molecule)]
+    fresh = [m for m in records if m._fps is None]
+    ids = {id(m) for m in records}
+    _REMEMBERED.append(ids)
+    try:
+        yield
+    finally:
+        _REMEMBERED.remove(ids)
+        for m in fresh:
+            m._fps = None
+
+
+def _remember(molecule: Any, key: tuple, row: np.ndarray) -> None:
+    """Keep ``row`` as ``molecule``'s fingerprint for ``key`` when a :func:`remembered_fingerprints` block
+    names it."""
+    if isinstance(molecule, Molecule) and any(id(molecule) in ids for ids in _REMEMBERED):
+        fp = np.array(row)  # a copy: the caller owns the matrix
+        fp.flags.writeable = False
+        if molecule._fps is None:
+            molecule._fps = {}
+        molecule._fps[key] = fp
+
+
 def fingerprint_matrix(molecules: Iterable[Molecule | str], kind: str = "morgan", radius: int = 2,
                        size: int = 2048, counts: bool = False, n_jobs: int = 1,
                        chunk_size: int = 2000, chiral: bool = False) -> np.ndarray:
@@ -423,6 +460,8 @@ def fingerprint_matrix(molecules: Iterable[Molecule | str], kind: str = "morgan"
                 continue
             if m._mol is not None:
                 out[i] = _fingerprint_of_mol(m._mol, *key)
+                if _REMEMBERED:
+                    _remember(m, key, out[i])
                 continue
             todo_index.append(i)
             todo_smiles.append(m.smiles)
@@ -445,6 +484,9 @@ def fingerprint_matrix(molecules: Iterable[Molecule | str], kind: str = "morgan"
             out[index[start:start + len(rows)]] = rows
             n_bad += len(bad)
             start += len(rows)
+        if _REMEMBERED:
+            for i in todo_index:
+                _remember(molecules[i], key, out[i])
     if n_bad:
         warnings.warn(f"fingerprint_matrix: {n_bad} of {n} molecules could not be parsed by RDKit; "
                       "their rows are all zero", RuntimeWarning, stacklevel=2)

@@ -1,8 +1,8 @@
 """Dense linear algebra shared by the models: the one truncated eigendecomposition (every pseudo-inverse and
-whitening of the package goes through it) and the CPU thread policy of the eigensolver."""
+whitening of the package goes through it) and the symmetric eigensolver under it."""
 from __future__ import annotations
 
-import contextlib
+import os
 
 import numpy as np
 
@@ -10,30 +10,45 @@ from molpredict.lazy import lazy_module
 
 torch = lazy_module("torch")  # fitting and GPU paths only: not imported to predict
 
-__all__ = ["truncated_eigh", "lapack_threads"]
+__all__ = ["truncated_eigh", "symmetric_eigh"]
 
 
-#: below this order a CPU eigendecomposition runs on one thread (see lapack_threads)
-_SERIAL_EIGH_MAX = 4096
-
-
-@contextlib.contextmanager
-def lapack_threads(matrix: torch.Tensor):
-    """Run a CPU eigensolver of order <= _SERIAL_EIGH_MAX on one thread.
-
-    The multi-threaded tridiagonal eigensolver synchronises its threads many times; below a few thousand rows it
-    gains little, and when the cores are shared it becomes 5 to 50 times slower than one thread (measured on
-    2 shared cores: order 2000 took 21 s on 2 threads, 4 s on 1).
-    """
-    if matrix.device.type != "cpu" or matrix.shape[0] > _SERIAL_EIGH_MAX or torch.get_num_threads() == 1:
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _cores_free() -> bool:
+    """Whether this machine's cores are free for one more thread: the 1-minute load average (this process's
+    own busy thread included) is at least half a core below the core count."""
     try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # not on a Unix
+        return False
+    return load < (os.cpu_count() or 1) - 0.5
+
+
+def symmetric_eigh(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """All eigenpairs of a symmetric matrix (lower triangle read), ascending, on the matrix's device and dtype.
+
+    On the CPU this is LAPACK's divide-and-conquer solver (``syevd``) through SciPy: at order 4000 on 2 cores it
+    took 9 s on one thread where torch's CPU ``eigh`` took 14.5 s. It runs on all of NumPy's BLAS threads only
+    when the cores are free (:func:`_cores_free`; 5.2 s on 2 idle cores): multi-threaded eigensolvers synchronise
+    their threads many times and slow down several-fold as soon as another process takes a core (torch's took
+    81 s on 2 threads beside one busy process, SciPy's 12 to 36 s). On a GPU it is torch's.
+
+    Parameters
+    ----------
+    matrix : Tensor of shape (k, k)
+
+    Returns
+    -------
+    s : Tensor of shape (k,)
+    V : Tensor of shape (k, k)
+    """
+    if matrix.device.type != "cpu":
+        return torch.linalg.eigh(matrix)
+    import scipy.linalg
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=None if _cores_free() else 1, user_api="blas"):
+        s, V = scipy.linalg.eigh(matrix.numpy(), lower=True, driver="evd", check_finite=False)
+    return torch.from_numpy(s), torch.from_numpy(V)
 
 
 def truncated_eigh(matrix: "np.ndarray | torch.Tensor", rtol: float = 1e-10
@@ -57,8 +72,7 @@ def truncated_eigh(matrix: "np.ndarray | torch.Tensor", rtol: float = 1e-10
     """
     as_numpy = not isinstance(matrix, torch.Tensor)
     tensor = torch.from_numpy(np.asarray(matrix, dtype=np.float64)) if as_numpy else matrix.to(torch.float64)
-    with lapack_threads(tensor):
-        s, V = torch.linalg.eigh(tensor)
+    s, V = symmetric_eigh(tensor)
     top = float(s[-1]) if s.numel() else 0.0
     if top > 0:
         first = int(torch.searchsorted(s, torch.tensor(rtol * top, dtype=s.dtype, device=s.device), right=True))

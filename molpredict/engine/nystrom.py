@@ -197,6 +197,10 @@ class Nystrom:
         False: the raw kernel values k(x, landmarks) (dimension n'), the landmarks still chosen by the sketch.
     fit_kernel_on : {"all", "landmarks"}
         See the module docstring.
+    keep_rows : bool
+        Keep the sketched kernel rows of the fitted objects, ``train_rows_ = R K`` (m x n), instead of their
+        features ``train_features_ = whitening_ @ R K``: for a caller that needs only products of the features
+        (``Z Z^T = P (R K)(R K)^T P^T`` costs half of forming Z first).
 
     Fitted attributes
     -----------------
@@ -210,14 +214,15 @@ class Nystrom:
     projection_ : ndarray of shape (n', p) or None (not whitened), W = A^T U D^-1/2
     rank_ : int, p (n' when not whitened)
     train_features_ : Tensor of shape (p, n) or None, f of the fitted objects (``fit_kernel_on="all"`` and
-        whitened), on the fit's device and dtype; the caller may delete it
+        whitened, without ``keep_rows``), on the fit's device and dtype; the caller may delete it
+    train_rows_ : Tensor of shape (m, n) or None, R K of the fitted objects (with ``keep_rows``), likewise
     """
 
     landmarks_ = LazyLandmarks()
 
     def __init__(self, kernel: Any, sketch: Any = "subsample:m=2000", rel_cutoff: float = 1e-10,
                  seed: int | None = None, kernel_kind: str = "input_kernel", whiten: bool = True,
-                 fit_kernel_on: str = "all") -> None:
+                 fit_kernel_on: str = "all", keep_rows: bool = False) -> None:
         self.kernel = kernel
         self.sketch = sketch
         self.rel_cutoff = rel_cutoff
@@ -225,6 +230,7 @@ class Nystrom:
         self.kernel_kind = kernel_kind
         self.whiten = whiten
         self.fit_kernel_on = fit_kernel_on
+        self.keep_rows = keep_rows
 
     # -- fitting -----------------------------------------------------------------------------------------
     def _make_sketch(self) -> Any:
@@ -287,7 +293,7 @@ class Nystrom:
         del kernel
         self.kernel_spec_ = str(frozen_spec(self.kernel_))
         self.sketch_ = sketch
-        self.train_features_ = None
+        self.train_features_ = self.train_rows_ = None
         if not self.whiten:
             self.eigenvalues_ = np.zeros(0)
             self.whitening_ = self.projection_ = None
@@ -308,6 +314,9 @@ class Nystrom:
         if B is not None:
             Bt = torch.as_tensor(B, dtype=dtype, device=device)
             del B
+            if self.keep_rows:
+                self.train_rows_ = Bt  # (m, n)
+                return self
             with stage("whiten", (self.rank_, Bt.shape[0], Bt.shape[1])):
                 self.train_features_ = self.whitening_ @ Bt  # (p, n)
         return self

@@ -73,7 +73,7 @@ from molpredict.engine.device import resolve_device, resolve_dtype
 from molpredict.errors import InputError, ModelFileError, MolpredictError, ResourceError, SpecError
 from molpredict.lazy import lazy_module
 from molpredict.registry import create, get_registry
-from molpredict.engine.linalg import lapack_threads
+from molpredict.engine.linalg import symmetric_eigh
 from molpredict.engine.nystrom import LazyLandmarks, Nystrom, objects_from_state, objects_to_state
 from molpredict.kernels.base import Kernel, StateNotSaveable
 from molpredict.engine.sketches import Sketch, make_sketch
@@ -182,6 +182,21 @@ def _one_blas_thread(active: bool):
         yield
 
 
+@contextlib.contextmanager
+def _one_torch_thread(device: torch.device):
+    """torch on one CPU thread: for many small products, where its OpenMP threads cost more than they give
+    (ranking 862 validation sets of 256 candidates x 2000 coordinates: 0.23 s on one thread, 3.7 s on two)."""
+    if device.type != "cpu" or torch.get_num_threads() == 1:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _rows_per_block(width: int) -> int:
     return max(1, min(8192, _BLOCK_BYTES // (8 * max(1, width))))
 
@@ -256,14 +271,16 @@ def _exact_side(kind: str, spec: Any, objects: list[Any], profile: _Profile) -> 
 
 
 def _nystrom_side(kind: str, spec: Any, sketch_spec: Any, seed: int, objects: list[Any], device: torch.device,
-                  dtype: torch.dtype, rtol: float, profile: _Profile) -> Nystrom:
-    """A sketched side: the whitened Nystrom map (P = D^-1/2 U^T, Z = P R K on the device), timed in ``profile``."""
+                  dtype: torch.dtype, rtol: float, profile: _Profile, keep_rows: bool = False) -> Nystrom:
+    """A sketched side: the whitened Nystrom map (P = D^-1/2 U^T, Z = P R K on the device; with ``keep_rows``
+    R K instead of Z), timed in ``profile``."""
     side = kind.split("_")[0]
 
     def stage(name: str, *args: Any, **kwargs: Any) -> Any:
         return profile.stage(f"{side}_{name}", *args, **kwargs)
 
-    return Nystrom(spec, sketch_spec, rtol, seed=seed, kernel_kind=kind).fit(objects, device, dtype, stage)
+    return Nystrom(spec, sketch_spec, rtol, seed=seed, kernel_kind=kind, keep_rows=keep_rows).fit(
+        objects, device, dtype, stage)
 
 
 class _OutputSide:
@@ -320,16 +337,21 @@ class _OutputSide:
         return self.P
 
     def prepare_candidates(self, molecules: list[Any]) -> None:
-        """Core coordinates of validation candidates (as :meth:`prepare_val` for the true outputs), float32:
-        they only rank, and 100k candidates x 2000 coordinates in float64 would take 1.6 GB."""
+        """The validation candidates' sketched kernel rows, one row per candidate, float32: ``R_y k_y(c)``
+        (n_candidates x m_y) for a sketched side, ``k_u(c)`` (n_candidates x n_u) for an exact one. They only
+        rank, and 100k candidates x 2000 columns in float64 would take 1.6 GB.
+
+        The whitening ``P_y`` is applied on the query side in :meth:`val_ranking` (``(P_y^T g)^T R_y k_y(c)``
+        equals ``g^T psi~(c)``): n_val x m_y x d_core products per grid point instead of n_candidates x m_y x
+        d_core once, and rows that a candidate set gathers contiguously.
+        """
         parts = []
         step = _rows_per_block(len(self.landmarks))
         for start in range(0, len(molecules), step):
-            K = self.kernel.transform(molecules[start:start + step]).T  # (n', b)
-            cross = (_to_device(K, self.device, self.dtype) if self.P is None
-                     else self.P @ _to_device(self.sketch.apply(K), self.device, self.dtype))
-            parts.append(cross.to(torch.float32))
-        self.candidate_cross = torch.cat(parts, dim=1)  # (d_core, n_candidates)
+            K = self.kernel.transform(molecules[start:start + step])  # (b, n')
+            rows = K if self.P is None else self.sketch.apply(K.T).T  # (b, m_y): R_y k_y(c), transposed
+            parts.append(torch.as_tensor(np.asarray(rows, dtype=np.float32), device=self.device))
+        self.candidate_rows = torch.cat(parts, dim=0)  # (n_candidates, m_y or n_u)
 
     def val_ranking(self, core: torch.Tensor, candidates: Any, metric: str, return_scores: bool = False
                     ) -> float | tuple[float, np.ndarray]:
@@ -338,25 +360,26 @@ class _OutputSide:
         the scores, flat in the order of ``candidates.flat()``."""
         from molpredict.engine.decoding import ranking_metrics
 
-        core = core.to(torch.float32)
+        queries = (core if self.P is None else self.P.T @ core).T.to(torch.float32).contiguous()  # (n_val, m)
         offsets, flat, is_true = candidates.flat()
         scores = np.empty(len(flat), dtype=np.float64)
         by_set: dict[bytes, list[int]] = {}
         for i, ids in enumerate(candidates.sets):
             by_set.setdefault(ids.tobytes(), []).append(i)
-        for members in by_set.values():
-            ids = torch.as_tensor(candidates.sets[members[0]], device=core.device)
-            columns = torch.as_tensor(candidates.positions[members], device=core.device)
-            block = (core.index_select(1, columns).T @ self.candidate_cross.index_select(1, ids)
-                     ).to(torch.float64).cpu().numpy()
-            for row, i in enumerate(members):
-                scores[offsets[i]:offsets[i + 1]] = block[row]
+        with _one_torch_thread(queries.device):
+            for members in by_set.values():
+                ids = torch.as_tensor(candidates.sets[members[0]], device=queries.device)
+                rows = torch.as_tensor(candidates.positions[members], device=queries.device)
+                block = (queries.index_select(0, rows) @ self.candidate_rows.index_select(0, ids).T
+                         ).to(torch.float64).cpu().numpy()
+                for row, i in enumerate(members):
+                    scores[offsets[i]:offsets[i + 1]] = block[row]
         value = ranking_metrics(scores, offsets, is_true)[metric]
         return (value, scores) if return_scores else value
 
     def release_val(self) -> None:
         self.val_cross = self.val_diag = None
-        self.__dict__.pop("candidate_cross", None)
+        self.__dict__.pop("candidate_rows", None)
 
 
 class _WhitenedInput:
@@ -364,25 +387,29 @@ class _WhitenedInput:
 
     def __init__(self, spec: Any, sketch_spec: Any, seed: int, objects: list[Any], index: torch.Tensor, n_u: int,
                  device: torch.device, dtype: torch.dtype, rtol: float, profile: _Profile) -> None:
-        side = _nystrom_side("input_kernel", spec, sketch_spec, seed, objects, device, dtype, rtol, profile)
+        side = _nystrom_side("input_kernel", spec, sketch_spec, seed, objects, device, dtype, rtol, profile,
+                             keep_rows=True)
         self.resolved_spec, self.kernel, self.sketch = side.kernel_spec_, side.kernel_, side.sketch_
         self.landmarks = side.landmarks_
         self.n = len(objects)
         self.device, self.dtype = device, dtype
-        self.P, Z = side.whitening_, side.train_features_
+        self.P, B = side.whitening_, side.train_rows_  # P (r, m); B = R_x K_x (m, n): Z_x = P B is never formed
         del side
-        self.rank = int(Z.shape[0])
-        r = Z.shape[0]
-        with profile.stage("input_gram_features", (r, Z.shape[1], r), kind="syrk"):
-            C = gram_rows(Z).to(torch.float64)
-        with profile.stage("input_eigh_gram"), lapack_threads(C):
-            lam_eig, Q = torch.linalg.eigh(C)
+        self.rank = r = int(self.P.shape[0])
+        m = B.shape[0]
+        # Z_x Z_x^T = P (B B^T) P^T: one syrk over n of width m, then two order-m products, where forming Z_x
+        # first costs an (r x m x n) product more (half the fit's linear algebra at n = 46k, m = 4000)
+        with profile.stage("input_gram_features", (m, B.shape[1], m), kind="syrk"):
+            C = (self.P @ gram_rows(B) @ self.P.T).to(torch.float64)
+            C = (C + C.T) / 2
+        with profile.stage("input_eigh_gram"):
+            lam_eig, Q = symmetric_eigh(C)
         del C
         self.lam_eig = torch.clamp(lam_eig, min=0.0)
         self.Q = Q.to(dtype)
         with profile.stage("input_group_sum"):
-            ZE = _group_sum(Z, index, n_u)  # (r, n_u): Z_x E
-        del Z
+            ZE = self.P @ _group_sum(B, index, n_u)  # (r, n_u): Z_x E = P (B E)
+        del B
         with profile.stage("input_rotate", (n_u, r, r)):
             self.ZEQ = ZE.T @ self.Q  # (n_u, r): (Z_x E)^T Q
         del ZE

@@ -316,7 +316,7 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
         if not train.n_used(mode):
             raise InputError(f"no usable {mode} training spectra (use --ion-mode to train other modes)",
                              path=", ".join(str(p) for p in train_paths))
-    from molpredict.chem.molecules import DEFAULT_ADDUCTS
+    from molpredict.chem.molecules import DEFAULT_ADDUCTS, remembered_fingerprints
     from molpredict.spectra.cleaning import CleaningPipeline
 
     cleaning = (CleaningPipeline.from_dict(options.cleaning) if options.cleaning else CleaningPipeline()).to_dict()
@@ -338,64 +338,67 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
 
             candidates = ranking_candidates(val.molecules[mode], sets) if sets else None
             val_pair = ValidationData(val.spectra[mode], val.molecules[mode], candidates)
-        n_struct = train.n_structures(mode)
-        model = build_model(options.model, options.component_params("spectrum", len(spectra), n_struct))
-        if model.input_type != "spectrum":
-            raise SpecError(f"model {options.model} takes {model.input_type} input, not spectra")
-        say(f"training {model.registry_name or type(model).__name__} on {len(spectra)} {mode} spectra "
-            f"({n_struct} structures)" + (f", selecting on {len(val_pair[0])} validation spectra" if val_pair
-                                           else ""))
-        t0 = time.perf_counter()
-        model.fit(spectra, molecules, val=val_pair)
-        fit_s = time.perf_counter() - t0
-        validation = _validation(model, val_pair, "spectra", val.n_structures(mode) if val_pair else 0)
-        info = {
-            "training": {"sha256": train_hash, "files": [Path(p).name for p in train_paths],
-                         "filters": options.filters(), "n_spectra": len(spectra), "n_structures": n_struct,
-                         "licenses": dict(train.licenses[mode].most_common())},
-            "validation": validation,
-            "selection": _selection(model),
-            "timings": {"fit_s": fit_s},
-        }
-        adducts = [a.name for a in DEFAULT_ADDUCTS[mode]]
-        sub = SubModel(model=model, ion_mode=mode, cleaning=cleaning, adducts=adducts, info=info)
-        t0 = time.perf_counter()
-        sub.prior = _fit_prior(options, spectra, molecules)
-        if sets and val_pair is not None and getattr(val_pair, "candidates", None) is not None:
-            from molpredict.training.ranking_validation import fit_submodel_scoring
+        # the validation candidates are featurised by the model, the prior and its reference test: once
+        with remembered_fingerprints(val_pair.candidates.molecules if val_pair is not None
+                                     and val_pair.candidates is not None else ()):
+            n_struct = train.n_structures(mode)
+            model = build_model(options.model, options.component_params("spectrum", len(spectra), n_struct))
+            if model.input_type != "spectrum":
+                raise SpecError(f"model {options.model} takes {model.input_type} input, not spectra")
+            say(f"training {model.registry_name or type(model).__name__} on {len(spectra)} {mode} spectra "
+                f"({n_struct} structures)" + (f", selecting on {len(val_pair[0])} validation spectra" if val_pair
+                                               else ""))
+            t0 = time.perf_counter()
+            model.fit(spectra, molecules, val=val_pair)
+            fit_s = time.perf_counter() - t0
+            validation = _validation(model, val_pair, "spectra", val.n_structures(mode) if val_pair else 0)
+            info = {
+                "training": {"sha256": train_hash, "files": [Path(p).name for p in train_paths],
+                             "filters": options.filters(), "n_spectra": len(spectra), "n_structures": n_struct,
+                             "licenses": dict(train.licenses[mode].most_common())},
+                "validation": validation,
+                "selection": _selection(model),
+                "timings": {"fit_s": fit_s},
+            }
+            adducts = [a.name for a in DEFAULT_ADDUCTS[mode]]
+            sub = SubModel(model=model, ion_mode=mode, cleaning=cleaning, adducts=adducts, info=info)
+            t0 = time.perf_counter()
+            sub.prior = _fit_prior(options, spectra, molecules)
+            if sets and val_pair is not None and getattr(val_pair, "candidates", None) is not None:
+                from molpredict.training.ranking_validation import fit_submodel_scoring
 
-            if options.fragments:
-                from molpredict.chem.fragment_model import FragmentModel, spectra_by_structure
-                from molpredict.chem.fragments import FragmentScorer
-                sub.fragments = FragmentScorer().get_params()
-                say(f"fitting the fragmentation model on {options.fragment_model_structures} training structures")
-                try:
-                    sub.fragment_model = FragmentModel(seed=options.seed).fit(spectra_by_structure(
-                        spectra, molecules, options.fragment_model_structures, options.seed))
-                except InputError as exc:  # e.g. no fragment explains any training peak: fuse without it
-                    say(f"no fragmentation model: {exc.message}")
-            metric = options.select_by if options.select_by not in (None, "kernel-loss") else "mrr"
-            sample = options.fusion_structures if sub.fragments is not None else None
-            say("fitting the score fusion and its calibration on the validation spectra"
-                + (f" of {sample} structures (the fragment score fragments every candidate)" if sample else ""))
-            validation["ranking"] = fit_submodel_scoring(sub, val.spectra[mode], sets, metric=metric,
-                                                         seed=options.seed, log=say, max_structures=sample,
-                                                         validation=val_pair)
-            if sub.fragments is not None and not any(_uses_fragments(v["fusion"]) for v in sub.scoring.values()):
-                # validation gave the fragments no weight: leave them out, and fit on every validation spectrum
-                sub.fragments = None
-                sub.fragment_model = None
-                say("the fragment score got no weight on validation: refitting the fusion without it")
+                if options.fragments:
+                    from molpredict.chem.fragment_model import FragmentModel, spectra_by_structure
+                    from molpredict.chem.fragments import FragmentScorer
+                    sub.fragments = FragmentScorer().get_params()
+                    say(f"fitting the fragmentation model on {options.fragment_model_structures} training structures")
+                    try:
+                        sub.fragment_model = FragmentModel(seed=options.seed).fit(spectra_by_structure(
+                            spectra, molecules, options.fragment_model_structures, options.seed))
+                    except InputError as exc:  # e.g. no fragment explains any training peak: fuse without it
+                        say(f"no fragmentation model: {exc.message}")
+                metric = options.select_by if options.select_by not in (None, "kernel-loss") else "mrr"
+                sample = options.fusion_structures if sub.fragments is not None else None
+                say("fitting the score fusion and its calibration on the validation spectra"
+                    + (f" of {sample} structures (the fragment score fragments every candidate)" if sample else ""))
                 validation["ranking"] = fit_submodel_scoring(sub, val.spectra[mode], sets, metric=metric,
-                                                             seed=options.seed, log=say, validation=val_pair)
-        info["timings"]["scoring_s"] = time.perf_counter() - t0
-        bundle.models[mode] = sub
-        summary["models"][mode] = {
-            "model": str(options.model), "params": json_ready(model.get_params()),
-            "chosen": json_ready(_chosen(model)), "n_spectra": len(spectra), "n_structures": n_struct,
-            "licenses": dict(train.licenses[mode].most_common()), "validation": validation,
-            "fit_s": fit_s,
-        }
+                                                             seed=options.seed, log=say, max_structures=sample,
+                                                             validation=val_pair)
+                if sub.fragments is not None and not any(_uses_fragments(v["fusion"]) for v in sub.scoring.values()):
+                    # validation gave the fragments no weight: leave them out, and fit on every validation spectrum
+                    sub.fragments = None
+                    sub.fragment_model = None
+                    say("the fragment score got no weight on validation: refitting the fusion without it")
+                    validation["ranking"] = fit_submodel_scoring(sub, val.spectra[mode], sets, metric=metric,
+                                                                 seed=options.seed, log=say, validation=val_pair)
+            info["timings"]["scoring_s"] = time.perf_counter() - t0
+            bundle.models[mode] = sub
+            summary["models"][mode] = {
+                "model": str(options.model), "params": json_ready(model.get_params()),
+                "chosen": json_ready(_chosen(model)), "n_spectra": len(spectra), "n_structures": n_struct,
+                "licenses": dict(train.licenses[mode].most_common()), "validation": validation,
+                "fit_s": fit_s,
+            }
     return bundle, summary
 
 
