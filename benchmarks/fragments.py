@@ -27,7 +27,6 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
@@ -203,8 +202,9 @@ def fusion(path: str, scorer: FragmentScorer, spectra_by_id: dict, smiles_of: di
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--spectra", default=str(SHARED / "massbank" / "val_pos.mgf"))
-    parser.add_argument("--candidates", default=str(SHARED / "candidates" / "val_formula256.json"))
+    parser.add_argument("--spectra", required=True, help="validation spectra (../shared/data/massbank/val_pos.mgf)")
+    parser.add_argument("--candidates", required=True,
+                        help="their candidate sets (../shared/data/candidates/val_formula256.json)")
     parser.add_argument("--n-structures", type=int, default=250, help="query structures drawn (0: all)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-queries", type=int, default=1000, help="seeded subsample of their spectra (0: all)")

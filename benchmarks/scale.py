@@ -40,7 +40,6 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared" / "data"
 PROJECTION_STRUCTURES = 120_000_000
 
 
@@ -358,7 +357,7 @@ def projection(result):
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", required=True, help="a positive-mode model bundle (e.g. the default model)")
-    parser.add_argument("--data", default=str(SHARED))
+    parser.add_argument("--data", required=True, help="the shared data directory (../shared/data)")
     parser.add_argument("--n-identify", type=int, default=1500)
     parser.add_argument("--n-library", type=int, default=6000)
     parser.add_argument("--skip-accuracy", action="store_true")
