@@ -6,7 +6,7 @@ one. Prints one JSON line: wall and CPU seconds (the workers' whole processes) a
     for t in OLD_TREE .; do PYTHONPATH=$t python benchmarks/cluster_before_after.py --model MODEL \
         --library POOL --spectra test_pos.mgf --store STORE --n 3000; done
 """
-import io, json, os, sys, time, warnings
+import io, json, os, time, warnings
 warnings.simplefilter("ignore")
 import psutil
 

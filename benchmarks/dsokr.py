@@ -60,7 +60,6 @@ from typing import Any, Callable
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
 if str(ROOT) not in sys.path:  # the checkout's molpredict, not whichever one the environment installed
     sys.path.insert(0, str(ROOT))
 
@@ -547,7 +546,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("task", choices=["massbank", "chebi", "qm9"])
     parser.add_argument("--out", type=Path, default=ROOT / "bench-out")
-    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--data", type=Path, required=True, help="the shared data directory (../shared/data)")
     parser.add_argument("--quick", action="store_true", help="smoke-test sizes for every size option not given")
     parser.add_argument("--only", default=None,
                         help="comma-separated model names or row-name prefixes to run (default: all rows), "

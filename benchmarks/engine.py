@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "massbank"
 
 
 def peak_rss_gb() -> float:
@@ -85,7 +84,7 @@ def gemm_reference(products: list[dict], device: str, repeats: int = 1) -> list[
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench-out")
-    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--data", type=Path, required=True, help="the MassBank split directory (../shared/data/massbank)")
     parser.add_argument("--m-x", type=int, default=2000)
     parser.add_argument("--m-y", type=int, default=800)
     parser.add_argument("--lam", type=float, default=1e-4)

@@ -23,13 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-DATA = ROOT.parent / "shared" / "data"
 MODES = {"positive": "pos", "negative": "neg"}
 GT = "gaussian-tanimoto"
 MKL = "mkl:kernels=ppk-losses+formula-annotation"
@@ -143,7 +141,7 @@ def format_markdown(results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--data", type=Path, required=True, help="the shared data directory (../shared/data)")
     parser.add_argument("--mode", default="positive", choices=list(MODES))
     parser.add_argument("--configs", default=None, help="comma-separated names of CONFIGS (default: all)")
     parser.add_argument("--extra", action="append", default=[],

@@ -59,7 +59,6 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-DATA = ROOT.parent / "shared" / "data"
 CANDIDATE_FILES = ("formula256", "formula", "mass")
 MODES = {"positive": "pos", "negative": "neg"}
 KS = (1, 5, 10, 20)
@@ -675,7 +674,7 @@ def finished_methods(previous: dict[str, Any]) -> dict[str, dict[str, Any]]:
             for mode in MODES if mode in previous}
 
 
-def run(out: Path, quick: bool = False, data: Path = DATA, only: set[str] | None = None, negative: bool = True,
+def run(out: Path, data: Path, quick: bool = False, only: set[str] | None = None, negative: bool = True,
         budget_minutes: float = 43.0, n_boot: int = 1000, seed: int = 0, log: Callable[[str], None] | None = None,
         resume: bool = False) -> dict[str, Any]:
     """Run the benchmark and write its outputs; returns the results dictionary.
@@ -753,7 +752,7 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, type=Path, help="output directory")
     parser.add_argument("--quick", action="store_true", help="small subsets and few methods (about a minute)")
-    parser.add_argument("--data", type=Path, default=DATA, help="the shared data directory")
+    parser.add_argument("--data", type=Path, required=True, help="the shared data directory (../shared/data)")
     parser.add_argument("--only", default=None, help="comma-separated method labels to run")
     parser.add_argument("--no-negative", action="store_true", help="skip the negative-mode table")
     parser.add_argument("--budget-minutes", type=float, default=43.0,

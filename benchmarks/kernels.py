@@ -36,7 +36,6 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
 
 
 def peak_rss_gb() -> float:
@@ -171,7 +170,7 @@ def bench_block(kernel, rows_features, label: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench-out")
-    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--data", type=Path, required=True, help="the shared data directory (../shared/data)")
     parser.add_argument("--rows", type=int, default=2000, help="rows of the spectrum Gram blocks")
     parser.add_argument("--mol-rows", type=int, default=800, help="rows of the molecule blocks")
     parser.add_argument("--pool", type=int, default=100_000, help="pool molecules (0: skip)")

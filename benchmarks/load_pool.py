@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
 
 
 def _scan_mgf(path: Path) -> list[dict[str, str]]:
@@ -47,8 +46,8 @@ def _scan_mgf(path: Path) -> list[dict[str, str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pool", type=Path, default=DATA / "candidates" / "pool.tsv.gz")
-    parser.add_argument("--mgf", type=Path, default=DATA / "massbank" / "test_pos.mgf")
+    parser.add_argument("--pool", type=Path, required=True, help="../shared/data/candidates/pool.tsv.gz")
+    parser.add_argument("--mgf", type=Path, required=True, help="../shared/data/massbank/test_pos.mgf")
     parser.add_argument("--output", type=Path, default=ROOT / "bench-out" / "load_pool.json")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()

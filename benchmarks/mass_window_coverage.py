@@ -84,10 +84,9 @@ def measure(spectra_path, library_path, ppm: float = 10.0) -> dict:
 
 
 def main() -> None:
-    root = Path(__file__).resolve().parents[1].parent / "shared" / "data"
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spectra", default=str(root / "massbank" / "test_pos.mgf"))
-    parser.add_argument("--library", default=str(root / "candidates" / "pool.tsv.gz"))
+    parser.add_argument("--spectra", required=True, help="../shared/data/massbank/test_pos.mgf")
+    parser.add_argument("--library", required=True, help="../shared/data/candidates/pool.tsv.gz")
     parser.add_argument("--ppm", type=float, default=10.0)
     parser.add_argument("--out", default=".")
     args = parser.parse_args()

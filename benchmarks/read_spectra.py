@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data" / "massbank"
 FILES = ["train_pos", "val_pos", "test_pos", "train_neg", "val_neg", "test_neg"]
 
 
@@ -38,7 +37,7 @@ def _time(function, repeats: int) -> tuple[float, float, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DATA)
+    parser.add_argument("--data", type=Path, required=True, help="the MassBank split directory (../shared/data/massbank)")
     parser.add_argument("--output", type=Path, default=ROOT / "bench-out" / "read_spectra.json")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--reference", action="store_true", help="also time pyteomics.mgf.read")

@@ -202,7 +202,6 @@ def _instrument() -> list[str]:
 def child(args: argparse.Namespace) -> None:
     import warnings
 
-    import numpy as np
 
     missing = _instrument()
     pipeline = _module("molpredict.training.pipeline", "molpredict.training")

@@ -50,17 +50,17 @@ def test_random_row_is_the_exact_expectation(bench):
 
 
 def test_sizes_quick_task_defaults_and_rows(bench):
-    full = bench.parse_args(["chebi"])
+    full = bench.parse_args(["chebi", "--data", "data-dir"])
     assert (full.m_y, full.m_x, full.epochs) == (2000, 2000, 30)
-    quick = bench.parse_args(["qm9", "--quick", "--m-y", "50"])
+    quick = bench.parse_args(["qm9", "--data", "data-dir", "--quick", "--m-y", "50"])
     assert (quick.m_y, quick.n_train, quick.n_val) == (50, 400, 100)
-    qm9 = bench.parse_args(["qm9"])
+    qm9 = bench.parse_args(["qm9", "--data", "data-dir"])
     assert (qm9.n_train, qm9.n_val, qm9.n_test, qm9.n_ged) == (20000, 500, 2000, 200)
     names = [r.name for r in bench.chebi_rows(full)]
     assert len(names) == len(set(names)) == 10 and full.batch_size == 64
     assert "dsokr-ensemble3/kernel-mlp(text-ngram)/fingerprint-cosine" in names
     assert "embedding-regression (IOKR, linear kernels)" in names
-    massbank = bench.parse_args(["massbank", "--members", "1,3"])
+    massbank = bench.parse_args(["massbank", "--data", "data-dir", "--members", "1,3"])
     assert (massbank.m_y, massbank.m_x) == (2000, 4000)
     rows = bench.massbank_rows(massbank)
     assert [r.name for r in rows] == ["dsokr", "dsokr-binned-mlp", "sisokr", "prior", "dsokr-ensemble3"]
@@ -68,9 +68,10 @@ def test_sizes_quick_task_defaults_and_rows(bench):
     encoder = "kernel-mlp:layers=0;whiten=true;n_landmarks=4000"
     assert rows[0].params["encoder"] == rows[-1].params["encoder"] == encoder
     assert rows[1].params["encoder"] == "mlp"
-    given = bench.massbank_rows(bench.parse_args(["massbank", "--members", "1", "--encoder", "mlp:layers=1"]))
+    given = bench.massbank_rows(bench.parse_args(["massbank", "--data", "data-dir", "--members", "1",
+                                                  "--encoder", "mlp:layers=1"]))
     assert [r.name for r in given] == ["dsokr", "sisokr", "prior"]  # no second DSOKR row beside a given encoder
-    kernels = bench.parse_args(["qm9", "--output-kernels", "nspd,core-wl"])
+    kernels = bench.parse_args(["qm9", "--data", "data-dir", "--output-kernels", "nspd,core-wl"])
     assert [r.name for r in bench.qm9_rows(kernels)] == ["dsokr/transformer/nspd", "sisokr/smiles-ngram/nspd",
                                                         "dsokr/transformer/core-wl", "sisokr/smiles-ngram/core-wl"]
 
