@@ -35,7 +35,7 @@ demo: $(STAMP)
 	$(PY) -m molpredict.data.demo $(DEMO_ARGS)
 
 bench: $(STAMP)
-	$(PY) benchmarks/engine.py --out bench-out
+	$(PY) benchmarks/engine.py --data $(SHARED)/massbank --out bench-out
 
 clean:
 	rm -rf $(VENV) bench-out .pytest_cache
