@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES, Calibrator, confident_at_fdr,
+from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES, FDR_Z, Calibrator, confident_at_fdr,
                                                    expected_calibration_error, grouped_folds, ranking_features_flat,
                                                    select_calibrator, structure_weights, top_index_flat)
 from molpredict.errors import InputError
@@ -265,7 +265,7 @@ def choose_fusion(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_f
 
 
 def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_folds: int = 5,
-                fusion_kind: str | None = None) -> tuple[ScoreFusion, Calibrator, dict[str, Any]]:
+                fusion_kind: str | None = None, fdr_z: float = FDR_Z) -> tuple[ScoreFusion, Calibrator, dict[str, Any]]:
     """Fusion weights on all validation queries; calibration on out-of-fold fused scores.
 
     The fusion is refitted on each fold's complement (folds by structure) to score the fold, so every query gets
@@ -284,6 +284,11 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
         Folds (by structure) for the out-of-fold calibration data.
     fusion_kind : {"weights", "ranker"}, optional
         How the terms are combined; None: chosen by :func:`choose_fusion` when there are several terms.
+    fdr_z : float
+        The ``z`` of the FDR upper bound the calibrator carries (:attr:`Calibrator.fdr`, see
+        :func:`~molpredict.identification.calibration.fdr_estimates`): what ``evaluate`` reports as the estimated
+        FDR of its confident queries. Default :data:`~molpredict.identification.calibration.FDR_Z`, chosen on
+        validation; 0: the plain estimate mean(1 - p).
 
     Returns
     -------
@@ -317,6 +322,7 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
         features, correct, available = in_sample, hits, available_all
     calibrator, table = select_calibrator(features, correct, data.groups, ALL_FEATURES, available,
                                           n_folds=n_folds, seed=seed + 1)
+    calibrator.fdr = {"z": float(fdr_z), "clusters": "rank1"}
     columns = [ALL_FEATURES.index(n) for n in calibrator.features]
     probability = calibrator.predict(in_sample[:, columns])
     n_confident, threshold = confident_at_fdr(probability, 0.1)
@@ -338,6 +344,7 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
                         "ece_in_sample_per_structure": expected_calibration_error(probability, hits,
                                                                                   weights=weights),
                         "n_bins": 10, "confident_at_fdr_0.1": n_confident, "threshold": threshold,
+                        "fdr": dict(calibrator.fdr),
                         "compared": table},
     }
     return fusion, calibrator, report
