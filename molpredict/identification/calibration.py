@@ -44,7 +44,7 @@ import numpy as np
 
 from molpredict.identification.fusion import set_index, softmax_within_sets
 
-__all__ = ["FEATURES", "ALL_FEATURES", "EXTRA_FEATURES", "METHODS", "FDR_Z", "ranking_features",
+__all__ = ["FEATURES", "ALL_FEATURES", "EXTRA_FEATURES", "METHODS", "WEIGHTINGS", "FDR_Z", "ranking_features",
            "ranking_features_flat", "top_index_flat", "grouped_folds", "structure_weights", "Calibrator",
            "expected_calibration_error", "log_loss", "fdr_estimates", "confident_at_fdr", "bootstrap_observed_fdr",
            "reliability_curve"]
@@ -58,6 +58,11 @@ SCORE_FEATURES = ("top1_logit", "top1_log_p", "top1_log_1mp", "margin", "margin3
 EXTRA_FEATURES = ("rank1_known", "rank1_prior")
 ALL_FEATURES = SCORE_FEATURES + EXTRA_FEATURES
 METHODS = ("platt", "beta", "isotonic")
+#: how the queries of a structure are weighted when a calibrator is fitted: the power of 1 / (its number of
+#: queries) (:func:`structure_weights`). ``structure``: each structure once (a calibration per structure, which
+#: under-states the accuracy per spectrum where well-measured structures are also the easier ones);
+#: ``sqrt_structure``: a structure of n spectra weighs sqrt(n)
+WEIGHTINGS = {"structure": 1.0, "sqrt_structure": 0.5}
 #: the range fitted calibrators keep their probabilities in: a finite validation set supports neither 0 nor 1
 #: (an estimated FDR of exactly 0), and the output column would print them as certainties
 PROBABILITY_RANGE = (1e-3, 1.0 - 1e-3)
@@ -190,8 +195,11 @@ def grouped_folds(groups: Sequence[str], n_folds: int, seed: int = 0) -> np.ndar
     return np.array([fold_of[g] for g in groups], dtype=np.int64)
 
 
-def structure_weights(groups: Sequence[str]) -> np.ndarray:
-    """1 / (number of queries of the query's group) per query: each group weighs 1 in total.
+def structure_weights(groups: Sequence[str], power: float = 1.0) -> np.ndarray:
+    """(1 / number of queries of the query's group) ** ``power`` per query.
+
+    ``power`` 1: each group weighs 1 in total (per structure); 0: each query weighs 1 (per spectrum); 0.5 (the
+    ``sqrt_structure`` weighting of :data:`WEIGHTINGS`): a group of n queries weighs sqrt(n), between the two.
 
     Returns
     -------
@@ -199,7 +207,7 @@ def structure_weights(groups: Sequence[str]) -> np.ndarray:
     """
     _, inverse, counts = np.unique(np.asarray(list(groups), dtype=object).astype(str), return_inverse=True,
                                    return_counts=True)
-    return 1.0 / counts[inverse].astype(np.float64)
+    return (1.0 / counts[inverse].astype(np.float64)) ** float(power)
 
 
 def _logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray, c: float) -> tuple[np.ndarray, float]:
@@ -608,9 +616,9 @@ FEATURE_SETS: dict[str, tuple[str, ...]] = {
 
 def out_of_fold_probabilities(features: np.ndarray, correct: np.ndarray, groups: Sequence[str],
                               method: str = "platt", names: Sequence[str] = FEATURES, n_folds: int = 5,
-                              seed: int = 0) -> np.ndarray:
-    """Probabilities of each query from a calibrator fitted, structure-weighted, on the other folds (folds by
-    structure, :func:`grouped_folds`), ndarray of shape (n_queries,)."""
+                              seed: int = 0, power: float = 1.0) -> np.ndarray:
+    """Probabilities of each query from a calibrator fitted on the other folds (folds by structure,
+    :func:`grouped_folds`; weights :func:`structure_weights` with ``power``), ndarray of shape (n_queries,)."""
     features = np.asarray(features, dtype=np.float64)
     correct = np.asarray(correct, dtype=bool)
     groups = np.asarray(list(groups), dtype=object)
@@ -620,11 +628,12 @@ def out_of_fold_probabilities(features: np.ndarray, correct: np.ndarray, groups:
         train = folds != k
         if not train.any() or train.all():
             continue
-        cal = Calibrator.fit(features[train], correct[train], structure_weights(groups[train]), method, names)
+        cal = Calibrator.fit(features[train], correct[train], structure_weights(groups[train], power), method,
+                             names)
         out[~train] = cal.predict(features[~train])
     left = np.isnan(out)
     if left.any():  # too few structures for every fold: those queries get the in-sample fit
-        cal = Calibrator.fit(features, correct, structure_weights(groups), method, names)
+        cal = Calibrator.fit(features, correct, structure_weights(groups, power), method, names)
         out[left] = cal.predict(features[left])
     return out
 
@@ -632,9 +641,11 @@ def out_of_fold_probabilities(features: np.ndarray, correct: np.ndarray, groups:
 def select_calibrator(features: np.ndarray, correct: np.ndarray, groups: Sequence[str],
                       names: Sequence[str] = ALL_FEATURES, available: Sequence[str] | None = None,
                       methods: Sequence[str] = METHODS, feature_sets: Mapping[str, Sequence[str]] | None = None,
-                      n_folds: int = 5, seed: int = 0, tolerance: float = 0.005) -> tuple[Calibrator, dict[str, Any]]:
+                      n_folds: int = 5, seed: int = 0, tolerance: float = 0.005,
+                      weightings: Sequence[str] = tuple(WEIGHTINGS)) -> tuple[Calibrator, dict[str, Any]]:
     """Compare calibrators by grouped out-of-fold log-loss and ECE; refit the best one on all queries.
 
+    A candidate is a feature set, a method and a weighting of the queries it is fitted with (:data:`WEIGHTINGS`).
     The candidates whose structure-weighted out-of-fold log-loss is within ``tolerance`` (relative) of the best
     one are near-ties (their differences are below the noise of a few hundred structures); among them the one
     whose out-of-fold ECE is lowest both per spectrum and per structure (the larger of the two) is kept.
@@ -658,47 +669,56 @@ def select_calibrator(features: np.ndarray, correct: np.ndarray, groups: Sequenc
         The grouped folds of the comparison.
     tolerance : float
         Relative log-loss margin of the near-ties decided by ECE.
+    weightings : sequence of str
+        Names from :data:`WEIGHTINGS`.
 
     Returns
     -------
     calibrator : Calibrator
-        The chosen candidate refitted on every query (structure-weighted); its ``validation`` holds its
-        out-of-fold metrics.
+        The chosen candidate refitted on every query (with its weighting); its ``validation`` holds its
+        out-of-fold metrics and its ``weighting``.
     table : dict
-        ``{"<feature set>/<method>": {"log_loss", "ece", "ece_per_structure", ...}}`` (JSON-ready).
+        ``{"<feature set>/<method>[/<weighting>]": {"log_loss", "ece", "ece_per_structure", ...}}`` (JSON-ready;
+        the weighting is named when it is not ``structure``).
     """
     names = list(names)
     available = set(names if available is None else available)
     feature_sets = FEATURE_SETS if feature_sets is None else feature_sets
     correct = np.asarray(correct, dtype=bool)
     weights = structure_weights(groups)
+    unknown = [w for w in weightings if w not in WEIGHTINGS]
+    if unknown or not weightings:
+        raise ValueError(f"select_calibrator: unknown weightings {unknown}; valid: {', '.join(WEIGHTINGS)}")
     table: dict[str, Any] = {}
-    candidates: dict[str, tuple[str, str, tuple[str, ...]]] = {}
+    candidates: dict[str, tuple[str, str, tuple[str, ...], str]] = {}
     for set_name, chosen in feature_sets.items():
         if not set(chosen) <= available:
             continue
         columns = features[:, [names.index(n) for n in chosen]]
         for method in methods:
-            p = out_of_fold_probabilities(columns, correct, groups, method, chosen, n_folds, seed)
-            loss = log_loss(p, correct, weights)
-            n_confident, threshold = confident_at_fdr(p, 0.1)
-            table[f"{set_name}/{method}"] = {
-                "log_loss": loss, "ece": expected_calibration_error(p, correct),
-                "ece_per_structure": expected_calibration_error(p, correct, weights=weights),
-                "confident_at_fdr_0.1": n_confident,
-                "observed_fdr": float(1 - correct[p >= threshold].mean()) if n_confident else None}
-            candidates[f"{set_name}/{method}"] = (set_name, method, tuple(chosen))
+            for weighting in weightings:
+                p = out_of_fold_probabilities(columns, correct, groups, method, chosen, n_folds, seed,
+                                              WEIGHTINGS[weighting])
+                loss = log_loss(p, correct, weights)
+                n_confident, threshold = confident_at_fdr(p, 0.1)
+                key = f"{set_name}/{method}" + ("" if weighting == "structure" else f"/{weighting}")
+                table[key] = {
+                    "log_loss": loss, "ece": expected_calibration_error(p, correct),
+                    "ece_per_structure": expected_calibration_error(p, correct, weights=weights),
+                    "confident_at_fdr_0.1": n_confident,
+                    "observed_fdr": float(1 - correct[p >= threshold].mean()) if n_confident else None}
+                candidates[key] = (set_name, method, tuple(chosen), weighting)
     if not candidates:
         raise ValueError("select_calibrator: no feature set is available")
     finite = {k: v for k, v in table.items() if math.isfinite(v["log_loss"])} or table
     best_loss = min(v["log_loss"] for v in finite.values())
     near = [k for k, v in finite.items() if v["log_loss"] <= best_loss * (1 + tolerance) + 1e-12]
     key = min(near, key=lambda k: (max(finite[k]["ece"], finite[k]["ece_per_structure"]), finite[k]["log_loss"]))
-    set_name, method, chosen = candidates[key]
+    set_name, method, chosen, weighting = candidates[key]
     columns = features[:, [names.index(n) for n in chosen]]
-    calibrator = Calibrator.fit(columns, correct, weights, method, chosen)
+    calibrator = Calibrator.fit(columns, correct, structure_weights(groups, WEIGHTINGS[weighting]), method, chosen)
     calibrator.validation = {**calibrator.validation, "in_sample_ece": calibrator.validation.get("ece"),
-                             "feature_set": set_name, **{k: v for k, v in table[f"{set_name}/{method}"].items()},
+                             "feature_set": set_name, "weighting": weighting, **table[key],
                              "selected_by": f"structure-weighted out-of-fold log-loss ({n_folds} folds by "
                                             f"structure), near-ties (within {tolerance:.1%}) by the larger of the "
                                             "ECEs per spectrum and per structure"}
