@@ -27,7 +27,7 @@ Protocol (seeded; every choice made on validation data, test measured once at th
   ``massbank/test_*.mgf`` against ``candidates/test_{formula256,formula,mass}.json``, beside the bundle as it is
   (its own calibration, the plain estimate) in the same run.
 
-Outputs under ``--out``: ``calibration_fdr_{split}.json`` and ``calibration_fdr_{split}.md``.
+Outputs under ``--out``: ``calibration_fdr.json`` and ``calibration_fdr.md`` (both splits, each run adds its own).
 """
 from __future__ import annotations
 
@@ -263,7 +263,12 @@ def pct(x: Any) -> str:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    lines = [f"# Calibration FDR benchmark ({results['split']})", "", f"Machine: {results['machine']}.", ""]
+    lines = [f"# Calibration FDR benchmark ({' and '.join(results.get('splits', []))})", "",
+             f"Machine: {results['machine']}. Bundles: "
+             + ", ".join(f"{k} {v}" for k, v in results.get("bundles", {}).items()) + ".", ""]
+    if results.get("timings"):
+        lines += ["Timings (2 shared cores, load from other sessions): " + "; ".join(
+            f"{k} {v['wall_s']:.0f} s wall, {v['cpu_s']:.0f} s CPU" for k, v in results["timings"].items()) + ".", ""]
     if results.get("val"):
         lines += ["Out-of-fold on val (folds by structure; fusion and calibrator never saw the query's structure). "
                   "`boot q50/q90` and `P>12%`: the observed FDR at an asked 10% over 200 structure resamples.", ""]
@@ -335,9 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     args.bundle = {mode: Path(path) for mode, path in args.bundle.items()}
     args.cache = args.cache if args.cache is not None else False
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"calibration_fdr_{args.split}.json"
+    path = args.out / "calibration_fdr.json"
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
-    results.update({"split": args.split, "bundles": {k: str(v) for k, v in args.bundle.items()},
+    results.update({"splits": sorted(set(results.get("splits", [])) | {args.split}),
+                    "bundles": {k: str(v) for k, v in args.bundle.items()},
                     "machine": f"{platform.machine()}, {os.cpu_count()} cores, python {platform.python_version()}"})
 
     def log(message: str) -> None:
@@ -345,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def save() -> None:
         path.write_text(json.dumps(results, indent=1, default=str))
-        (args.out / f"calibration_fdr_{args.split}.md").write_text(markdown(results))
+        (args.out / "calibration_fdr.md").write_text(markdown(results))
 
     (run_val if args.split == "val" else run_test)(args, results, save, log)
     save()
