@@ -249,7 +249,8 @@ def calibration_report(ranks: dict[str, Any], max_fdr: float = 0.1, n_bins: int 
 
     The estimated FDR is the calibration's upper bound over queries sharing a rank-1 structure
     (:func:`~molpredict.identification.calibration.fdr_estimates` with ``ranks["fdr_z"]``, the largest over the
-    queries when sub-models differ; 0, the plain mean(1 - p), for bundles saved without one);
+    queries when sub-models differ; 0, the plain mean(1 - p), for bundles saved without one): the reported queries
+    are the longest top list whose bound is <= ``max_fdr``, and ``estimated_fdr`` is their mean(1 - p).
     ``confident_at_fdr_plain`` is the plain estimate's list, for comparison."""
     from molpredict.identification.calibration import (confident_at_fdr, expected_calibration_error,
                                                        reliability_curve, structure_weights)
