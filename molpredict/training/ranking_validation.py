@@ -18,9 +18,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES, FDR_Z, WEIGHTINGS, Calibrator, confident_at_fdr,
-                                                   expected_calibration_error, grouped_folds, ranking_features_flat,
-                                                   select_calibrator, structure_weights, top_index_flat)
+from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES, FDR_Z, WEIGHTINGS, Calibrator,
+                                                   confident_at_fdr, expected_calibration_error, grouped_folds,
+                                                   ranking_features_flat, select_calibrator, structure_weights,
+                                                   top_index_flat)
 from molpredict.errors import InputError
 from molpredict.identification.evidence import Evidence
 from molpredict.identification.fusion import FUSION_KINDS, PRIOR, SPECTRUM, ScoreFusion, fit_fusion_kind, true_ranks
