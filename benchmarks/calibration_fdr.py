@@ -12,7 +12,8 @@ Protocol (seeded; every choice made on validation data, test measured once at th
 - ``val`` (diagnosis and choice; grouped out-of-fold, nothing from test): each val spectrum ranks once per
   candidate file (``val_formula256``, ``val_formula``, ``val_mass``); folds by structure. For each calibration
   *setup* (which val sets the calibration is fitted on, which weightings of structures it may use; the fusion is
-  always fitted on the formula256 and formula sets, as the default training does) and each scoring variant (with
+  always fitted on the formula256 and formula sets, as the default training does, of the kind ``fit_scoring``
+  chooses: fixed weights or the learnt ranker) and each scoring variant (with
   and without the prior), every query gets a probability from a fusion and a calibrator that never saw its
   structure. Per set kind: ECE per spectrum and per structure, mean probability vs accuracy, the plain
   ``confident_at_fdr`` list at 10% (observed FDR per spectrum and per structure, how concentrated its wrong calls
@@ -116,8 +117,9 @@ def out_of_fold(data: Any, keys: np.ndarray, fusion_mask: np.ndarray, calibratio
     from molpredict.training.ranking_validation import calibration_data, fit_scoring
 
     chosen_on = data.subset(np.flatnonzero(calibration_mask))
-    _, calibrator, report = fit_scoring(chosen_on, seed=seed, fusion_kind="weights",
-                                        fusion_queries=fusion_mask[calibration_mask], weightings=weightings)
+    _, calibrator, report = fit_scoring(chosen_on, seed=seed, fusion_queries=fusion_mask[calibration_mask],
+                                        weightings=weightings)
+    fusion_kind = report["fusion_kind"]  # weights or the learnt ranker, as fit_scoring chooses it
     folds = grouped_folds(data.groups, n_folds, seed)
     features = np.zeros((data.n_queries, len(ALL_FEATURES)))
     correct = np.zeros(data.n_queries, dtype=bool)
@@ -125,7 +127,7 @@ def out_of_fold(data: Any, keys: np.ndarray, fusion_mask: np.ndarray, calibratio
     for k in range(n_folds):
         train_q, test_q = np.flatnonzero((folds != k) & fusion_mask), np.flatnonzero(folds == k)
         tr, te = data.subset(train_q), data.subset(test_q)
-        fusion = fit_fusion_kind("weights", tr.terms, tr.offsets, tr.is_true, metric="mrr")
+        fusion = fit_fusion_kind(fusion_kind, tr.terms, tr.offsets, tr.is_true, metric="mrr")
         fused = fusion.combine_flat(te.terms, te.offsets)
         features[test_q], correct[test_q], _ = calibration_data(te, fused, fusion.temperature)
         flat = np.concatenate([np.arange(data.offsets[q], data.offsets[q + 1]) for q in test_q])
@@ -141,6 +143,7 @@ def out_of_fold(data: Any, keys: np.ndarray, fusion_mask: np.ndarray, calibratio
                               calibrator.method, calibrator.features)
         probability[folds == k] = fold.predict(columns[folds == k])
     return {"probability": probability, "correct": correct, "rank1": rank1.astype(str),
+            "fusion_kind": fusion_kind,
             "calibrator": {"method": calibrator.method, "features": list(calibrator.features),
                            "weighting": calibrator.validation.get("weighting"),
                            "feature_set": calibrator.validation.get("feature_set")},
@@ -214,7 +217,8 @@ def run_val(args: argparse.Namespace, results: dict[str, Any], save, log) -> Non
                 view = ValidationTerms(data.offsets, data.is_true, {n: data.terms[n] for n in names}, data.groups,
                                        data.known)
                 oof = out_of_fold(view, keys, np.isin(kind, FUSION_ON), np.isin(kind, calibrate_on), weightings)
-                entry = {"calibrator": oof["calibrator"], "calibrate_on": list(calibrate_on),
+                entry = {"fusion_kind": oof["fusion_kind"], "calibrator": oof["calibrator"],
+                         "calibrate_on": list(calibrate_on),
                          "weightings": list(weightings), "compared": oof["compared"], "kinds": {}}
                 for name in KINDS:
                     m = kind == name
@@ -274,7 +278,8 @@ def markdown(results: dict[str, Any]) -> str:
                   "`boot q50/q90` and `P>12%`: the observed FDR at an asked 10% over 200 structure resamples.", ""]
         for key, entry in results["val"].items():
             cal = entry["calibrator"]
-            lines += [f"## {key}", "", f"Calibration fitted on {', '.join(entry['calibrate_on'])} "
+            lines += [f"## {key}", "", f"Fusion: {entry.get('fusion_kind', 'weights')} (fitted on formula256 + "
+                      f"formula). Calibration fitted on {', '.join(entry['calibrate_on'])} "
                       f"(weightings {', '.join(entry['weightings'])}); chosen {cal['feature_set']} / {cal['method']} "
                       f"/ {cal['weighting']}.", "",
                       "| set | queries / structures | acc | mean p | ECE | ECE per structure | z | confident "
