@@ -37,9 +37,9 @@ weighted, e.g. per structure), :func:`log_loss` and :func:`confident_at_fdr` (ho
 while the estimated false discovery rate of the reported ones stays within a bound).
 
 The FDR estimate. The plain estimate of a list, mean(1 - p), is what calibrated probabilities promise on average;
-a list dominated by a few structures' many spectra scatters far around it (on validation, 5 structures held ~90%
-of the confident wrong calls of the formula256 sets, and the structure-bootstrap 90% quantile of the observed FDR
-at an estimated 10% was 17-21%). :func:`fdr_estimates` adds ``z`` standard deviations of the number of wrong calls
+a list dominated by a few structures' many spectra scatters far around it (on the validation formula256 sets, the
+five structures with most confident wrong calls held 58-100% of them, and the structure-bootstrap 90% quantile of
+the observed FDR at an estimated 10% was 20-24%). :func:`fdr_estimates` adds ``z`` standard deviations of the number of wrong calls
 when the queries sharing a rank-1 structure are right or wrong together; ``z`` (:data:`FDR_Z`) was chosen on
 validation with :func:`bootstrap_observed_fdr` and is kept in the calibration's JSON (:attr:`Calibrator.fdr`;
 states without it keep the plain estimate).
@@ -482,8 +482,8 @@ def fdr_estimates(probability: np.ndarray, clusters: Sequence[Any] | None = None
     The plain estimate of the top j is the expected share of wrong calls among them, ``mean(1 - p)``. It is what
     a calibrated probability promises *on average*; the realised FDR of one list scatters around it, and far more
     than independent queries would suggest when the list holds many spectra of few structures: the spectra of one
-    structure are right or wrong together (on validation, 5 structures held ~90% of the confident wrong calls of
-    the formula256 sets). With ``z > 0`` the estimate is the upper bound ``mean(1 - p) + z sd / j``, where ``sd``
+    structure are right or wrong together (on the validation formula256 sets, five structures held 58-100% of the
+    confident wrong calls). With ``z > 0`` the estimate is the upper bound ``mean(1 - p) + z sd / j``, where ``sd``
     is the standard deviation of the number of wrong calls when each cluster of queries (``clusters``: the rank-1
     structure, known at prediction time) is wholly right or wholly wrong: a cluster of ``n_c`` queries expecting
     ``E_c = sum(1 - p)`` wrong calls contributes ``E_c (n_c - E_c)`` to the variance (``p (1 - p)`` for a query
