@@ -29,7 +29,8 @@ test-all: test
 SHARED ?= ../shared/data
 DEMO_ARGS ?= $(if $(wildcard $(SHARED)/massbank/train_pos.mgf),--data $(SHARED)/massbank \
 	--library $(SHARED)/candidates/pool.tsv.gz --val-candidates $(SHARED)/candidates/val_formula256.json \
-	--val-candidates $(SHARED)/candidates/val_formula.json)
+	--val-candidates $(SHARED)/candidates/val_formula.json \
+	--calibration-candidates $(SHARED)/candidates/val_mass.json)
 
 demo: $(STAMP)
 	$(PY) -m molpredict.data.demo $(DEMO_ARGS)

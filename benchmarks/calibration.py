@@ -4,7 +4,8 @@ Usage::
 
     python benchmarks/calibration.py --data ../shared/data --bundle DIR --out DIR --split val|test
                                      [--modes positive,negative] [--files formula256,formula,mass]
-                                     [--fit-on formula256,formula] [--cache DIR] [--n-boot 200] [--baseline]
+                                     [--fit-on formula256,formula] [--calibrate-on mass] [--cache DIR] [--n-boot 200]
+                                     [--baseline]
 
 Protocol (seeded; every choice made on validation data)
 -------------------------------------------------------
@@ -13,7 +14,8 @@ Protocol (seeded; every choice made on validation data)
   (:func:`molpredict.training.ranking_validation.fit_submodel_scoring`: folds grouped by structure, each structure
   weighted once, Platt / beta / isotonic on each candidate feature set, the one with the lowest structure-weighted
   out-of-fold log-loss kept); the recalibrated bundle is saved under ``--out/models`` (reused when present). The
-  model itself is not retrained.
+  model itself is not retrained. ``--calibrate-on`` names more val sets (e.g. ``mass``) the calibration is fitted
+  on but not the fusion.
 - ``val``: the choice table (out-of-fold log-loss, ECE per spectrum and per structure, observed FDR at an
   estimated 10%, for every feature set x method) of each mode, and the recalibrated bundle evaluated on the val
   sets (in sample for the ``--fit-on`` files; ``mass`` is not fitted on).
@@ -53,7 +55,8 @@ def cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def recalibrate(data: Path, bundle_path: Path, out: Path, fit_on: list[str], cache: Any, log) -> dict[str, Any]:
+def recalibrate(data: Path, bundle_path: Path, out: Path, fit_on: list[str], cache: Any, log,
+                calibrate_on: list[str] | None = None) -> dict[str, Any]:
     """Refit every sub-model's fusion and calibration on the validation sets; save under ``out``."""
     from molpredict.chem.candidates import load_candidate_sets
     from molpredict.modelfile import ModelBundle
@@ -62,13 +65,15 @@ def recalibrate(data: Path, bundle_path: Path, out: Path, fit_on: list[str], cac
 
     bundle = ModelBundle.load(bundle_path)
     collections = [load_candidate_sets(data / "candidates" / f"val_{name}.json") for name in fit_on]
+    extra = [load_candidate_sets(data / "candidates" / f"val_{name}.json") for name in calibrate_on or []]
     reports: dict[str, Any] = {}
     for mode, sub in bundle.models.items():
         if mode not in MODES:
             continue
         t0, c0 = time.perf_counter(), cpu_s()
         spectra = list(read_spectra(data / "massbank" / f"val_{MODES[mode]}.mgf"))
-        report = fit_submodel_scoring(sub, spectra, collections, seed=0, log=log, cache_root=cache)
+        report = fit_submodel_scoring(sub, spectra, collections, seed=0, log=log, cache_root=cache,
+                                      calibration_collections=extra)
         reports[mode] = {"report": report, "wall_s": time.perf_counter() - t0, "cpu_s": cpu_s() - c0}
     bundle.save(out)
     return reports
@@ -116,8 +121,11 @@ def markdown(results: dict[str, Any]) -> str:
         for variant, report in fit["report"].items():
             cal = report["calibration"]
             lines += [f"## {mode}, {variant.replace('_', ' ')}: calibrators compared on val (grouped out-of-fold)",
-                      "", f"Chosen: **{cal['feature_set']} / {cal['method']}** ({', '.join(cal['features'])}); "
-                      f"{report['n_queries']} queries, {report['n_structures']} structures; refit "
+                      "", f"Chosen: **{cal['feature_set']} / {cal['method']}"
+                      + (f" / {cal['weighting']}" if cal.get("weighting") else "")
+                      + f"** ({', '.join(cal['features'])}); "
+                      + (f"FDR bound z {cal['fdr']['z']:g}; " if cal.get("fdr") else "")
+                      + f"{report['n_queries']} queries, {report['n_structures']} structures; refit "
                       f"{fit['wall_s']:.0f} s wall, {fit['cpu_s']:.0f} s CPU.", "",
                       "| feature set / method | log-loss (per structure) | ECE | ECE per structure | "
                       "confident at est. 10% | observed FDR |", "|---|---:|---:|---:|---:|---:|"]
@@ -148,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="positive,negative")
     parser.add_argument("--files", default="formula256,formula,mass")
     parser.add_argument("--fit-on", default="formula256,formula")
+    parser.add_argument("--calibrate-on", default="", help="val sets the calibration (not the fusion) also fits on")
     parser.add_argument("--cache", type=Path, default=None, help="candidate coordinates cache (default: none)")
     parser.add_argument("--n-boot", type=int, default=200)
     parser.add_argument("--baseline", action="store_true", help="also evaluate --bundle with its own calibration")
@@ -157,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     results_path = args.out / f"results_{args.split}.json"
     results: dict[str, Any] = json.loads(results_path.read_text()) if results_path.exists() else {}
     results.update({"split": args.split, "bundle": str(args.bundle), "fit_on": args.fit_on.split(","),
+                    "calibrate_on": [n for n in args.calibrate_on.split(",") if n],
                     "machine": f"{platform.machine()}, {__import__('os').cpu_count()} cores, "
                                f"python {platform.python_version()}"})
 
@@ -171,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     fits_path = args.out / "fits.json"
     if not (recalibrated / "bundle.json").exists():
         log(f"refitting the fusion and calibration of {args.bundle} on val ({args.fit_on})")
-        fits = recalibrate(args.data, args.bundle, recalibrated, args.fit_on.split(","), cache, log)
+        fits = recalibrate(args.data, args.bundle, recalibrated, args.fit_on.split(","), cache, log,
+                           [n for n in args.calibrate_on.split(",") if n])
         fits_path.write_text(json.dumps(fits, indent=2, default=str))
     results["fits"] = json.loads(fits_path.read_text())
     save()

@@ -62,9 +62,11 @@ def trained(workspace):
     root, files, _ = workspace
     runner = CliRunner()
     val_sets = require_shared("candidates", "val_formula256.json")
+    mass_sets = require_shared("candidates", "val_mass.json")
     result = runner.invoke(cli, ["train", str(files["train"]), "--val", str(files["val"]), "-o",
                                  str(root / "model"), "--summary-json", str(root / "summary.json"),
-                                 "--val-candidates", str(val_sets), *SMALL])
+                                 "--val-candidates", str(val_sets), "--calibration-candidates", str(mass_sets),
+                                 *SMALL])
     assert result.exit_code == 0, result.output
     return root / "model", result
 
@@ -101,6 +103,10 @@ def test_train_summary_and_bundle(workspace, trained):
     # for the prior is on the grid) and the calibration was fitted on out-of-fold queries
     assert report["fused"]["mrr"] >= report["spectrum_alone"]["mrr"] - 1e-12
     assert 0 <= report["calibration"]["ece_out_of_fold"] < 0.3
+    # the calibration (not the fusion) also fitted on the mass-window sets; the FDR bound kept with it
+    from molpredict.identification.calibration import FDR_Z
+    assert with_prior["calibration"]["validation"]["n_queries"] > with_prior["fusion"]["validation"]["n_sets"]
+    assert with_prior["calibration"]["fdr"] == {"z": FDR_Z, "clusters": "rank1"}
     info = CliRunner().invoke(cli, ["model", "info", str(model_dir)])
     assert info.exit_code == 0
     described = json.loads(info.output)["positive"]

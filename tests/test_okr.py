@@ -548,6 +548,44 @@ def test_ranking_selection_equals_decoding_each_grid_point(model_cls, sketches):
     assert len(set(np.round(naive, 6))) > 1  # the grid points rank differently: the test can tell them apart
 
 
+def test_scored_only_sets_are_scored_but_do_not_choose_the_grid_point():
+    """Sets flagged not ``ranked`` (the calibration's mass-window sets) get scores in the grid's one pass, equal to
+    the model's own decoding, while each grid point's metric is the one of the ranked sets alone."""
+    from molpredict.engine.decoding import ranking_metrics
+    from molpredict.models.base import CandidateSets, ValidationData
+
+    X, Y, U, A = make_data(n=300, n_structures=80, seed=6, noise=0.5)
+    rng = np.random.default_rng(9)
+    Uv = rng.normal(size=(20, 3))
+    Xv = np.tanh(Uv @ A) + 0.5 * rng.normal(size=(20, 5))
+    pool = np.concatenate([np.vstack([u, u + 0.6 * rng.normal(size=(7, 3))]) for u in Uv])
+    ranked_sets = [np.arange(8 * p, 8 * p + 8) for p in range(20)]
+    # scored-only sets: the truth among the decoys of another structure (an easy set), for the first 10 inputs
+    extra_sets = [np.r_[8 * p, np.arange(8 * ((p + 1) % 20) + 1, 8 * ((p + 1) % 20) + 8)] for p in range(10)]
+    sets = ranked_sets + extra_sets
+    truth = [np.arange(8) == 0 for _ in sets]
+    positions = np.r_[np.arange(20), np.arange(10)]
+    ranked = np.r_[np.ones(20, bool), np.zeros(10, bool)]
+    params = dict(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=150",
+                  output_sketch="p-sparsified-rademacher:m=40", lam="1e-6|1e-3|1e-1", device="cpu")
+    both = SISOKR(**params).fit(list(X), list(Y), val=ValidationData(
+        list(Xv), list(Uv), CandidateSets(list(pool), sets, truth, positions, ranked)))
+    alone = SISOKR(**params).fit(list(X), list(Y), val=ValidationData(
+        list(Xv), list(Uv), CandidateSets(list(pool), ranked_sets, truth[:20], np.arange(20))))
+    assert [p["val_mrr"] for p in both.selection_["points"]] == \
+        pytest.approx([p["val_mrr"] for p in alone.selection_["points"]], abs=1e-12)
+    scores = both.score(list(Xv), list(pool))
+    naive = np.concatenate([scores[q, s] for q, s in zip(positions, sets)])
+    assert rel_err(both.validation_scores_, naive) < 1e-5
+    offsets = np.arange(0, 8 * 20 + 1, 8)
+    with_extra = ranking_metrics(naive, np.arange(0, 8 * 30 + 1, 8), np.concatenate(truth))["mrr"]
+    best = both.selection_["points"][both.selection_["best"]]["val_mrr"]
+    assert ranking_metrics(naive[:160], offsets, np.concatenate(truth[:20]))["mrr"] == pytest.approx(best, abs=1e-5)
+    assert abs(with_extra - best) > 1e-3  # counting the scored-only sets would give another metric
+    with pytest.raises(ValueError):
+        CandidateSets(list(pool), sets, truth, positions, np.zeros(30, bool))
+
+
 def test_select_by_rejects_unknown_metrics():
     with pytest.raises(SpecError):
         SISOKR(select_by="accuracy")

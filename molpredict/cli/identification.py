@@ -125,6 +125,9 @@ class ModelDefaultOption(click.Option):
 @click.option("--val-candidates", multiple=True, type=click.Path(dir_okay=False),
               help="Candidate sets of the validation structures (MassSpecGym JSON, e.g. val_formula256.json); "
                    "repeat to fit the selection and fusion on several kinds of sets.")
+@click.option("--calibration-candidates", multiple=True, type=click.Path(dir_okay=False),
+              help="More candidate sets of the validation structures (e.g. val_mass.json) that only the "
+                   "calibration of the probability is fitted on (not the selection or the fusion); repeatable.")
 @click.option("--library", "train_library", default=None, type=click.Path(dir_okay=False),
               help="Without --val-candidates: draw same-formula validation candidate sets from this library.")
 @click.option("--prior", "prior_reference", default="train", show_default=True,
@@ -136,8 +139,8 @@ class ModelDefaultOption(click.Option):
 @_progress_option
 @_quiet_option
 def train(train_files, output, val_files, model_spec, input_kernel, output_kernel, input_sketch, output_sketch,
-          lam, ion_mode, exclude_licenses, device, seed, summary_json, select_by, val_candidates, train_library,
-          prior_reference, fragments, progress, quiet) -> None:
+          lam, ion_mode, exclude_licenses, device, seed, summary_json, select_by, val_candidates,
+          calibration_candidates, train_library, prior_reference, fragments, progress, quiet) -> None:
     """Train a model bundle on spectra labelled with structures (SMILES / INCHIKEY metadata), or on text.
 
     \b
@@ -159,7 +162,7 @@ def train(train_files, output, val_files, model_spec, input_kernel, output_kerne
                            input_sketch=input_sketch, output_sketch=output_sketch, lam=lam, ion_modes=modes,
                            exclude_licenses=tuple(exclude_licenses), device=device, seed=seed,
                            select_by=select_by, val_candidates=list(val_candidates) or None,
-                           library=train_library,
+                           calibration_candidates=list(calibration_candidates) or None, library=train_library,
                            prior=prior_reference, fragments=fragments)
     t0 = time.perf_counter()
     bundle, summary = train_bundle(list(train_files), options, val_paths=list(val_files),

@@ -114,10 +114,10 @@ def library_for(data: Path, library: str | None = None) -> tuple[Any, str]:
 
 
 def train_default(data: Path, bundle_path: Path, device: str, val_candidates: list[str] | None = None,
-                  library: str | None = None) -> None:
+                  library: str | None = None, calibration_candidates: list[str] | None = None) -> None:
     """Train the default bundle; the validation candidate sets (for the ranking-aware selection, the fusion with
     the prior and the calibration) come from ``val_candidates``, else from ``library``'s same-formula
-    structures."""
+    structures; ``calibration_candidates`` are more sets the calibration alone is fitted on."""
     from molpredict.training.pipeline import TrainOptions, format_summary, train_bundle
 
     train = [data / f"train_{m}.mgf" for m in ("pos", "neg") if _nonempty(data / f"train_{m}.mgf")]
@@ -125,7 +125,8 @@ def train_default(data: Path, bundle_path: Path, device: str, val_candidates: li
     _say(f"[2/3] training the default model on {', '.join(p.name for p in train)} (validation: "
          f"{', '.join(p.name for p in val)}); one model per ion mode, a few minutes on a laptop CPU...")
     t0 = time.perf_counter()
-    options = TrainOptions(device=device, val_candidates=val_candidates, library=library)
+    options = TrainOptions(device=device, val_candidates=val_candidates, library=library,
+                           calibration_candidates=calibration_candidates)
     bundle, summary = train_bundle(train, options, val_paths=val,
                                    progress=sys.stderr.isatty(), log=lambda m: _say(f"      {m}"))
     bundle.save(bundle_path)
@@ -171,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--val-candidates", action="append", default=None,
                         help="candidate sets of the validation structures (MassSpecGym JSON; repeatable) for "
                         "training; default: same-formula sets from the library")
+    parser.add_argument("--calibration-candidates", action="append", default=None,
+                        help="more candidate sets of the validation structures (e.g. val_mass.json; repeatable) "
+                        "that only the calibration is fitted on")
     parser.add_argument("--n", type=int, default=5, help="test spectra to identify (default 5)")
     parser.add_argument("--top", type=int, default=5, help="candidates shown per spectrum (default 5)")
     parser.add_argument("--retrain", action="store_true", help="train even if the default model exists")
@@ -206,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             from molpredict import config
             library_path = args.library or config.default_library() or (
                 str(data / "library.tsv") if (data / "library.tsv").is_file() else None)
-            train_default(data, bundle_path, args.device, args.val_candidates, library_path)
+            train_default(data, bundle_path, args.device, args.val_candidates, library_path,
+                          args.calibration_candidates)
         except MolpredictError as exc:
             print(f"demo: error: {exc}", file=sys.stderr)
             return exc.exit_code

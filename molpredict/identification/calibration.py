@@ -26,13 +26,23 @@ Supplied by the caller per query (``extra``), from the other terms of the rank-1
   similarity to the prior's reference structures, the training structures by default, is 1), else 0;
 - ``rank1_prior``: the rank-1 candidate's raw prior score.
 
-Fitting is by structure: spectra of one structure are not independent evidence, so each structure is weighted
-once (:func:`structure_weights`: 1 / its number of queries) and out-of-fold data come from folds that never split
-a structure (:func:`grouped_folds`).
+Fitting is by structure: spectra of one structure are not independent evidence, so out-of-fold data come from
+folds that never split a structure (:func:`grouped_folds`) and a structure's spectra share one weight: 1 / their
+number (each structure once) or 1 / sqrt(their number) (:data:`WEIGHTINGS`; the weighting is chosen on validation
+with the features and the method: per structure alone, the probabilities under-state the per-spectrum accuracy,
+because structures measured many times are also the easier ones).
 
 The metrics of a calibrated confidence are :func:`expected_calibration_error` (ECE, equal-width bins; optionally
 weighted, e.g. per structure), :func:`log_loss` and :func:`confident_at_fdr` (how many queries can be reported
-while the estimated false discovery rate, the mean of 1 - p over the reported ones, stays within a bound).
+while the estimated false discovery rate of the reported ones stays within a bound).
+
+The FDR estimate. The plain estimate of a list, mean(1 - p), is what calibrated probabilities promise on average;
+a list dominated by a few structures' many spectra scatters far around it (on the validation formula256 sets, the
+five structures with most confident wrong calls held 58-100% of them, and the structure-bootstrap 90% quantile of
+the observed FDR at an estimated 10% was 20-24%). :func:`fdr_estimates` adds ``z`` standard deviations of the number of wrong calls
+when the queries sharing a rank-1 structure are right or wrong together; ``z`` (:data:`FDR_Z`) was chosen on
+validation with :func:`bootstrap_observed_fdr` and is kept in the calibration's JSON (:attr:`Calibrator.fdr`;
+states without it keep the plain estimate).
 """
 from __future__ import annotations
 
@@ -44,9 +54,10 @@ import numpy as np
 
 from molpredict.identification.fusion import set_index, softmax_within_sets
 
-__all__ = ["FEATURES", "ALL_FEATURES", "EXTRA_FEATURES", "METHODS", "ranking_features", "ranking_features_flat",
-           "top_index_flat", "grouped_folds", "structure_weights", "Calibrator", "expected_calibration_error",
-           "log_loss", "confident_at_fdr", "reliability_curve"]
+__all__ = ["FEATURES", "ALL_FEATURES", "EXTRA_FEATURES", "METHODS", "WEIGHTINGS", "FDR_Z", "ranking_features",
+           "ranking_features_flat", "top_index_flat", "grouped_folds", "structure_weights", "Calibrator",
+           "expected_calibration_error", "log_loss", "fdr_estimates", "confident_at_fdr", "bootstrap_observed_fdr",
+           "reliability_curve"]
 
 #: the features of the original Platt calibrator (bundles without a ``features`` list read these)
 FEATURES = ("top1_logit", "margin", "log_n_candidates")
@@ -57,9 +68,21 @@ SCORE_FEATURES = ("top1_logit", "top1_log_p", "top1_log_1mp", "margin", "margin3
 EXTRA_FEATURES = ("rank1_known", "rank1_prior")
 ALL_FEATURES = SCORE_FEATURES + EXTRA_FEATURES
 METHODS = ("platt", "beta", "isotonic")
+#: how the queries of a structure are weighted when a calibrator is fitted: the power of 1 / (its number of
+#: queries) (:func:`structure_weights`). ``structure``: each structure once (a calibration per structure, which
+#: under-states the accuracy per spectrum where well-measured structures are also the easier ones);
+#: ``sqrt_structure``: a structure of n spectra weighs sqrt(n)
+WEIGHTINGS = {"structure": 1.0, "sqrt_structure": 0.5}
 #: the range fitted calibrators keep their probabilities in: a finite validation set supports neither 0 nor 1
 #: (an estimated FDR of exactly 0), and the output column would print them as certainties
 PROBABILITY_RANGE = (1e-3, 1.0 - 1e-3)
+
+#: the ``z`` of the FDR bound newly fitted calibrators carry (:func:`fdr_estimates`; the one-sided normal 90%
+#: quantile). Chosen on validation (docs/benchmarks/calibration_fdr.md): the smallest z of the grid 0, 0.5, 1,
+#: 1.28, 1.64, 2, 2.5, 3, 4 at which the structure-bootstrap 90% quantile of the out-of-fold observed FDR at an
+#: asked 10% is <= 12% on every validation set kind (formula256, formula, mass) and ion mode where some z reaches
+#: it (the default bundles, with the prior: positive formula256 needs 1.28, negative formula256 1, the others 0)
+FDR_Z = 1.28
 
 _EPS = 1e-12
 
@@ -183,8 +206,11 @@ def grouped_folds(groups: Sequence[str], n_folds: int, seed: int = 0) -> np.ndar
     return np.array([fold_of[g] for g in groups], dtype=np.int64)
 
 
-def structure_weights(groups: Sequence[str]) -> np.ndarray:
-    """1 / (number of queries of the query's group) per query: each group weighs 1 in total.
+def structure_weights(groups: Sequence[str], power: float = 1.0) -> np.ndarray:
+    """(1 / number of queries of the query's group) ** ``power`` per query.
+
+    ``power`` 1: each group weighs 1 in total (per structure); 0: each query weighs 1 (per spectrum); 0.5 (the
+    ``sqrt_structure`` weighting of :data:`WEIGHTINGS`): a group of n queries weighs sqrt(n), between the two.
 
     Returns
     -------
@@ -192,7 +218,7 @@ def structure_weights(groups: Sequence[str]) -> np.ndarray:
     """
     _, inverse, counts = np.unique(np.asarray(list(groups), dtype=object).astype(str), return_inverse=True,
                                    return_counts=True)
-    return 1.0 / counts[inverse].astype(np.float64)
+    return (1.0 / counts[inverse].astype(np.float64)) ** float(power)
 
 
 def _logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray, c: float) -> tuple[np.ndarray, float]:
@@ -237,6 +263,10 @@ class Calibrator:
         states saved before it existed, so they give identical probabilities).
     validation : dict
         Metrics on the queries it was fitted on (JSON-ready).
+    fdr : dict
+        How an FDR is estimated from these probabilities (JSON-ready): ``{"z": float, "clusters": "rank1"}``, the
+        upper bound of :func:`fdr_estimates` over clusters of queries with one rank-1 structure; empty (states
+        saved before it existed): the plain estimate mean(1 - p), as before.
     """
 
     coef: list[float] = field(default_factory=lambda: [1.0, 0.0, 0.0])
@@ -248,6 +278,12 @@ class Calibrator:
     isotonic_y: list[float] = field(default_factory=list)
     clip: list[float] = field(default_factory=lambda: [0.0, 1.0])
     validation: dict[str, Any] = field(default_factory=dict)
+    fdr: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fdr_z(self) -> float:
+        """The ``z`` of the FDR bound (:func:`fdr_estimates`); 0 (the plain estimate) when none is stored."""
+        return float(self.fdr.get("z", 0.0))
 
     @property
     def needs(self) -> list[str]:
@@ -334,6 +370,8 @@ class Calibrator:
             out["beta"] = list(self.beta)
         if self.method == "isotonic":
             out["isotonic"] = {"x": list(self.isotonic_x), "y": list(self.isotonic_y)}
+        if self.fdr:
+            out["fdr"] = dict(self.fdr)
         return out
 
     @classmethod
@@ -358,8 +396,13 @@ class Calibrator:
         clip = [float(v) for v in data.get("clip", [0.0, 1.0])]
         if len(clip) != 2 or not 0.0 <= clip[0] < clip[1] <= 1.0:
             raise ValueError("calibration: clip must be [lo, hi] with 0 <= lo < hi <= 1")
+        fdr = dict(data.get("fdr", {}))
+        z = fdr.get("z", 0.0)
+        if not isinstance(z, (int, float)) or isinstance(z, bool) or not math.isfinite(z) or z < 0 \
+                or fdr.get("clusters", "rank1") != "rank1":
+            raise ValueError("calibration: fdr must be {\"z\": a finite number >= 0, \"clusters\": \"rank1\"}")
         cal = cls(coef=coef, intercept=intercept, features=names, method=method, clip=clip,
-                  validation=dict(data.get("validation", {})))
+                  validation=dict(data.get("validation", {})), fdr=fdr)
         if method == "beta":
             cal.beta = [float(v) for v in data["beta"]]
             if len(cal.beta) != 3 or not all(math.isfinite(v) for v in cal.beta):
@@ -435,21 +478,143 @@ def reliability_curve(probability: np.ndarray, correct: np.ndarray, n_bins: int 
     return out
 
 
-def confident_at_fdr(probability: np.ndarray, max_fdr: float = 0.1) -> tuple[int, float]:
+def fdr_estimates(probability: np.ndarray, clusters: Sequence[Any] | None = None, z: float = 0.0
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The estimated FDR of every top-j list of queries (by decreasing probability), optionally an upper bound.
+
+    The plain estimate of the top j is the expected share of wrong calls among them, ``mean(1 - p)``. It is what
+    a calibrated probability promises *on average*; the realised FDR of one list scatters around it, and far more
+    than independent queries would suggest when the list holds many spectra of few structures: the spectra of one
+    structure are right or wrong together (on the validation formula256 sets, five structures held 58-100% of the
+    confident wrong calls). With ``z > 0`` the estimate is the upper bound ``mean(1 - p) + z sd / j``, where ``sd``
+    is the standard deviation of the number of wrong calls when each cluster of queries (``clusters``: the rank-1
+    structure, known at prediction time) is wholly right or wholly wrong: a cluster of ``n_c`` queries expecting
+    ``E_c = sum(1 - p)`` wrong calls contributes ``E_c (n_c - E_c)`` to the variance (``p (1 - p)`` for a query
+    alone). ``z`` is a one-sided normal quantile (1.28: the realised FDR exceeds the bound about one time in ten
+    over new sets of structures, if the probabilities are calibrated); the one used (:data:`FDR_Z`) was chosen on
+    validation with :func:`bootstrap_observed_fdr` and is kept in the calibration (:attr:`Calibrator.fdr`).
+
+    Parameters
+    ----------
+    probability : ndarray of shape (n_queries,)
+    clusters : sequence of shape (n_queries,), optional
+        A hashable label per query (e.g. the rank-1 candidate's InChIKey first block); default: every query its own.
+    z : float
+        Non-negative; 0 gives the plain estimate.
+
+    Returns
+    -------
+    order : ndarray of shape (n_queries,), int64
+        Query positions by decreasing probability (stable).
+    fdr : ndarray of shape (n_queries,), float64
+        ``fdr[j - 1]``: the estimate for the top ``j`` of ``order``.
+    """
+    p = np.asarray(probability, dtype=np.float64)
+    if z < 0 or not math.isfinite(z):
+        raise ValueError(f"fdr_estimates: z must be a finite number >= 0, got {z!r}")
+    order = np.argsort(-p, kind="stable")
+    e = 1.0 - p[order]
+    j = np.arange(1, p.size + 1, dtype=np.float64)
+    fdr = np.cumsum(e) / j
+    if z == 0.0 or p.size == 0:
+        return order, fdr
+    if clusters is None:
+        variance = np.cumsum(e * (1.0 - e))
+    else:
+        labels = np.asarray(list(clusters), dtype=object)
+        if labels.shape != p.shape:
+            raise ValueError("fdr_estimates: one cluster label per query")
+        _, ids = np.unique(labels[order].astype(str), return_inverse=True)
+        # each cluster's running (n_c, E_c) after each of its queries; query k changes the variance only by the
+        # cluster it joins: delta_k = E_c (n_c - E_c) after it minus the same before it
+        by_cluster = np.argsort(ids, kind="stable")
+        sorted_ids = ids[by_cluster]
+        starts = np.flatnonzero(np.r_[True, sorted_ids[1:] != sorted_ids[:-1]])
+        lengths = np.diff(np.r_[starts, len(ids)])
+        e_sorted = e[by_cluster]
+        cum = np.cumsum(e_sorted)
+        e_after = np.empty_like(e)
+        n_after = np.empty_like(e)
+        e_after[by_cluster] = cum - np.repeat(cum[starts] - e_sorted[starts], lengths)
+        n_after[by_cluster] = np.arange(len(ids)) - np.repeat(starts, lengths) + 1.0
+        e_before, n_before = e_after - e, n_after - 1.0
+        variance = np.cumsum(e_after * (n_after - e_after) - e_before * (n_before - e_before))
+    return order, fdr + z * np.sqrt(np.maximum(variance, 0.0)) / j
+
+
+def confident_at_fdr(probability: np.ndarray, max_fdr: float = 0.1, clusters: Sequence[Any] | None = None,
+                     z: float = 0.0) -> tuple[int, float]:
     """How many queries can be reported at an estimated FDR <= ``max_fdr``, and the probability threshold.
 
-    Queries are taken by decreasing probability; the estimated FDR of the top j is mean(1 - p) over them. The
-    answer is the largest j whose estimate is within the bound (0 and threshold 1.0 when none is).
+    Queries are taken by decreasing probability; the estimated FDR of the top j is mean(1 - p) over them, or with
+    ``z > 0`` its upper bound over correlated ``clusters`` (:func:`fdr_estimates`). The answer is the largest j
+    whose estimate is within the bound (0 and threshold 1.0 when none is).
     """
-    p = np.sort(np.asarray(probability, dtype=np.float64))[::-1]
+    p = np.asarray(probability, dtype=np.float64)
     if p.size == 0:
         return 0, 1.0
-    fdr = np.cumsum(1.0 - p) / np.arange(1, p.size + 1)
+    order, fdr = fdr_estimates(p, clusters, z)
     ok = np.flatnonzero(fdr <= max_fdr)
     if ok.size == 0:
         return 0, 1.0
     j = int(ok[-1]) + 1
-    return j, float(p[j - 1])
+    return j, float(p[order[j - 1]])
+
+
+def bootstrap_observed_fdr(probability: np.ndarray, correct: np.ndarray, groups: Sequence[str],
+                           clusters: Sequence[Any] | None = None, z: float = 0.0, max_fdr: float = 0.1,
+                           n_boot: int = 200, seed: int = 0) -> dict[str, Any]:
+    """What a new set of structures would see: the observed FDR of the queries :func:`confident_at_fdr` reports,
+    over resamples of the structures (``groups``, drawn with replacement, all spectra of a drawn structure kept).
+
+    A structure drawn twice is two structures: its copies are separate ``clusters`` (the label gets the copy's
+    number). The realised FDR of a list dominated by few structures scatters widely; the quantiles say how far.
+
+    Parameters
+    ----------
+    probability, correct : ndarray of shape (n_queries,)
+        Out-of-fold probabilities and whether each rank 1 was right.
+    groups : sequence of str, shape (n_queries,)
+        The true structure of each query (what is resampled).
+    clusters : sequence, shape (n_queries,), optional
+        The labels of :func:`fdr_estimates` (the rank-1 structure); default: each query its own.
+    z, max_fdr : float
+        As in :func:`confident_at_fdr`.
+    n_boot, seed : int
+
+    Returns
+    -------
+    dict
+        JSON-ready: ``observed`` (per resample, list of float; 0 when nothing is reported), ``n_reported`` (per
+        resample), quantiles ``q10``, ``q50``, ``q90``, ``q95`` and ``p_above`` (the share of resamples whose
+        observed FDR exceeds ``1.2 * max_fdr``, the issue's tolerance: 12% at an asked 10%).
+    """
+    p = np.asarray(probability, dtype=np.float64)
+    correct = np.asarray(correct, dtype=bool)
+    labels = np.asarray(list(groups), dtype=object).astype(str)
+    cl = labels if clusters is None else np.asarray(list(clusters), dtype=object).astype(str)
+    if clusters is None:
+        cl = np.char.add(cl, np.char.add("#", np.arange(len(cl)).astype(str)))  # each query its own
+    if not (p.shape == correct.shape == labels.shape == cl.shape):
+        raise ValueError("bootstrap_observed_fdr: probability, correct, groups and clusters must align")
+    distinct, inverse = np.unique(labels, return_inverse=True)
+    members = np.argsort(inverse, kind="stable")
+    starts = np.r_[0, np.cumsum(np.bincount(inverse, minlength=len(distinct)))]
+    rng = np.random.default_rng(seed)
+    observed, reported = [], []
+    for _ in range(n_boot):
+        pick = rng.integers(0, len(distinct), len(distinct))
+        index = np.concatenate([members[starts[g]:starts[g + 1]] for g in pick])
+        copy = np.repeat(np.arange(len(pick)), starts[pick + 1] - starts[pick])
+        n, threshold = confident_at_fdr(p[index], max_fdr, np.char.add(cl[index], np.char.add("@", copy.astype(str))),
+                                        z)
+        chosen = p[index] >= threshold if n else np.zeros(len(index), dtype=bool)
+        observed.append(float(1.0 - correct[index][chosen].mean()) if chosen.any() else 0.0)
+        reported.append(int(chosen.sum()))
+    q = np.quantile(observed, [0.1, 0.5, 0.9, 0.95]) if observed else [math.nan] * 4
+    return {"observed": observed, "n_reported": reported, "q10": float(q[0]), "q50": float(q[1]),
+            "q90": float(q[2]), "q95": float(q[3]),
+            "p_above": float(np.mean(np.asarray(observed) > 1.2 * max_fdr)) if observed else math.nan}
 
 
 #: the feature sets :func:`select_calibrator` compares (each with every method); sets needing an unavailable
@@ -465,9 +630,9 @@ FEATURE_SETS: dict[str, tuple[str, ...]] = {
 
 def out_of_fold_probabilities(features: np.ndarray, correct: np.ndarray, groups: Sequence[str],
                               method: str = "platt", names: Sequence[str] = FEATURES, n_folds: int = 5,
-                              seed: int = 0) -> np.ndarray:
-    """Probabilities of each query from a calibrator fitted, structure-weighted, on the other folds (folds by
-    structure, :func:`grouped_folds`), ndarray of shape (n_queries,)."""
+                              seed: int = 0, power: float = 1.0) -> np.ndarray:
+    """Probabilities of each query from a calibrator fitted on the other folds (folds by structure,
+    :func:`grouped_folds`; weights :func:`structure_weights` with ``power``), ndarray of shape (n_queries,)."""
     features = np.asarray(features, dtype=np.float64)
     correct = np.asarray(correct, dtype=bool)
     groups = np.asarray(list(groups), dtype=object)
@@ -477,11 +642,12 @@ def out_of_fold_probabilities(features: np.ndarray, correct: np.ndarray, groups:
         train = folds != k
         if not train.any() or train.all():
             continue
-        cal = Calibrator.fit(features[train], correct[train], structure_weights(groups[train]), method, names)
+        cal = Calibrator.fit(features[train], correct[train], structure_weights(groups[train], power), method,
+                             names)
         out[~train] = cal.predict(features[~train])
     left = np.isnan(out)
     if left.any():  # too few structures for every fold: those queries get the in-sample fit
-        cal = Calibrator.fit(features, correct, structure_weights(groups), method, names)
+        cal = Calibrator.fit(features, correct, structure_weights(groups, power), method, names)
         out[left] = cal.predict(features[left])
     return out
 
@@ -489,9 +655,11 @@ def out_of_fold_probabilities(features: np.ndarray, correct: np.ndarray, groups:
 def select_calibrator(features: np.ndarray, correct: np.ndarray, groups: Sequence[str],
                       names: Sequence[str] = ALL_FEATURES, available: Sequence[str] | None = None,
                       methods: Sequence[str] = METHODS, feature_sets: Mapping[str, Sequence[str]] | None = None,
-                      n_folds: int = 5, seed: int = 0, tolerance: float = 0.005) -> tuple[Calibrator, dict[str, Any]]:
+                      n_folds: int = 5, seed: int = 0, tolerance: float = 0.005,
+                      weightings: Sequence[str] = tuple(WEIGHTINGS)) -> tuple[Calibrator, dict[str, Any]]:
     """Compare calibrators by grouped out-of-fold log-loss and ECE; refit the best one on all queries.
 
+    A candidate is a feature set, a method and a weighting of the queries it is fitted with (:data:`WEIGHTINGS`).
     The candidates whose structure-weighted out-of-fold log-loss is within ``tolerance`` (relative) of the best
     one are near-ties (their differences are below the noise of a few hundred structures); among them the one
     whose out-of-fold ECE is lowest both per spectrum and per structure (the larger of the two) is kept.
@@ -515,47 +683,56 @@ def select_calibrator(features: np.ndarray, correct: np.ndarray, groups: Sequenc
         The grouped folds of the comparison.
     tolerance : float
         Relative log-loss margin of the near-ties decided by ECE.
+    weightings : sequence of str
+        Names from :data:`WEIGHTINGS`.
 
     Returns
     -------
     calibrator : Calibrator
-        The chosen candidate refitted on every query (structure-weighted); its ``validation`` holds its
-        out-of-fold metrics.
+        The chosen candidate refitted on every query (with its weighting); its ``validation`` holds its
+        out-of-fold metrics and its ``weighting``.
     table : dict
-        ``{"<feature set>/<method>": {"log_loss", "ece", "ece_per_structure", ...}}`` (JSON-ready).
+        ``{"<feature set>/<method>[/<weighting>]": {"log_loss", "ece", "ece_per_structure", ...}}`` (JSON-ready;
+        the weighting is named when it is not ``structure``).
     """
     names = list(names)
     available = set(names if available is None else available)
     feature_sets = FEATURE_SETS if feature_sets is None else feature_sets
     correct = np.asarray(correct, dtype=bool)
     weights = structure_weights(groups)
+    unknown = [w for w in weightings if w not in WEIGHTINGS]
+    if unknown or not weightings:
+        raise ValueError(f"select_calibrator: unknown weightings {unknown}; valid: {', '.join(WEIGHTINGS)}")
     table: dict[str, Any] = {}
-    candidates: dict[str, tuple[str, str, tuple[str, ...]]] = {}
+    candidates: dict[str, tuple[str, str, tuple[str, ...], str]] = {}
     for set_name, chosen in feature_sets.items():
         if not set(chosen) <= available:
             continue
         columns = features[:, [names.index(n) for n in chosen]]
         for method in methods:
-            p = out_of_fold_probabilities(columns, correct, groups, method, chosen, n_folds, seed)
-            loss = log_loss(p, correct, weights)
-            n_confident, threshold = confident_at_fdr(p, 0.1)
-            table[f"{set_name}/{method}"] = {
-                "log_loss": loss, "ece": expected_calibration_error(p, correct),
-                "ece_per_structure": expected_calibration_error(p, correct, weights=weights),
-                "confident_at_fdr_0.1": n_confident,
-                "observed_fdr": float(1 - correct[p >= threshold].mean()) if n_confident else None}
-            candidates[f"{set_name}/{method}"] = (set_name, method, tuple(chosen))
+            for weighting in weightings:
+                p = out_of_fold_probabilities(columns, correct, groups, method, chosen, n_folds, seed,
+                                              WEIGHTINGS[weighting])
+                loss = log_loss(p, correct, weights)
+                n_confident, threshold = confident_at_fdr(p, 0.1)
+                key = f"{set_name}/{method}" + ("" if weighting == "structure" else f"/{weighting}")
+                table[key] = {
+                    "log_loss": loss, "ece": expected_calibration_error(p, correct),
+                    "ece_per_structure": expected_calibration_error(p, correct, weights=weights),
+                    "confident_at_fdr_0.1": n_confident,
+                    "observed_fdr": float(1 - correct[p >= threshold].mean()) if n_confident else None}
+                candidates[key] = (set_name, method, tuple(chosen), weighting)
     if not candidates:
         raise ValueError("select_calibrator: no feature set is available")
     finite = {k: v for k, v in table.items() if math.isfinite(v["log_loss"])} or table
     best_loss = min(v["log_loss"] for v in finite.values())
     near = [k for k, v in finite.items() if v["log_loss"] <= best_loss * (1 + tolerance) + 1e-12]
     key = min(near, key=lambda k: (max(finite[k]["ece"], finite[k]["ece_per_structure"]), finite[k]["log_loss"]))
-    set_name, method, chosen = candidates[key]
+    set_name, method, chosen, weighting = candidates[key]
     columns = features[:, [names.index(n) for n in chosen]]
-    calibrator = Calibrator.fit(columns, correct, weights, method, chosen)
+    calibrator = Calibrator.fit(columns, correct, structure_weights(groups, WEIGHTINGS[weighting]), method, chosen)
     calibrator.validation = {**calibrator.validation, "in_sample_ece": calibrator.validation.get("ece"),
-                             "feature_set": set_name, **{k: v for k, v in table[f"{set_name}/{method}"].items()},
+                             "feature_set": set_name, "weighting": weighting, **table[key],
                              "selected_by": f"structure-weighted out-of-fold log-loss ({n_folds} folds by "
                                             f"structure), near-ties (within {tolerance:.1%}) by the larger of the "
                                             "ECEs per spectrum and per structure"}

@@ -108,6 +108,8 @@ class RankedBlock:
     timings: dict[str, float]
     probability: list[float] = field(default_factory=list)
     views: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
+    rank1: list[str] = field(default_factory=list)
+    fdr_z: list[float] = field(default_factory=list)
 
 
 def labelled_queries(identifier: Identifier, labelled: Sequence[tuple[int, Any, str]]) -> list[Query]:
@@ -143,6 +145,13 @@ def evaluate_block(identifier: Identifier, block: Sequence[tuple[int, Any, str]]
             is_true = source.inchikey14(query.ids) == query.true_key
             a, b, f = true_rank_counts(result.score, is_true)
             out.probability.append(result.probability)
+            # what the FDR bound reads: the rank-1 structure (queries sharing it are right or wrong together) and
+            # the z of the query's calibration (0 for bundles saved before it existed)
+            out.rank1.append(str(source.inchikey14(query.ids[[int(np.argmax(result.score))]])[0])
+                             if len(query.ids) else "")
+            variant = worker.evidence.variant(query.sub)
+            out.fdr_z.append(variant.calibrator.fdr_z if variant is not None and variant.calibrator is not None
+                             else 0.0)
             alternatives = {f"{name}_alone": values for name, values in result.terms.items()}
             without = worker.evidence.variant(query.sub, use_prior=False) if len(result.terms) > 1 else None
             if without is not None:
@@ -192,6 +201,8 @@ def rank_queries(identifier: Identifier, queries: Sequence[LabelledQuery], execu
         from tqdm import tqdm
         bar = tqdm(total=len(queries), desc="evaluating", unit=" spectra", file=sys.stderr)
     g, t, found, n_c, groups, ids, modes, positions, probability = [], [], [], [], [], [], [], [], []
+    rank1: list[str] = []
+    fdr_z: list[float] = []
     views: dict[str, tuple[list[int], list[int]]] = {}
     n_empty = 0
     try:
@@ -208,6 +219,8 @@ def rank_queries(identifier: Identifier, queries: Sequence[LabelledQuery], execu
             n_empty += sum(block.empty)
             positions += block.positions
             probability += block.probability
+            rank1 += block.rank1
+            fdr_z += block.fdr_z
             for name, (va, vb) in block.views.items():
                 lists = views.setdefault(name, ([], []))
                 lists[0].extend(va)
@@ -222,6 +235,7 @@ def rank_queries(identifier: Identifier, queries: Sequence[LabelledQuery], execu
             "found": np.asarray(found, dtype=bool), "n_candidates": np.asarray(n_c, dtype=np.int64),
             "groups": groups, "ids": ids, "modes": modes, "n_empty_spectra": n_empty,
             "probability": np.asarray(probability, dtype=np.float64),
+            "rank1": rank1, "fdr_z": np.asarray(fdr_z, dtype=np.float64),
             # a view present for only some queries (e.g. a mode without a prior) is not comparable: dropped
             "views": {k: (np.asarray(v[0], dtype=np.int64), np.asarray(v[1], dtype=np.int64))
                       for k, v in views.items() if len(v[0]) == len(g)},
@@ -231,7 +245,13 @@ def rank_queries(identifier: Identifier, queries: Sequence[LabelledQuery], execu
 def calibration_report(ranks: dict[str, Any], max_fdr: float = 0.1, n_bins: int = 10) -> dict[str, Any] | None:
     """ECE, the reliability curve and the queries confident at an estimated FDR <= ``max_fdr``, from
     :func:`rank_queries` output (None when no query has a probability); per spectrum, and per structure under
-    ``per_structure`` (each true structure weighted once: its spectra weigh 1 / their number)."""
+    ``per_structure`` (each true structure weighted once: its spectra weigh 1 / their number).
+
+    The estimated FDR is the calibration's upper bound over queries sharing a rank-1 structure
+    (:func:`~molpredict.identification.calibration.fdr_estimates` with ``ranks["fdr_z"]``, the largest over the
+    queries when sub-models differ; 0, the plain mean(1 - p), for bundles saved without one): the reported queries
+    are the longest top list whose bound is <= ``max_fdr``, and ``estimated_fdr`` is their mean(1 - p).
+    ``confident_at_fdr_plain`` is the plain estimate's list, for comparison."""
     from molpredict.identification.calibration import (confident_at_fdr, expected_calibration_error,
                                                        reliability_curve, structure_weights)
 
@@ -242,23 +262,30 @@ def calibration_report(ranks: dict[str, Any], max_fdr: float = 0.1, n_bins: int 
     correct = ((ranks["n_greater"] == 0) & (ranks["n_ties"] == 0) & ranks["found"])[known]
     p = p[known]
     groups = [g for g, k in zip(ranks["groups"], known) if k]
+    rank1 = [r for r, k in zip(ranks.get("rank1") or [""] * len(known), known) if k]
+    z_all = np.asarray(ranks.get("fdr_z", np.zeros(len(known))), dtype=np.float64)
+    z = float(z_all[known].max()) if len(z_all) == len(known) and known.any() else 0.0
     weights = structure_weights(groups)
-    n_confident, threshold = confident_at_fdr(p, max_fdr)
-    reported = p >= threshold if n_confident else np.zeros(len(p), dtype=bool)
-    estimated = float(np.mean(1 - p[reported])) if n_confident else None
 
-    def observed(w: np.ndarray | None) -> float | None:
-        return round(float(1 - np.average(correct[reported], weights=None if w is None else w[reported])), 4) \
-            if n_confident else None
+    def confident(z_used: float) -> dict[str, Any]:
+        n_confident, threshold = confident_at_fdr(p, max_fdr, rank1, z_used)
+        reported = p >= threshold if n_confident else np.zeros(len(p), dtype=bool)
+        estimated = float(np.mean(1 - p[reported])) if n_confident else None
+
+        def observed(w: np.ndarray | None) -> float | None:
+            return round(float(1 - np.average(correct[reported], weights=None if w is None else w[reported])), 4) \
+                if n_confident else None
+
+        return {"max_fdr": max_fdr, "z": z_used, "n_queries": int(reported.sum()) if n_confident else 0,
+                "estimated_fdr": round(estimated, 4) if estimated is not None else None,
+                "observed_fdr": observed(None), "threshold": round(threshold, 4),
+                "n_structures": len({g for g, r in zip(groups, reported) if r}),
+                "observed_fdr_per_structure": observed(weights)}
 
     return {"ece": round(expected_calibration_error(p, correct, n_bins), 4), "n_bins": n_bins,
             "n_queries": int(known.sum()), "mean_probability": round(float(p.mean()), 4),
             "accuracy": round(float(correct.mean()), 4),
-            "confident_at_fdr": {"max_fdr": max_fdr, "n_queries": n_confident,
-                                 "estimated_fdr": round(estimated, 4) if estimated is not None else None,
-                                 "observed_fdr": observed(None), "threshold": round(threshold, 4),
-                                 "n_structures": len({g for g, r in zip(groups, reported) if r}),
-                                 "observed_fdr_per_structure": observed(weights)},
+            "confident_at_fdr": confident(z), "confident_at_fdr_plain": confident(0.0),
             "reliability": reliability_curve(p, correct, n_bins),
             "per_structure": {"n_structures": len(set(groups)),
                               "ece": round(expected_calibration_error(p, correct, n_bins, weights=weights), 4),
@@ -609,7 +636,8 @@ def format_report(results: dict[str, Any]) -> str:
             fdr = cal["confident_at_fdr"]
             lines.append(f"  calibration: ECE {cal['ece']:.4f} ({cal['n_bins']} bins), mean probability "
                          f"{cal['mean_probability']:.3f} vs hit@1 {cal['accuracy']:.3f}; {fdr['n_queries']} queries "
-                         f"confident at estimated FDR <= {fdr['max_fdr']:.0%} (p >= {fdr['threshold']:.3f})"
+                         f"confident at estimated FDR <= {fdr['max_fdr']:.0%} (p >= {fdr['threshold']:.3f}"
+                         + (f"; upper bound, z {fdr['z']:g}" if fdr.get("z") else "") + ")"
                          + (f", observed FDR {fdr['observed_fdr']:.1%}" if fdr.get("observed_fdr") is not None else ""))
             if cal.get("per_structure"):
                 per = cal["per_structure"]

@@ -168,10 +168,13 @@ class CandidateSets:
         Per validation input, a bool per entry of its set: the true structure (InChIKey first block).
     positions : sequence of int, optional
         The validation input each set belongs to (default: set i to input i); inputs without a set do not rank.
+    ranked : sequence of bool, optional
+        Per set, whether it counts in the ranking metric that chooses grid points (default all). A set that does
+        not is still scored (e.g. mass-window sets that only the calibration is fitted on).
     """
 
     def __init__(self, molecules: Sequence[Any], sets: Sequence[np.ndarray], is_true: Sequence[np.ndarray],
-                 positions: Sequence[int] | None = None) -> None:
+                 positions: Sequence[int] | None = None, ranked: Sequence[bool] | None = None) -> None:
         if len(sets) != len(is_true):
             raise ValueError("CandidateSets: sets and is_true must have one entry per set")
         self.molecules = list(molecules)
@@ -182,6 +185,9 @@ class CandidateSets:
             raise ValueError("CandidateSets: one position per set")
         if any(s.shape != t.shape or s.size == 0 for s, t in zip(self.sets, self.is_true)):
             raise ValueError("CandidateSets: every set must be non-empty, with one is_true flag per entry")
+        self.ranked = np.ones(len(self.sets), dtype=bool) if ranked is None else np.asarray(ranked, dtype=bool)
+        if self.ranked.shape != (len(self.sets),) or not self.ranked.any():
+            raise ValueError("CandidateSets: one ranked flag per set, at least one set ranked")
 
     def __len__(self) -> int:
         return len(self.sets)
@@ -191,6 +197,19 @@ class CandidateSets:
         sizes = [len(s) for s in self.sets]
         return (np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), np.concatenate(self.sets),
                 np.concatenate(self.is_true))
+
+    def ranked_metrics(self, scores: np.ndarray) -> dict[str, float]:
+        """The ranking metrics (:func:`~molpredict.engine.decoding.ranking_metrics`) of the ``ranked`` sets, from
+        ``scores`` flat in the order of :meth:`flat`."""
+        from molpredict.engine.decoding import ranking_metrics
+
+        offsets, _, is_true = self.flat()
+        if self.ranked.all():
+            return ranking_metrics(scores, offsets, is_true)
+        sizes = np.diff(offsets)
+        keep = np.repeat(self.ranked, sizes)
+        kept_offsets = np.concatenate([[0], np.cumsum(sizes[self.ranked])]).astype(np.int64)
+        return ranking_metrics(np.asarray(scores)[keep], kept_offsets, is_true[keep])
 
 
 class ValidationData(tuple):

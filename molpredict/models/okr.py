@@ -356,12 +356,10 @@ class _OutputSide:
     def val_ranking(self, core: torch.Tensor, candidates: Any, metric: str, return_scores: bool = False
                     ) -> float | tuple[float, np.ndarray]:
         """The ranking ``metric`` (mrr, hit@k) of the validation queries' true structures in their candidate sets,
-        from the core coordinates (d_core x n_val), ties counted against the truth; with ``return_scores``, also
-        the scores, flat in the order of ``candidates.flat()``."""
-        from molpredict.engine.decoding import ranking_metrics
-
+        from the core coordinates (d_core x n_val), ties counted against the truth (its ``ranked`` sets only); with
+        ``return_scores``, also the scores of every set, flat in the order of ``candidates.flat()``."""
         queries = (core if self.P is None else self.P.T @ core).T.to(torch.float32).contiguous()  # (n_val, m)
-        offsets, flat, is_true = candidates.flat()
+        offsets, flat, _ = candidates.flat()
         scores = np.empty(len(flat), dtype=np.float64)
         by_set: dict[bytes, list[int]] = {}
         for i, ids in enumerate(candidates.sets):
@@ -374,7 +372,7 @@ class _OutputSide:
                          ).to(torch.float64).cpu().numpy()
                 for row, i in enumerate(members):
                     scores[offsets[i]:offsets[i + 1]] = block[row]
-        value = ranking_metrics(scores, offsets, is_true)[metric]
+        value = candidates.ranked_metrics(scores)[metric]
         return (value, scores) if return_scores else value
 
     def release_val(self) -> None:

@@ -79,6 +79,10 @@ class TrainOptions:
         several files every validation spectrum ranks once per file, so the selection and the fusion weights
         serve every kind of candidate set given (hard padded sets and real library sets weigh the prior
         differently: fitted on both, the fusion costs little on either).
+    calibration_candidates : path, sequence of paths, or None
+        More candidate sets of the validation structures (e.g. ``val_mass.json``, mass-window sets) that the
+        calibration of the probability is fitted on, but not the selection or the fusion: the probability is then
+        calibrated on every kind of set it is used on (:func:`~molpredict.training.ranking_validation.fit_scoring`).
     library : path or None
         A candidate library: without ``val_candidates``, same-formula sets for the validation structures are
         drawn from it (at most 256 each, the truth included); default: the configured default library
@@ -114,6 +118,7 @@ class TrainOptions:
     extra_params: dict[str, Any] = field(default_factory=dict)
     select_by: str | None = None
     val_candidates: str | Sequence[str] | None = None
+    calibration_candidates: str | Sequence[str] | None = None
     library: str | None = None
     prior: str = "train"
     fragments: bool = False
@@ -329,6 +334,7 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
         "training_sha256": train_hash, "models": {}, "timings": timings,
     }
     sets = _validation_sets(options, val, modes, say) if val is not None else None
+    calibration_sets = _calibration_sets(options) if sets else []
     for mode in modes:
         spectra, molecules = train.spectra[mode], train.molecules[mode]
         val_pair = None
@@ -336,7 +342,7 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
             from molpredict.models.base import ValidationData
             from molpredict.training.ranking_validation import ranking_candidates
 
-            candidates = ranking_candidates(val.molecules[mode], sets) if sets else None
+            candidates = ranking_candidates(val.molecules[mode], sets, calibration_sets) if sets else None
             val_pair = ValidationData(val.spectra[mode], val.molecules[mode], candidates)
         # the validation candidates are featurised by the model, the prior and its reference test: once
         with remembered_fingerprints(val_pair.candidates.molecules if val_pair is not None
@@ -383,14 +389,16 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
                     + (f" of {sample} structures (the fragment score fragments every candidate)" if sample else ""))
                 validation["ranking"] = fit_submodel_scoring(sub, val.spectra[mode], sets, metric=metric,
                                                              seed=options.seed, log=say, max_structures=sample,
-                                                             validation=val_pair)
+                                                             validation=val_pair,
+                                                             calibration_collections=calibration_sets)
                 if sub.fragments is not None and not any(_uses_fragments(v["fusion"]) for v in sub.scoring.values()):
                     # validation gave the fragments no weight: leave them out, and fit on every validation spectrum
                     sub.fragments = None
                     sub.fragment_model = None
                     say("the fragment score got no weight on validation: refitting the fusion without it")
                     validation["ranking"] = fit_submodel_scoring(sub, val.spectra[mode], sets, metric=metric,
-                                                                 seed=options.seed, log=say, validation=val_pair)
+                                                                 seed=options.seed, log=say, validation=val_pair,
+                                                                 calibration_collections=calibration_sets)
             info["timings"]["scoring_s"] = time.perf_counter() - t0
             bundle.models[mode] = sub
             summary["models"][mode] = {
@@ -409,6 +417,16 @@ def _uses_fragments(fusion: dict[str, Any]) -> bool:
     if fusion.get("ranker"):
         return any(t in fusion["ranker"]["terms"] for t in (FRAGMENTS, FRAGMENT_MODEL))
     return any(fusion["weights"].get(t) for t in (FRAGMENTS, FRAGMENT_MODEL))
+
+
+def _calibration_sets(options: TrainOptions) -> list[dict[str, list[tuple[str, str]]]]:
+    """The ``calibration_candidates`` collections (calibration only), one per file; none when not given."""
+    from molpredict.chem.candidates import load_candidate_sets
+
+    paths = options.calibration_candidates
+    if not paths:
+        return []
+    return [load_candidate_sets(path) for path in ([paths] if isinstance(paths, (str, Path)) else list(paths))]
 
 
 def _validation_sets(options: TrainOptions, val: LabelledSet, modes: Sequence[str], say: Any

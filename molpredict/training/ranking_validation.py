@@ -18,9 +18,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES, Calibrator, confident_at_fdr,
-                                                   expected_calibration_error, grouped_folds, ranking_features_flat,
-                                                   select_calibrator, structure_weights, top_index_flat)
+from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES, FDR_Z, WEIGHTINGS, Calibrator,
+                                                   confident_at_fdr, expected_calibration_error, grouped_folds,
+                                                   ranking_features_flat, select_calibrator, structure_weights,
+                                                   top_index_flat)
 from molpredict.errors import InputError
 from molpredict.identification.evidence import Evidence
 from molpredict.identification.fusion import FUSION_KINDS, PRIOR, SPECTRUM, ScoreFusion, fit_fusion_kind, true_ranks
@@ -265,7 +266,8 @@ def choose_fusion(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_f
 
 
 def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_folds: int = 5,
-                fusion_kind: str | None = None) -> tuple[ScoreFusion, Calibrator, dict[str, Any]]:
+                fusion_kind: str | None = None, fdr_z: float = FDR_Z, fusion_queries: np.ndarray | None = None,
+                weightings: Sequence[str] = tuple(WEIGHTINGS)) -> tuple[ScoreFusion, Calibrator, dict[str, Any]]:
     """Fusion weights on all validation queries; calibration on out-of-fold fused scores.
 
     The fusion is refitted on each fold's complement (folds by structure) to score the fold, so every query gets
@@ -284,6 +286,17 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
         Folds (by structure) for the out-of-fold calibration data.
     fusion_kind : {"weights", "ranker"}, optional
         How the terms are combined; None: chosen by :func:`choose_fusion` when there are several terms.
+    fdr_z : float
+        The ``z`` of the FDR upper bound the calibrator carries (:attr:`Calibrator.fdr`, see
+        :func:`~molpredict.identification.calibration.fdr_estimates`): what ``evaluate`` reports as the estimated
+        FDR of its confident queries. Default :data:`~molpredict.identification.calibration.FDR_Z`, chosen on
+        validation; 0: the plain estimate mean(1 - p).
+    fusion_queries : ndarray of shape (n_queries,), bool, optional
+        The queries the fusion is fitted on (default all); the calibration is fitted on every query (e.g. the
+        fusion on same-formula sets, the calibration also on mass-window sets, where it is used as well).
+    weightings : sequence of str
+        The weightings of structures the calibrators compared are fitted with
+        (:data:`~molpredict.identification.calibration.WEIGHTINGS`).
 
     Returns
     -------
@@ -294,16 +307,21 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
         spectrum and per structure) and FDR counts.
     """
     choice: dict[str, Any] = {}
+    fusion_mask = np.ones(data.n_queries, dtype=bool) if fusion_queries is None \
+        else np.asarray(fusion_queries, dtype=bool)
+    if fusion_mask.shape != (data.n_queries,) or not fusion_mask.any():
+        raise ValueError("fit_scoring: fusion_queries must be one bool per query, not all False")
+    fusion_data = data if fusion_mask.all() else data.subset(np.flatnonzero(fusion_mask))
     if fusion_kind is None:
-        fusion_kind, choice = choose_fusion(data, metric, seed) if len(data.terms) > 1 else ("weights", {})
-    fusion = fit_fusion_kind(fusion_kind, data.terms, data.offsets, data.is_true, metric=metric)
+        fusion_kind, choice = choose_fusion(fusion_data, metric, seed) if len(data.terms) > 1 else ("weights", {})
+    fusion = fit_fusion_kind(fusion_kind, fusion_data.terms, fusion_data.offsets, fusion_data.is_true, metric=metric)
     folds = grouped_folds(data.groups, n_folds, seed)
     features = np.zeros((data.n_queries, len(ALL_FEATURES)))
     correct = np.zeros(data.n_queries, dtype=bool)
     available: list[str] = []
     out_of_fold = np.zeros(data.n_queries, dtype=bool)
     for k in range(n_folds):
-        train_q, test_q = np.flatnonzero(folds != k), np.flatnonzero(folds == k)
+        train_q, test_q = np.flatnonzero((folds != k) & fusion_mask), np.flatnonzero(folds == k)
         if not len(train_q) or not len(test_q):
             continue
         tr, te = data.subset(train_q), data.subset(test_q)
@@ -316,7 +334,8 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
     if not out_of_fold.all():  # one structure only: no out-of-fold data, calibrate in-sample
         features, correct, available = in_sample, hits, available_all
     calibrator, table = select_calibrator(features, correct, data.groups, ALL_FEATURES, available,
-                                          n_folds=n_folds, seed=seed + 1)
+                                          n_folds=n_folds, seed=seed + 1, weightings=weightings)
+    calibrator.fdr = {"z": float(fdr_z), "clusters": "rank1"}
     columns = [ALL_FEATURES.index(n) for n in calibrator.features]
     probability = calibrator.predict(in_sample[:, columns])
     n_confident, threshold = confident_at_fdr(probability, 0.1)
@@ -329,7 +348,8 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
         **{k: v for k, v in fusion.validation.items() if k.endswith("_alone")},
         "out_of_fold_hit@1": float(np.mean(correct)),
         "calibration": {"method": calibrator.method, "features": list(calibrator.features),
-                        "feature_set": chosen.get("feature_set"), "selected_by": chosen.get("selected_by"),
+                        "feature_set": chosen.get("feature_set"), "weighting": chosen.get("weighting"),
+                        "selected_by": chosen.get("selected_by"),
                         "ece_out_of_fold": chosen.get("ece"),
                         "ece_out_of_fold_per_structure": chosen.get("ece_per_structure"),
                         "log_loss_out_of_fold": chosen.get("log_loss"),
@@ -338,23 +358,25 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
                         "ece_in_sample_per_structure": expected_calibration_error(probability, hits,
                                                                                   weights=weights),
                         "n_bins": 10, "confident_at_fdr_0.1": n_confident, "threshold": threshold,
+                        "fdr": dict(calibrator.fdr),
                         "compared": table},
     }
     return fusion, calibrator, report
 
 
-def ranking_candidates(molecules: Sequence[Any], collections: Sequence[Mapping[str, Sequence[tuple[str, str]]]]
-                       ) -> Any:
+def ranking_candidates(molecules: Sequence[Any], collections: Sequence[Mapping[str, Sequence[tuple[str, str]]]],
+                       scored_only: Sequence[Mapping[str, Sequence[tuple[str, str]]]] = ()) -> Any:
     """:class:`~molpredict.models.base.CandidateSets` for validation labels ``molecules``: for each collection of
     sets, one set per input whose structure has a set there (an input may rank once per collection), or None
-    when no input has one."""
+    when no input has one. The sets of the ``scored_only`` collections follow, not ``ranked``: the model scores
+    them in the same pass, for the calibration alone."""
     from molpredict.models.base import CandidateSets
     from molpredict.chem.molecules import Molecule
 
     index: dict[tuple[str, str], int] = {}
     pool: list[Any] = []
-    chosen, truth, positions = [], [], []
-    for sets in collections:
+    chosen, truth, positions, ranked = [], [], [], []
+    for n_collection, sets in enumerate([*collections, *scored_only]):
         per_structure: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
         for position, molecule in enumerate(molecules):
             key = molecule.inchikey14
@@ -376,15 +398,18 @@ def ranking_candidates(molecules: Sequence[Any], collections: Sequence[Mapping[s
                 chosen.append(found[0])
                 truth.append(found[1])
                 positions.append(position)
-    if not chosen:
+                ranked.append(n_collection < len(collections))
+    if not any(ranked):
         return None
-    return CandidateSets(pool, chosen, truth, positions)
+    return CandidateSets(pool, chosen, truth, positions, ranked)
 
 
 def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
                          collections: Sequence[Mapping[str, Sequence[tuple[str, str]]]], metric: str = "mrr",
                          seed: int = 0, log: Any = None, max_structures: int | None = None,
-                         cache_root: Any = False, validation: Any = None) -> dict[str, Any]:
+                         cache_root: Any = False, validation: Any = None,
+                         calibration_collections: Sequence[Mapping[str, Sequence[tuple[str, str]]]] = ()
+                         ) -> dict[str, Any]:
     """Fit ``sub``'s fusion and calibration, with and without its prior, on validation candidate sets (every
     validation spectrum ranks once per collection of sets).
 
@@ -395,6 +420,8 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
     ``validation``: the :class:`~molpredict.models.base.ValidationData` the model was fitted with; when its grid
     search kept its candidates' scores, those are the spectrum term (:func:`shared_validation_terms`: one scoring
     pass for the grid, the fusion and the calibration) and ``val_spectra`` / ``collections`` are not scored again.
+    ``calibration_collections``: more collections of sets (e.g. mass-window sets) whose queries the calibration
+    is fitted on but not the fusion (:func:`fit_scoring`'s ``fusion_queries``).
     """
     from molpredict.identification.candidate_sources import SetSource
     from molpredict.identification.evidence import WITH_PRIOR, WITHOUT_PRIOR, ScoringVariant
@@ -409,17 +436,29 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
     if max_structures is not None:
         val_spectra = structure_sample(val_spectra, max_structures, seed)
     data = shared_validation_terms(sub, validation, wanted) if max_structures is None else None
-    if data is None:
+    fusion_queries = None
+    if data is not None:
+        # the model's pass scored the calibration-only sets too (ranking_candidates' scored_only): not ranked
+        ranked = validation.candidates.ranked
+        fusion_queries = None if ranked.all() else ranked
+    else:
         parts = [validation_terms(Identifier(bundle, SetSource(dict(sets)), IdentifyOptions(),
                                              cache_root=cache_root), val_spectra, wanted) for sets in collections]
         data = ValidationTerms.concatenate(parts)
+    if calibration_collections and fusion_queries is None:
+        extra = [validation_terms(Identifier(bundle, SetSource(dict(sets)), IdentifyOptions(), cache_root=cache_root),
+                                  val_spectra, wanted) for sets in calibration_collections]
+        fusion_queries = np.r_[np.ones(data.n_queries, dtype=bool),
+                               np.zeros(sum(part.n_queries for part in extra), dtype=bool)]
+        data = ValidationTerms.concatenate([data, *extra])
     scoring, report = {}, {}
     for variant, names in ((WITH_PRIOR, list(data.terms)), (WITHOUT_PRIOR, [n for n in data.terms if n != PRIOR])):
         if variant == WITH_PRIOR and PRIOR not in data.terms:
             continue
         view = ValidationTerms(data.offsets, data.is_true, {n: data.terms[n] for n in names}, data.groups,
                                data.known)
-        fusion, calibrator, variant_report = fit_scoring(view, metric=metric, seed=seed)
+        fusion, calibrator, variant_report = fit_scoring(view, metric=metric, seed=seed,
+                                                         fusion_queries=fusion_queries)
         scoring[variant] = ScoringVariant(fusion, calibrator).to_dict()
         report[variant] = variant_report
         fused, cal = variant_report["fused"], variant_report["calibration"]
