@@ -208,8 +208,10 @@ def child(args: argparse.Namespace) -> None:
     kernels_base = _module("molpredict.kernels.base")
     warnings.simplefilter("ignore", kernels_base.DegenerateObjectWarning)
     data = Path(args.data)
+    calibration = {"calibration_candidates": list(args.calibration_candidates)} \
+        if args.calibration_candidates and "calibration_candidates" in pipeline.TrainOptions.__dataclass_fields__ else {}
     options = pipeline.TrainOptions(ion_modes=["positive"], val_candidates=list(args.val_candidates),
-                                    extra_params=json.loads(args.extra) if args.extra else {})
+                                    extra_params=json.loads(args.extra) if args.extra else {}, **calibration)
     started = (time.process_time(), time.perf_counter())
     CLOCK._mark = started
     bundle, summary = pipeline.train_bundle([data / "train_pos.mgf"], options, val_paths=[data / "val_pos.mgf"],
@@ -261,6 +263,8 @@ def _run_tree(tree: Path, args: argparse.Namespace, label: str) -> dict:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--json-out", str(out), "--data", args.data]
         for v in args.val_candidates:
             cmd += ["--val-candidates", v]
+        for v in args.calibration_candidates:
+            cmd += ["--calibration-candidates", v]
         if args.extra:
             cmd += ["--extra", args.extra]
         env = dict(os.environ, PYTHONPATH=str(tree), MOLPREDICT_HOME=tmp)
@@ -321,6 +325,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", required=True, help="MassBank split directory (train_pos.mgf, val_pos.mgf)")
     parser.add_argument("--val-candidates", action="append", required=True)
+    parser.add_argument("--calibration-candidates", action="append", default=[],
+                        help="calibration-only candidate sets (make demo: val_mass.json; a tree without the option "
+                             "ignores them)")
     parser.add_argument("--reference", default=None, help="tree of the code to compare against (before)")
     parser.add_argument("--tree", default=str(Path(__file__).resolve().parents[1]), help="tree timed as after")
     parser.add_argument("--out", default=None, help="write OUT.json and OUT.md")

@@ -474,11 +474,18 @@ def _fit_prior(options: TrainOptions, spectra: Sequence[Any], molecules: Sequenc
 
 def _validation(model: Any, val_pair: tuple[list, list] | None, unit: str, n_structures: int) -> dict[str, Any]:
     """The fitted model's mean kernel loss on the validation pairs, their counts (``n_<unit>``,
-    ``n_structures``) and the time taken; empty without validation data or a model ``kernel_loss``."""
+    ``n_structures``) and the time taken; empty without validation data or a model ``kernel_loss``.
+
+    A grid search on these pairs recorded the chosen point's loss already (``selection_``; the same quantity,
+    tests/test_okr.py checks they agree): it is taken from there instead of predicting the pairs again."""
     if val_pair is None or not hasattr(model, "kernel_loss"):
         return {}
     t0 = time.perf_counter()
-    loss = float(model.kernel_loss(*val_pair))
+    selection = getattr(model, "selection_", None)
+    selection = selection if isinstance(selection, dict) and selection.get("source") == "val" else {}
+    points, best = selection.get("points") or [], selection.get("best")
+    recorded = points[best].get("val_loss") if isinstance(best, int) and 0 <= best < len(points) else None
+    loss = float(recorded) if recorded is not None and np.isfinite(recorded) else float(model.kernel_loss(*val_pair))
     return {"kernel_loss": loss, f"n_{unit}": len(val_pair[0]), "n_structures": n_structures,
             "time_s": time.perf_counter() - t0}
 
