@@ -208,8 +208,9 @@ def child(args: argparse.Namespace) -> None:
     kernels_base = _module("molpredict.kernels.base")
     warnings.simplefilter("ignore", kernels_base.DegenerateObjectWarning)
     data = Path(args.data)
+    known = pipeline.TrainOptions.__dataclass_fields__
     calibration = {"calibration_candidates": list(args.calibration_candidates)} \
-        if args.calibration_candidates and "calibration_candidates" in pipeline.TrainOptions.__dataclass_fields__ else {}
+        if args.calibration_candidates and "calibration_candidates" in known else {}
     options = pipeline.TrainOptions(ion_modes=["positive"], val_candidates=list(args.val_candidates),
                                     extra_params=json.loads(args.extra) if args.extra else {}, **calibration)
     started = (time.process_time(), time.perf_counter())

@@ -194,14 +194,21 @@ def test_evaluate_reports_the_bound_over_rank1_structures_by_hand():
     assert old["confident_at_fdr"]["n_queries"] == 10 and old["confident_at_fdr"]["z"] == 0.0
 
 
+def _sets_with_truth_first(rng: np.random.Generator, n_sets: int, low: int, high: int):
+    """``n_sets`` candidate sets of ``low``..``high - 1`` entries, the truth first in each: (sizes, offsets,
+    is_true)."""
+    sizes = rng.integers(low, high, n_sets)
+    offsets = np.r_[0, np.cumsum(sizes)]
+    is_true = np.zeros(offsets[-1], dtype=bool)
+    is_true[offsets[:-1]] = True
+    return sizes, offsets, is_true
+
+
 def test_fit_scoring_stores_the_bound_in_the_calibration():
     from molpredict.training.ranking_validation import ValidationTerms, fit_scoring
 
     rng = np.random.default_rng(3)
-    sizes = rng.integers(3, 8, 120)
-    offsets = np.r_[0, np.cumsum(sizes)]
-    is_true = np.zeros(offsets[-1], dtype=bool)
-    is_true[offsets[:-1]] = True
+    sizes, offsets, is_true = _sets_with_truth_first(rng, 120, 3, 8)
     spectrum = rng.normal(size=offsets[-1]) + 1.5 * is_true
     data = ValidationTerms(offsets, is_true, {"spectrum": spectrum}, [f"s{i // 3}" for i in range(120)])
     _, calibrator, report = fit_scoring(data)
@@ -216,10 +223,7 @@ def test_fit_scoring_fits_the_fusion_on_its_queries_and_the_calibration_on_all()
     from molpredict.training.ranking_validation import ValidationTerms, fit_scoring
 
     rng = np.random.default_rng(5)
-    sizes = rng.integers(3, 9, 200)
-    offsets = np.r_[0, np.cumsum(sizes)]
-    is_true = np.zeros(offsets[-1], dtype=bool)
-    is_true[offsets[:-1]] = True
+    sizes, offsets, is_true = _sets_with_truth_first(rng, 200, 3, 9)
     # the first 100 queries: the prior helps; the last 100 (calibration only): it misleads
     second = np.repeat(np.arange(200) >= 100, sizes)
     terms = {"spectrum": rng.normal(size=offsets[-1]) + 1.0 * is_true,

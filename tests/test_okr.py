@@ -509,6 +509,16 @@ def test_cuda_matches_cpu(data):
     assert rel_err(gpu.score(list(Xte), list(C)), cpu.score(list(Xte), list(C))) < 1e-8
 
 
+def _validation_with_decoys(A: np.ndarray, n_val: int, n_decoys: int, seed: int):
+    """Validation inputs of make_data's generator (``A``) and a candidate pool: each validation structure followed
+    by ``n_decoys`` perturbed copies of it. Returns (Uv (n_val, 3), Xv (n_val, 5), pool (n_val * (n_decoys + 1), 3))."""
+    rng = np.random.default_rng(seed)
+    Uv = rng.normal(size=(n_val, 3))
+    Xv = np.tanh(Uv @ A) + 0.5 * rng.normal(size=(n_val, 5))
+    pool = np.concatenate([np.vstack([u, u + 0.6 * rng.normal(size=(n_decoys, 3))]) for u in Uv])
+    return Uv, Xv, pool
+
+
 @pytest.mark.parametrize("model_cls,sketches", [
     (SISOKR, {"input_sketch": "subsample:m=150", "output_sketch": "p-sparsified-rademacher:m=40"}),
     (IOKR, {}),
@@ -520,11 +530,8 @@ def test_ranking_selection_equals_decoding_each_grid_point(model_cls, sketches):
     from molpredict.models.base import CandidateSets, ValidationData
 
     X, Y, U, A = make_data(n=300, n_structures=80, seed=6, noise=0.5)
-    rng = np.random.default_rng(7)
-    Uv = rng.normal(size=(40, 3))
-    Xv = np.tanh(Uv @ A) + 0.5 * rng.normal(size=(40, 5))
     # candidates: each validation structure and 9 perturbed decoys of it (shared pool, truth = index 10 i)
-    pool = np.concatenate([np.vstack([u, u + 0.6 * rng.normal(size=(9, 3))]) for u in Uv])
+    Uv, Xv, pool = _validation_with_decoys(A, 40, 9, seed=7)
     sets = [np.arange(10 * i, 10 * i + 10) for i in range(40)]
     truth = [np.arange(10) == 0 for _ in range(40)]
     positions = np.arange(0, 40, 2)  # only every other validation input ranks (the others have no set)
@@ -555,10 +562,7 @@ def test_scored_only_sets_are_scored_but_do_not_choose_the_grid_point():
     from molpredict.models.base import CandidateSets, ValidationData
 
     X, Y, U, A = make_data(n=300, n_structures=80, seed=6, noise=0.5)
-    rng = np.random.default_rng(9)
-    Uv = rng.normal(size=(20, 3))
-    Xv = np.tanh(Uv @ A) + 0.5 * rng.normal(size=(20, 5))
-    pool = np.concatenate([np.vstack([u, u + 0.6 * rng.normal(size=(7, 3))]) for u in Uv])
+    Uv, Xv, pool = _validation_with_decoys(A, 20, 7, seed=9)
     ranked_sets = [np.arange(8 * p, 8 * p + 8) for p in range(20)]
     # scored-only sets: the truth among the decoys of another structure (an easy set), for the first 10 inputs
     extra_sets = [np.r_[8 * p, np.arange(8 * ((p + 1) % 20) + 1, 8 * ((p + 1) % 20) + 8)] for p in range(10)]
@@ -602,10 +606,7 @@ def test_validation_scores_are_the_chosen_points_decoding():
     from molpredict.training.ranking_validation import shared_validation_terms
 
     X, Y, U, A = make_data(n=300, n_structures=80, seed=6, noise=0.5)
-    rng = np.random.default_rng(8)
-    Uv = rng.normal(size=(30, 3))
-    Xv = np.tanh(Uv @ A) + 0.5 * rng.normal(size=(30, 5))
-    pool = np.concatenate([np.vstack([u, u + 0.6 * rng.normal(size=(7, 3))]) for u in Uv])
+    Uv, Xv, pool = _validation_with_decoys(A, 30, 7, seed=8)
     positions = np.arange(0, 30, 3)
     sets = [np.arange(8 * p, 8 * p + 8) for p in positions]
     truth = [np.arange(8) == 0 for _ in positions]

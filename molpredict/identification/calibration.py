@@ -39,8 +39,8 @@ while the estimated false discovery rate of the reported ones stays within a bou
 The FDR estimate. The plain estimate of a list, mean(1 - p), is what calibrated probabilities promise on average;
 a list dominated by a few structures' many spectra scatters far around it (on the validation formula256 sets, the
 five structures with most confident wrong calls held 58-100% of them, and the structure-bootstrap 90% quantile of
-the observed FDR at an estimated 10% was 20-24%). :func:`fdr_estimates` adds ``z`` standard deviations of the number of wrong calls
-when the queries sharing a rank-1 structure are right or wrong together; ``z`` (:data:`FDR_Z`) was chosen on
+the observed FDR at an estimated 10% was 20-24%). :func:`fdr_estimates` adds ``z`` standard deviations of the
+number of wrong calls when the queries sharing a rank-1 structure are right or wrong together; ``z`` (:data:`FDR_Z`) was chosen on
 validation with :func:`bootstrap_observed_fdr` and is kept in the calibration's JSON (:attr:`Calibrator.fdr`;
 states without it keep the plain estimate).
 """

@@ -86,7 +86,8 @@ torch = lazy_module("torch")  # fitting and GPU paths only: not imported to pred
 __all__ = ["IOKR", "SIOKR", "ISOKR", "SISOKR"]
 
 STATE_FORMAT = "molpredict.okr"
-#: 2: landmarks written by molpredict.engine.nystrom.objects_to_state (arrays ``prefix.*``); 1 (``prefix_*``) still reads
+#: 2: landmarks written by molpredict.engine.nystrom.objects_to_state (arrays ``prefix.*``); 1 (``prefix_*``)
+#: still reads
 STATE_VERSION = 2
 READABLE_VERSIONS = (1, 2)
 #: metadata key (and array prefix) of the fitted kernels' state; optional, so version-2 readers without it still load

@@ -71,8 +71,8 @@ class TrainOptions:
     cleaning : dict or None
         ``CleaningPipeline`` settings (None: its defaults).
     select_by : {"mrr", "hit@K", "kernel-loss"} or None
-        None: the model's default (``mrr`` for the IOKR family). How grid points and the score fusion are chosen on validation data: a ranking metric of the true
-        structures in validation candidate sets (needs ``val_candidates`` or ``library``; otherwise the kernel
+        None: the model's default (``mrr`` for the IOKR family). How grid points and the score fusion are
+        chosen on validation data: a ranking metric of the true structures in validation candidate sets (needs ``val_candidates`` or ``library``; otherwise the kernel
         loss is used), or the kernel loss.
     val_candidates : path, sequence of paths, or None
         MassSpecGym-style candidate sets for the validation structures (e.g. ``val_formula256.json``). With

@@ -26,9 +26,8 @@ from molpredict.errors import InputError
 from molpredict.identification.evidence import Evidence
 from molpredict.identification.fusion import FUSION_KINDS, PRIOR, SPECTRUM, ScoreFusion, fit_fusion_kind, true_ranks
 
-__all__ = ["candidate_sets_from_library", "ranking_candidates", "fit_submodel_scoring", "ValidationTerms", "validation_terms",
-           "shared_validation_terms",
-           "fit_scoring"]
+__all__ = ["candidate_sets_from_library", "ranking_candidates", "fit_submodel_scoring", "ValidationTerms",
+           "validation_terms", "shared_validation_terms", "fit_scoring"]
 
 
 def candidate_sets_from_library(library: Any, molecules: Iterable[Any], max_candidates: int = 256,
@@ -127,8 +126,8 @@ def validation_terms(identifier: Any, spectra: Sequence[Any], wanted: Sequence[s
     wanted : sequence of str
         Terms besides ``spectrum`` (the model's own score, always computed): ``prior``, ``fragments``.
     block : int
-        Queries per :meth:`~molpredict.identification.evidence.Evidence.terms` call (the prior is scored once per block's union
-        of candidates).
+        Queries per :meth:`~molpredict.identification.evidence.Evidence.terms` call (the prior is scored once per
+        block's union of candidates).
 
     Returns
     -------
@@ -413,7 +412,8 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
     """Fit ``sub``'s fusion and calibration, with and without its prior, on validation candidate sets (every
     validation spectrum ranks once per collection of sets).
 
-    Sets ``sub.scoring`` (see :mod:`molpredict.identification.evidence`) and returns the JSON-ready report (per variant).
+    Sets ``sub.scoring`` (see :mod:`molpredict.identification.evidence`) and returns the JSON-ready report (per
+    variant).
     ``max_structures`` bounds the cost (the fragment score fragments every candidate): the spectra of a seeded
     sample of that many validation structures are used (all when None). ``cache_root``: where candidate
     coordinates are cached (False: nowhere, the default at training time).
