@@ -58,8 +58,10 @@ def train(data: Path, mode: str, config: dict[str, Any], out: Path, log) -> tupl
     from molpredict.training.pipeline import TrainOptions, train_bundle
 
     short = MODES[mode]
+    # as `make demo` trains: the fusion chosen on formula256 + formula sets, the calibration also on mass sets
     options = TrainOptions(ion_modes=[mode], val_candidates=[str(data / "candidates" / f"val_{name}.json")
-                                                             for name in ("formula256", "formula")], **config)
+                                                             for name in ("formula256", "formula")],
+                           calibration_candidates=[str(data / "candidates" / "val_mass.json")], **config)
     t0 = time.perf_counter()
     bundle, summary = train_bundle([data / "massbank" / f"train_{short}.mgf"], options,
                                    val_paths=[data / "massbank" / f"val_{short}.mgf"], progress=False, log=log)
@@ -112,9 +114,13 @@ def markdown(results: dict[str, Any]) -> str:
             cal = result.get("calibration")
             if cal:
                 fdr = cal["confident_at_fdr"]
+                plain = cal.get("confident_at_fdr_plain")
                 lines += ["", f"Calibration: ECE {cal['ece']:.3f} (10 bins); mean probability "
                               f"{cal['mean_probability']:.3f} vs hit@1 {cal['accuracy']:.3f}; {fdr['n_queries']} "
-                              f"queries confident at estimated FDR <= 10% (observed FDR {fdr['observed_fdr']})."]
+                              f"queries confident at estimated FDR <= 10% (observed FDR {fdr['observed_fdr']}, "
+                              f"z {fdr.get('z', 0.0)})"
+                              + (f"; plain estimate mean(1 - p): {plain['n_queries']} queries, observed FDR "
+                                 f"{plain['observed_fdr']}" if plain else "") + "."]
             lines.append("")
     return "\n".join(lines)
 
