@@ -77,6 +77,30 @@ def test_eigh_truncated_drops_small_and_orders():
     assert eigh_truncated(np.zeros((3, 3)))[0].shape == (0,)
 
 
+def test_symmetric_eigh_reads_the_lower_triangle_and_matches_numpy(monkeypatch):
+    """The CPU path (SciPy's syevd, on one BLAS thread or all of them) against NumPy's eigh; only the lower
+    triangle is read; a float32 matrix stays float32."""
+    import torch
+
+    import molpredict.engine.linalg as linalg
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(40, 60))
+    m = x @ x.T
+    expected_s, expected_v = np.linalg.eigh(m)
+    upper_garbage = np.tril(m) + np.triu(np.full_like(m, 7.0), 1)
+    for free in (True, False):
+        monkeypatch.setattr(linalg, "_cores_free", lambda: free)
+        s, v = linalg.symmetric_eigh(torch.from_numpy(upper_garbage))
+        assert s.dtype == v.dtype == torch.float64
+        np.testing.assert_allclose(s.numpy(), expected_s, rtol=1e-10, atol=1e-9)
+        # eigenvectors up to sign: the reconstruction and the projector on the top 5
+        np.testing.assert_allclose((v * s) @ v.T, m, atol=1e-8)
+        np.testing.assert_allclose(v[:, -5:] @ v[:, -5:].T, expected_v[:, -5:] @ expected_v[:, -5:].T, atol=1e-8)
+    s32, _ = linalg.symmetric_eigh(torch.from_numpy(m.astype(np.float32)))
+    assert s32.dtype == torch.float32
+
+
 def test_full_subsample_reproduces_the_kernel():
     train = _vectors(25, 40, 1)  # 25 linearly independent vectors: K has full rank
     basis = SketchedOutputBasis(LinearVectorKernel(), "subsample:m=25", seed=0).fit(train)
