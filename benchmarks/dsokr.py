@@ -18,7 +18,12 @@ row can be read beside chance.
   spectra); ``sisokr`` with ``molpredict train``'s defaults (kernels, sketch sizes, lam grid; ``--skip-sisokr``);
   the ``prior`` baseline (a candidate's Tanimoto similarity to its 5 most similar training structures: it never
   looks at the spectrum). Spectra are cleaned by the default pipeline, as ``molpredict train`` and ``identify``
-  clean them.
+  clean them. SISOKR selects lam by the MRR in the same validation sets (as ``molpredict train
+  --val-candidates`` does). ``--input-kernel mkl --output-kernel tanimoto`` gives the DSOKR rows SISOKR's
+  kernels (the linear layer on the Nystrom features of the MKL kernel; no binned-MLP row then). ``--split val``
+  takes no test figure: a third of the val_pos structures (at most ``--val`` spectra) stops DSOKR and selects
+  SISOKR's lam, the other two thirds are scored in their ``val_formula256.json`` sets (the split of
+  ``benchmarks/formula_transformer.py``).
 - ``chebi``: text -> molecule (ChEBI-20). Train on ``chebi20/val.tsv`` (the official training split is not
   available offline; 10% of its structures held out for early stopping and lam), test on ``test.tsv`` against
   all of ``molecules.tsv`` (hit = same canonical SMILES, stereo included, so the output kernels are chiral).
@@ -163,8 +168,10 @@ def random_row(truths: list, candidates: Any, hit: str = "inchikey14") -> dict[s
 def fit_and_evaluate(row: Row, data: tuple, evaluate: Callable[[Any, str], dict], clock: Clock) -> dict[str, Any]:
     """Fit ``row``'s model on ``data`` = (inputs, molecules, val) and evaluate it; the report entry."""
     from molpredict.registry import get_registry
-    x, y, val = data
+    x, y, val = data[:3]
     model = get_registry().get("model", row.model)(**row.params)
+    if len(data) > 3 and data[3] is not None and "select_by" in model.param_names():
+        val = data[3]  # a model that selects its grid point by ranking gets the candidate sets as train passes them
     with clock(f"{row.name}/fit"):
         model.fit(x, y, val=val)
     with clock(f"{row.name}/eval"):
@@ -172,10 +179,14 @@ def fit_and_evaluate(row: Row, data: tuple, evaluate: Callable[[Any, str], dict]
     fit, ev = clock.stages[f"{row.name}/fit"], clock.stages[f"{row.name}/eval"]
     entry: dict[str, Any] = {"model": row.model, "params": row.params, "test": test,
                              "fit_s": fit["wall_s"], "eval_s": ev["wall_s"],
-                             "fit_cpu_s": fit["cpu_s"], "eval_cpu_s": ev["cpu_s"]}
+                             "fit_cpu_s": fit["cpu_s"], "eval_cpu_s": ev["cpu_s"], "load_avg": os.getloadavg()}
     if hasattr(model, "lam_"):
         entry["lam"] = model.lam_
         entry["val_loss"] = {str(p["lam"]): p["val_loss"] for p in model.selection_["points"]}
+        metric = model.selection_.get("select_by", "kernel-loss")
+        entry["select_by"] = metric
+        if metric != "kernel-loss":
+            entry[f"val_{metric}"] = {str(p["lam"]): p.get(f"val_{metric}") for p in model.selection_["points"]}
     if hasattr(model, "history_") and isinstance(model.history_, list) and model.history_ \
             and isinstance(model.history_[0], dict):
         entry["best_epoch"] = [h.get("best_epoch") for h in model.history_]
@@ -239,18 +250,33 @@ def labelled_spectra(path: Path, limit: int | None, cache: dict) -> tuple[list, 
     return spectra, labels
 
 
+def massbank_encoder(args: argparse.Namespace) -> str:
+    """The DSOKR rows' encoder: ``--encoder`` as given, else :data:`MASSBANK_ENCODER` (m_x landmarks) on
+    ``--input-kernel`` when given (e.g. ``mkl``, SISOKR's default input kernel), else on ``ppk-losses``."""
+    if args.encoder:
+        return args.encoder
+    encoder = MASSBANK_ENCODER.format(m_x=args.m_x)
+    if args.input_kernel:
+        if "," in args.input_kernel or ";" in args.input_kernel:
+            # a nested spec reads every ';' as ',', which would end the kernel's parameters in the encoder's
+            raise SystemExit(f"--input-kernel {args.input_kernel!r}: a kernel nested in the encoder spec cannot "
+                             "carry ',' or ';' (give its defaults by name, e.g. mkl)")
+        encoder = encoder.replace("kernel-mlp:", f"kernel-mlp:input_kernel={args.input_kernel};", 1)
+    return encoder
+
+
 def massbank_rows(args: argparse.Namespace) -> list[Row]:
     """DSOKR single and ensembles (and a single binned-spectrum MLP), SISOKR with ``molpredict train``'s
-    defaults, and the prior baseline."""
+    defaults, and the prior baseline. The DSOKR rows' output kernel is ``--output-kernel``, else SISOKR's."""
     from molpredict.training.pipeline import DEFAULT_MODEL, model_defaults
     DEFAULTS = model_defaults(DEFAULT_MODEL)
-    output = DEFAULTS["output_kernel"]
+    output = args.output_kernel or DEFAULTS["output_kernel"]
     members = [int(m) for m in str(args.members).split(",") if m.strip()]
-    encoder = args.encoder or MASSBANK_ENCODER.format(m_x=args.m_x)
+    encoder = massbank_encoder(args)
     dsokr = [Row("dsokr" if t == 1 else f"dsokr-ensemble{t}", "dsokr",
                  dsokr_params(args, encoder, output, members=t)) for t in members]
     rows = [r for r in dsokr if r.params["n_members"] == 1]
-    if not args.encoder:
+    if not args.encoder and not args.input_kernel:
         rows.append(Row("dsokr-binned-mlp", "dsokr", dict(dsokr_params(args, "mlp", output), lr=1e-3)))
     if not args.skip_sisokr:
         # the model a user gets from `molpredict train` (kernels, sketch sizes, lam grid selected on val)
@@ -262,29 +288,54 @@ def massbank_rows(args: argparse.Namespace) -> list[Row]:
     return rows + [r for r in dsokr if r.params["n_members"] > 1]  # the costliest last
 
 
+def validation_split(molecules: list, sets: dict, n_stop: int, seed: int) -> tuple[list[int], list[int]]:
+    """``--split val``: the positions of the validation spectra whose structure has a candidate set, split by
+    structure (seeded, as ``benchmarks/formula_transformer.py`` splits): a third of the structures for early
+    stopping and grid selection (*stop*, at most ``n_stop`` spectra of them, drawn with ``seed``), the other two
+    thirds scored (*eval*)."""
+    keys = sorted({m.inchikey14 for m in molecules if m.inchikey14 in sets})
+    stop_keys = set(np.random.default_rng(seed + 1).choice(keys, len(keys) // 3, replace=False).tolist())
+    stop = [i for i, m in enumerate(molecules) if m.inchikey14 in stop_keys]
+    stop = sorted(np.random.default_rng(seed + 2).choice(stop, min(n_stop, len(stop)), replace=False).tolist())
+    evl = [i for i, m in enumerate(molecules) if m.inchikey14 in sets and m.inchikey14 not in stop_keys]
+    return stop, evl
+
+
 def run_massbank(args: argparse.Namespace, clock: Clock) -> dict[str, Any]:
     from molpredict.chem.candidates import candidate_set_molecules, load_candidate_sets
+    from molpredict.models.base import ValidationData
+    from molpredict.training.ranking_validation import ranking_candidates
     cache: dict = {}
     with clock("read"):
         train, y = labelled_spectra(args.data / "massbank" / "train_pos.mgf", args.limit, cache)
         val, yv = labelled_spectra(args.data / "massbank" / "val_pos.mgf", None, cache)
-        test, yt = labelled_spectra(args.data / "massbank" / "test_pos.mgf", args.test_limit, cache)
-        sets = load_candidate_sets(args.data / "candidates" / "test_formula256.json")
         val_sets = load_candidate_sets(args.data / "candidates" / "val_formula256.json")
-    rng = np.random.default_rng(args.seed)
-    val = [(s, m) for s, m in zip(val, yv) if m.inchikey14 in val_sets]  # early stopping ranks their sets
-    keep = np.sort(rng.choice(len(val), size=min(args.val, len(val)), replace=False))
-    val, yv = [val[i][0] for i in keep], [val[i][1] for i in keep]
+        if args.split == "test":
+            test, yt = labelled_spectra(args.data / "massbank" / "test_pos.mgf", args.test_limit, cache)
+            sets = load_candidate_sets(args.data / "candidates" / "test_formula256.json")
+    if args.split == "val":  # stop on a third of the validation structures, score the other two thirds
+        stop, evl = validation_split(yv, val_sets, args.val, args.seed)
+        test, yt, sets = [val[i] for i in evl][: args.test_limit], [yv[i] for i in evl][: args.test_limit], val_sets
+        val, yv = [val[i] for i in stop], [yv[i] for i in stop]
+    else:
+        rng = np.random.default_rng(args.seed)
+        val = [(s, m) for s, m in zip(val, yv) if m.inchikey14 in val_sets]  # early stopping ranks their sets
+        keep = np.sort(rng.choice(len(val), size=min(args.val, len(val)), replace=False))
+        val, yv = [val[i][0] for i in keep], [val[i][1] for i in keep]
     val_candidates = [candidate_set_molecules(val_sets[m.inchikey14]) for m in yv]
+    # SISOKR selects lam by the MRR in the same sets, as `molpredict train --val-candidates` does
+    ranking_val = ValidationData(val, yv, ranking_candidates(yv, [val_sets]))
     queries = [i for i, m in enumerate(yt) if m.inchikey14 in sets]
     test, yt = [test[i] for i in queries], [yt[i] for i in queries]
     candidates = [candidate_set_molecules(sets[m.inchikey14]) for m in yt]
-    report: dict[str, Any] = {"n_train": len(train), "n_train_structures": len({m.inchikey14 for m in y}),
-                              "n_val": len(val), "n_test": len(test),
-                              "n_test_structures": len({m.inchikey14 for m in yt}),
-                              "candidates": "test_formula256.json", "models": {}}
+    report: dict[str, Any] = {"split": args.split, "n_train": len(train),
+                              "n_train_structures": len({m.inchikey14 for m in y}),
+                              "n_val": len(val), "n_val_structures": len({m.inchikey14 for m in yv}),
+                              "n_test": len(test), "n_test_structures": len({m.inchikey14 for m in yt}),
+                              "candidates": ("val_formula256.json (eval part)" if args.split == "val"
+                                             else "test_formula256.json"), "models": {}}
     report["models"]["random"] = random_row(yt, candidates)
-    run_rows(massbank_rows(args), (train, y, (val, yv, val_candidates)),
+    run_rows(massbank_rows(args), (train, y, (val, yv, val_candidates), ranking_val),
              lambda model, name: metrics_of(model, test, yt, candidates),
              clock, report, args)
     return report
@@ -552,6 +603,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="comma-separated model names or row-name prefixes to run (default: all rows), "
                              "e.g. sisokr/text-ngram,embedding-regression")
     parser.add_argument("--encoder", default=None, help="DSOKR encoder spec (default per task)")
+    parser.add_argument("--input-kernel", default=None,
+                        help="massbank: the DSOKR encoder's input kernel (kernel-mlp on its Nystrom features; "
+                             "default ppk-losses; mkl is SISOKR's default, ppk-losses+formula-annotation uniform)")
+    parser.add_argument("--output-kernel", default=None,
+                        help="massbank: the DSOKR rows' output kernel (default: SISOKR's, molpredict train's)")
+    parser.add_argument("--split", choices=["test", "val"], default="test",
+                        help="massbank: test (stop on --val val_pos spectra, score test_pos in test_formula256) "
+                             "or val (stop and select on a third of the val_pos structures, at most --val "
+                             "spectra, score the other two thirds in val_formula256)")
     parser.add_argument("--m-y", type=int, default=None,
                         help="output sketch size (1000; chebi, massbank 2000; --quick 100)")
     parser.add_argument("--m-x", type=int, default=None,

@@ -71,6 +71,14 @@ def test_sizes_quick_task_defaults_and_rows(bench):
     given = bench.massbank_rows(bench.parse_args(["massbank", "--data", "data-dir", "--members", "1",
                                                   "--encoder", "mlp:layers=1"]))
     assert [r.name for r in given] == ["dsokr", "sisokr", "prior"]  # no second DSOKR row beside a given encoder
+    same = bench.massbank_rows(bench.parse_args(["massbank", "--data", "data-dir", "--members", "1,3",
+                                                 "--input-kernel", "mkl", "--output-kernel", "tanimoto"]))
+    assert [r.name for r in same] == ["dsokr", "sisokr", "prior", "dsokr-ensemble3"]  # no binned MLP beside it
+    assert same[0].params["encoder"] == "kernel-mlp:input_kernel=mkl;layers=0;whiten=true;n_landmarks=4000"
+    assert same[0].params["output_kernel"] == same[-1].params["output_kernel"] == "tanimoto"
+    with pytest.raises(SystemExit, match="cannot carry"):
+        bench.massbank_rows(bench.parse_args(["massbank", "--data", "data-dir", "--input-kernel",
+                                              "mkl:kernels=ppk-losses,weights=uniform"]))
     kernels = bench.parse_args(["qm9", "--data", "data-dir", "--output-kernels", "nspd,core-wl"])
     assert [r.name for r in bench.qm9_rows(kernels)] == ["dsokr/transformer/nspd", "sisokr/smiles-ngram/nspd",
                                                         "dsokr/transformer/core-wl", "sisokr/smiles-ngram/core-wl"]
@@ -91,3 +99,26 @@ def test_qm9_quick_run(bench, tmp_path):
         assert entry["fit_s"] >= 0.0 and entry["eval_s"] >= 0.0
         if name != "random":
             assert test["n_ged"] == 4 and np.isfinite(test["ged_mean"]) and test["ged_bonds_mean"] >= 0
+
+
+def test_mkl_by_name_is_the_sisokr_default_input_kernel():
+    """``--input-kernel mkl`` claims SISOKR's kernel: the registry defaults of ``mkl`` are its parameters."""
+    from molpredict.models.okr import DEFAULT_INPUT_KERNEL
+    from molpredict.registry import create
+    from molpredict.specs import parse_spec
+    default = parse_spec(DEFAULT_INPUT_KERNEL)
+    by_name = create("input_kernel", "mkl")
+    assert default.name == "mkl" and default.params
+    assert all(getattr(by_name, key) == value for key, value in default.params.items())
+
+
+def test_validation_split_is_by_structure(bench):
+    mols = [Molecule.from_smiles(s) for s in ("CCO", "CCN", "CCC", "CCCl", "CCBr", "CCI")]
+    molecules = [mols[i % 6] for i in range(60)] + [Molecule.from_smiles("CCCC")]  # the last has no set
+    sets = {m.inchikey14: [] for m in mols}
+    stop, evl = bench.validation_split(molecules, sets, n_stop=100, seed=0)
+    stop_keys, eval_keys = {molecules[i].inchikey14 for i in stop}, {molecules[i].inchikey14 for i in evl}
+    assert len(stop_keys) == 2 and len(eval_keys) == 4 and not stop_keys & eval_keys  # a third of 6 structures
+    assert sorted(stop + evl) == list(range(60))  # every spectrum with a set, once; the one without none
+    capped, evl2 = bench.validation_split(molecules, sets, n_stop=7, seed=0)
+    assert len(capped) == 7 and set(capped) <= set(stop) and evl2 == evl
