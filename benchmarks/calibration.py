@@ -186,27 +186,20 @@ def main(argv: list[str] | None = None) -> int:
         fits_path.write_text(json.dumps(fits, indent=2, default=str))
     results["fits"] = json.loads(fits_path.read_text())
     save()
-    for mode in args.modes.split(","):
-        for name in args.files.split(","):
-            key = f"{mode}/{name}"
-            if key in results.setdefault("files", {}):
-                continue
-            log(f"evaluating {key} on {args.split}")
-            results["files"][key] = evaluate_file(args.data, mode, recalibrated, args.split, name, cache,
-                                                  args.n_boot)
-            save()
-            log("  " + row(mode, name, results["files"][key]))
+    passes = [("files", recalibrated, "")]
     if args.baseline:
+        passes.append(("baseline_files", args.bundle, " with the bundle's own calibration"))
+    for results_key, bundle_path, how in passes:
         for mode in args.modes.split(","):
             for name in args.files.split(","):
                 key = f"{mode}/{name}"
-                if key in results.setdefault("baseline_files", {}):
+                if key in results.setdefault(results_key, {}):
                     continue
-                log(f"evaluating {key} on {args.split} with the bundle's own calibration")
-                results["baseline_files"][key] = evaluate_file(args.data, mode, args.bundle, args.split, name,
-                                                               cache, args.n_boot)
+                log(f"evaluating {key} on {args.split}{how}")
+                results[results_key][key] = evaluate_file(args.data, mode, bundle_path, args.split, name, cache,
+                                                          args.n_boot)
                 save()
-                log("  " + row(mode, name, results["baseline_files"][key]))
+                log("  " + row(mode, name, results[results_key][key]))
     save()
     return 0
 
