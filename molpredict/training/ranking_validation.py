@@ -435,22 +435,23 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
         + [FRAGMENT_MODEL] * (getattr(sub, "fragment_model", None) is not None)
     if max_structures is not None:
         val_spectra = structure_sample(val_spectra, max_structures, seed)
+    def scored(collections_: Sequence[Mapping[str, Sequence[tuple[str, str]]]]) -> list[ValidationTerms]:
+        return [validation_terms(Identifier(bundle, SetSource(dict(sets)), IdentifyOptions(), cache_root=cache_root),
+                                 val_spectra, wanted) for sets in collections_]
+
     data = shared_validation_terms(sub, validation, wanted) if max_structures is None else None
     fusion_queries = None
-    if data is not None:
+    if data is not None and not validation.candidates.ranked.all():
         # the model's pass scored the calibration-only sets too (ranking_candidates' scored_only): not ranked
-        ranked = validation.candidates.ranked
-        fusion_queries = None if ranked.all() else ranked
+        fusion_queries = validation.candidates.ranked
     else:
-        parts = [validation_terms(Identifier(bundle, SetSource(dict(sets)), IdentifyOptions(),
-                                             cache_root=cache_root), val_spectra, wanted) for sets in collections]
-        data = ValidationTerms.concatenate(parts)
-    if calibration_collections and fusion_queries is None:
-        extra = [validation_terms(Identifier(bundle, SetSource(dict(sets)), IdentifyOptions(), cache_root=cache_root),
-                                  val_spectra, wanted) for sets in calibration_collections]
-        fusion_queries = np.r_[np.ones(data.n_queries, dtype=bool),
-                               np.zeros(sum(part.n_queries for part in extra), dtype=bool)]
-        data = ValidationTerms.concatenate([data, *extra])
+        if data is None:
+            data = ValidationTerms.concatenate(scored(collections))
+        if calibration_collections:
+            extra = scored(calibration_collections)
+            fusion_queries = np.r_[np.ones(data.n_queries, dtype=bool),
+                                   np.zeros(sum(part.n_queries for part in extra), dtype=bool)]
+            data = ValidationTerms.concatenate([data, *extra])
     scoring, report = {}, {}
     for variant, names in ((WITH_PRIOR, list(data.terms)), (WITHOUT_PRIOR, [n for n in data.terms if n != PRIOR])):
         if variant == WITH_PRIOR and PRIOR not in data.terms:
