@@ -228,13 +228,15 @@ class Molecule:
             uint8 0/1 bits, or float32 counts. Read-only (it is the cached array).
         """
         key = _fp_key(kind, radius, size, counts, chiral)
+        fp = self._fps.get(key) if self._fps else None
+        return fp if fp is not None else self._keep_fingerprint(key, _fingerprint_of_mol(self.rdkit_mol, *key))
+
+    def _keep_fingerprint(self, key: tuple, fp: np.ndarray) -> np.ndarray:
+        """Cache ``fp`` (owned by this record from now on, made read-only) as the fingerprint for ``key``."""
+        fp.flags.writeable = False
         if self._fps is None:
             self._fps = {}
-        fp = self._fps.get(key)
-        if fp is None:
-            fp = _fingerprint_of_mol(self.rdkit_mol, *key)
-            fp.flags.writeable = False
-            self._fps[key] = fp
+        self._fps[key] = fp
         return fp
 
     def graph(self, bond_labels: bool = True) -> tuple[dict[int, dict[int, float]], dict[int, str],
@@ -415,11 +417,7 @@ def _remember(molecule: Any, key: tuple, row: np.ndarray) -> None:
     """Keep ``row`` as ``molecule``'s fingerprint for ``key`` when a :func:`remembered_fingerprints` block
     names it."""
     if isinstance(molecule, Molecule) and any(id(molecule) in ids for ids in _REMEMBERED):
-        fp = np.array(row)  # a copy: the caller owns the matrix
-        fp.flags.writeable = False
-        if molecule._fps is None:
-            molecule._fps = {}
-        molecule._fps[key] = fp
+        molecule._keep_fingerprint(key, np.array(row))  # a copy: the caller owns the matrix
 
 
 def fingerprint_matrix(molecules: Iterable[Molecule | str], kind: str = "morgan", radius: int = 2,
