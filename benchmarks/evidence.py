@@ -47,6 +47,7 @@ CONFIGS = {
     "default": {},
     "evidence": {**EVIDENCE_KERNELS, "fragments": False},
     "evidence+fragments": {**EVIDENCE_KERNELS, "fragments": True},
+    "fragments": {"fragments": True},
     "baseline": {"input_kernel": "ppk-losses", "select_by": "kernel-loss", "prior": "none", "fragments": False},
 }
 VIEWS = (("fused", None), ("spectrum evidence (--prior off)", "without_prior"),

@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-from molpredict.chem.fragment_model import (FEATURE_BINS, FEATURE_NAMES, FragmentModel, binned_features,
-                                            fragment_features, ion_features, peak_log_likelihood,
-                                            spectra_by_structure)
+from molpredict.chem.fragment_model import (FEATURE_BINS, FEATURE_NAMES, FragmentModel, _structure_table,
+                                            binned_features, fragment_features, ion_features,
+                                            peak_log_likelihood, spectra_by_structure)
 from molpredict.chem.fragments import HYDROGEN_MASS, fragment_structure, ion_carriers
 from molpredict.chem.molecules import Molecule
 from molpredict.errors import InputError, ModelFileError, SpecError
@@ -358,8 +358,9 @@ def test_identification_fuses_the_fragment_model_through_a_learnt_ranker(tmp_pat
 
 
 def test_validation_fits_the_fusion_with_the_fragment_model_term():
-    # fit_submodel_scoring with a fragment model: its term is computed for every validation query and fused (its
-    # own weight in both variants, or a ranker over it), and the report says which fusion kind was kept.
+    # fit_submodel_scoring with a fragment model: its term is left to a second pass over the first pass's top
+    # candidates (the first pass weighs spectrum and prior only), the report compares the first pass alone with
+    # each second-pass size out of fold, and a chosen second pass is stored with the fragment model's term.
     from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra
     from molpredict.chem.molecules import Molecule
     from molpredict.modelfile import SubModel
@@ -381,13 +382,18 @@ def test_validation_fits_the_fusion_with_the_fragment_model_term():
         same = [Molecule.from_smiles(s) for s in SMILES + DECOYS]
         sets[m.inchikey14] = [(c.inchikey14, c.smiles) for c in same if c.formula == m.formula]
     report = fit_submodel_scoring(sub, val, [sets], metric="mrr", seed=0)
-    assert set(sub.scoring["with_prior"]["fusion"]["weights"]) == {"spectrum", "prior", "fragment_model"}
-    assert set(sub.scoring["without_prior"]["fusion"]["weights"]) == {"spectrum", "fragment_model"}
+    assert set(sub.scoring["with_prior"]["fusion"]["weights"]) == {"spectrum", "prior"}
+    assert set(sub.scoring["without_prior"]["fusion"]["weights"]) == {"spectrum"}
     for variant in ("with_prior", "without_prior"):
         kind = report[variant]["fusion_kind"]
         assert kind in ("weights", "ranker")
         assert ("ranker" in sub.scoring[variant]["fusion"]) == (kind == "ranker")
-        assert "fragment_model_alone" in report[variant]
+        choice = report[variant]["rerank_choice"]
+        assert set(choice["first_pass"]) == {"mrr", "hit@1", "hit@5", "hit@10"}
+        rerank = sub.scoring[variant]["fusion"].get("rerank")
+        assert (rerank is not None) == (choice["chosen"] is not None)
+        if rerank is not None:
+            assert rerank["ranker"]["terms"] == ["first_pass", "fragment_model"]
 
 
 def test_train_with_fragments_keeps_a_fragment_model_only_when_fused(tmp_path):
@@ -416,11 +422,27 @@ def test_train_with_fragments_keeps_a_fragment_model_only_when_fused(tmp_path):
     sub = bundle.for_mode("positive")
     reads = any(t in ("fragments", "fragment_model")
                 for v in sub.scoring.values()
-                for t in (v["fusion"].get("ranker", {}).get("terms", []) or
-                          [k for k, w in v["fusion"]["weights"].items() if w]))
+                for t in (v["fusion"].get("rerank", {}).get("ranker", {}).get("terms", [])
+                          + (v["fusion"].get("ranker", {}).get("terms", []) or
+                             [k for k, w in v["fusion"]["weights"].items() if w])))
     assert reads == (sub.fragments is not None)
     assert sub.fragment_model is None or sub.fragments is not None  # never a fragment model the fusion drops
     loaded = ModelBundle.load(bundle.save(tmp_path / "bundle")).for_mode("positive")
     assert (loaded.fragment_model is None) == (sub.fragment_model is None)
     if sub.fragment_model is not None:
         np.testing.assert_array_equal(loaded.fragment_model.coef_, sub.fragment_model.coef_)
+
+
+@pytest.mark.parametrize("max_h_shift", [0, 2])
+def test_ion_probabilities_equal_the_model_on_the_full_ion_inputs(max_h_shift):
+    # the factored linear score (per fragment + per shift + interactions) is the logistic model on ion_features
+    rng = np.random.default_rng(7)
+    model = constant_model(0.3, max_h_shift=max_h_shift)
+    n = model.coef_.size
+    model.coef_ = rng.normal(0, 0.5, n)
+    model.mean_ = rng.normal(0, 1, n)
+    model.scale_ = rng.uniform(0.5, 2, n)
+    for smiles in ("CC(=O)Nc1ccc(O)cc1", "OCC1OC(O)C(O)C(O)C1O", "Clc1ccccc1C(=O)N"):
+        fragments, features = _structure_table(smiles, 2)
+        np.testing.assert_allclose(model.ion_probabilities(features),
+                                   model.predict_proba(ion_features(features, max_h_shift)), rtol=1e-10, atol=1e-13)

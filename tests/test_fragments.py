@@ -309,3 +309,20 @@ def test_true_structure_ranks_above_chance_on_real_spectra():
         truth = scores[0]
         percentiles.append((np.sum(scores[1:] < truth) + 0.5 * np.sum(scores[1:] == truth)) / (len(scores) - 1))
     assert np.mean(percentiles) > 0.6
+
+
+def test_the_scorer_and_the_fragment_model_share_one_fragmentation():
+    # recent_fragments: one keep_atoms fragmentation per structure, reused; the scorer's copy drops the atom masks
+    # and is otherwise what fragment_structure gives
+    from molpredict.chem.fragments import FragmentScorer, fragment_structure, recent_fragments
+
+    smiles = "CC(=O)Nc1ccc(O)cc1"
+    shared = recent_fragments(smiles, 2)
+    assert recent_fragments(smiles, 2) is shared and shared.atoms is not None
+    scorer_set = FragmentScorer(max_depth=2, cache_size=0).fragments(smiles)
+    plain = fragment_structure(smiles, 2)
+    assert scorer_set.atoms is None
+    for name in ("masses", "depth", "broken_by_type", "counts"):
+        np.testing.assert_array_equal(getattr(scorer_set, name), getattr(plain, name))
+        np.testing.assert_array_equal(getattr(shared, name), getattr(plain, name))
+    assert scorer_set.elements == plain.elements

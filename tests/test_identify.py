@@ -508,9 +508,10 @@ def test_a_bundle_with_unreadable_scoring_is_refused(bundle, tmp_path):
 
 
 def test_training_fits_the_fusion_with_fragments_on_validation_sets(bundle, library):
-    """fit_submodel_scoring with the fragment scorer: every term is computed for every validation query, the
-    fusion and calibration are stored per variant, and a fused identification then reports the fragment score,
-    equal to the scorer's own score of each candidate."""
+    """fit_submodel_scoring with the fragment scorer: the first pass's terms are computed for every validation
+    candidate and the fragment score for the candidates a second pass would re-rank; the fusion, the second-pass
+    choice and the calibration are stored per variant; and a fused identification with a fragment weight then
+    reports the fragment score, equal to the scorer's own score of each candidate."""
     from molpredict.chem.fragments import FragmentScorer
     from molpredict.training.ranking_validation import fit_submodel_scoring
     from molpredict.chem.molecules import Molecule
@@ -525,8 +526,17 @@ def test_training_fits_the_fusion_with_fragments_on_validation_sets(bundle, libr
         sets[m.inchikey14] = [(c.inchikey14, c.smiles) for c in same if c.formula == m.formula]
     report = fit_submodel_scoring(sub, val, [sets, sets], metric="mrr", seed=0, max_structures=3)
     assert set(sub.scoring) == {"with_prior", "without_prior"}
-    assert set(sub.scoring["with_prior"]["fusion"]["weights"]) == {"spectrum", "prior", "fragments"}
-    assert set(sub.scoring["without_prior"]["fusion"]["weights"]) == {"spectrum", "fragments"}
+    # the fragment score belongs to the second pass: the first pass weighs the other terms only
+    assert set(sub.scoring["with_prior"]["fusion"]["weights"]) == {"spectrum", "prior"}
+    assert set(sub.scoring["without_prior"]["fusion"]["weights"]) == {"spectrum"}
+    for variant, fitted in sub.scoring.items():
+        choice = report[variant]["rerank_choice"]
+        assert {"first_pass", "k=16", "k=32", "chosen"} <= set(choice)
+        assert ("rerank" in fitted["fusion"]) == (choice["chosen"] is not None)
+        if choice["chosen"] is not None:
+            assert fitted["fusion"]["rerank"]["k"] == choice["chosen"]
+            assert fitted["fusion"]["rerank"]["ranker"]["terms"] == ["first_pass", "fragments"]
+        fitted["fusion"].pop("rerank", None)  # below: the fragment score as a first-pass weight
     # max_structures: only the spectra of three structures were used
     assert report["with_prior"]["n_queries"] == 2 * 3 * 2  # two collections x three structures x two spectra
     # identification with a fragment weight: the rows carry the scorer's own score of each candidate. The
@@ -550,3 +560,54 @@ def test_training_fits_the_fusion_with_fragments_on_validation_sets(bundle, libr
         assert r["fragment_score"] == pytest.approx(expected)
         scores.append(expected)
     assert max(scores) > 0.1  # explained intensity, discounted by the broken bonds (depth_penalty)
+
+
+def test_identification_fragments_only_the_top_k_and_ranks_them_by_the_second_pass(bundle, library, tmp_path):
+    """A bundle whose fusion re-ranks its top 2 with the fragment score: the rows carry a fragment score for
+    exactly the first pass's top 2 of each query (NaN elsewhere), rank those two by the second pass's ranker, the
+    rest below in first-pass order; the bundle round trip gives the same rows."""
+    import math
+
+    from molpredict.chem.fragments import FragmentScorer
+    from molpredict.identification.fusion import FIRST_PASS, LearntRanker, Rerank, ScoreFusion, top_k_flat
+
+    fused = _with_fusion(bundle, DECOYS[:3])
+    sub = fused.for_mode("positive")
+    sub.fragments = FragmentScorer(max_depth=1).get_params()
+    ranker = LearntRanker((FIRST_PASS, "fragments"), (), (), (), False, np.array([0.5, 2.0]))
+    for variant in sub.scoring.values():
+        variant["fusion"]["rerank"] = Rerank(2, ranker, spacing=1.0).to_dict()
+    queries, _ = synthetic_spectra(n_per=2, seed=12)
+    rows, _ = run(fused, library, queries, tmp_path / "a", top_k=50)
+    scorer = FragmentScorer(**sub.fragments)
+    cleaned = {s.id: CleaningPipeline()(s) for s in queries}
+    first_fusion = ScoreFusion.from_dict({k: v for k, v in sub.scoring["with_prior"]["fusion"].items()
+                                          if k != "rerank"})
+    checked = 0
+    by_query: dict[str, list] = {}
+    for r in rows:
+        by_query.setdefault(r["query_id"], []).append(r)
+    for qid, group in by_query.items():
+        terms = {"spectrum": np.array([r["spectrum_score"] for r in group]),
+                 "prior": np.array([r["prior_score"] for r in group])}
+        first = first_fusion.combine(terms)
+        top = top_k_flat(first, np.array([0, len(group)]), 2)[0]
+        has_fragment = np.array([not math.isnan(r["fragment_score"]) for r in group])
+        assert set(np.flatnonzero(has_fragment)) == set(top)
+        for j in top:
+            assert group[j]["fragment_score"] == pytest.approx(
+                scorer.score(cleaned[qid], [group[j]["smiles"]], group[j]["adduct"])[0])
+        # the re-ranked two lead, ordered by the second pass (rows come in rank order)
+        assert sorted(group[j]["rank"] for j in top) == list(range(1, min(2, len(group)) + 1))
+        if len(group) > 2:
+            second = ranker.score_flat({FIRST_PASS: first[top], "fragments": np.array(
+                [group[j]["fragment_score"] for j in top])}, np.array([0, 2]))
+            assert [group[j]["rank"] for j in top] == [1, 2] if second[0] >= second[1] else [2, 1]
+            # the others follow in first-pass order
+            rest = [j for j in np.argsort(-first, kind="stable") if j not in set(top)]
+            assert [group[j]["rank"] for j in rest] == list(range(3, len(group) + 1))
+            checked += 1
+    assert checked >= 2
+    again, _ = run(ModelBundle.load(fused.save(tmp_path / "bundle")), library, queries, tmp_path / "b", top_k=50)
+    assert [(r["query_id"], r["smiles"], r["rank"]) for r in again] == \
+        [(r["query_id"], r["smiles"], r["rank"]) for r in rows]

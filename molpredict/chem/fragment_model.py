@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from rdkit import Chem
 
-from molpredict.chem.fragments import (BOND_KINDS, HYDROGEN_MASS, FragmentScorer, FragmentSet, fragment_structure,
+from molpredict.chem.fragments import (BOND_KINDS, HYDROGEN_MASS, FragmentScorer, FragmentSet, recent_fragments,
                                        scored_peaks)
 from molpredict.chem.molecules import Molecule
 from molpredict.component import Component
@@ -227,7 +227,7 @@ def ion_features(features: np.ndarray, max_h_shift: int) -> np.ndarray:
 
 
 def _structure_table(molecule: Molecule | str, max_depth: int) -> tuple[FragmentSet, np.ndarray]:
-    fragments = fragment_structure(molecule, max_depth, keep_atoms=True)
+    fragments = recent_fragments(molecule, max_depth)
     return fragments, fragment_features(molecule, fragments)
 
 
@@ -543,6 +543,27 @@ class FragmentModel(Component):
         z = ((x - self.mean_) / self.scale_) @ self.coef_ + self.intercept_
         return 1.0 / (1.0 + np.exp(-z))
 
+    def ion_probabilities(self, features: np.ndarray) -> np.ndarray:
+        """:meth:`predict_proba` of every ion of fragments with ``features`` (n_fragments, len(FEATURE_NAMES)),
+        without building :func:`ion_features`: the linear score splits into a per-fragment part, a per-shift part
+        and the fragment x shift interactions, so it costs n_fragments x (features + bins) x shifts instead of
+        one row of every input per ion. ndarray of shape (n_fragments * n_shifts,), in :func:`ion_features` row
+        order."""
+        self._check_fitted()
+        n_s = 2 * self.max_h_shift + 1
+        binned = binned_features(features)
+        n_f, n_i, n_b = features.shape[1], len(SHIFT_INTERACTIONS), binned.shape[1]
+        w = self.coef_ / self.scale_
+        bounds = np.cumsum([0, n_f, n_s, n_s * n_i, n_b, n_s * n_b])
+        if bounds[-1] != w.size:
+            raise ModelFileError(f"fragment model: {w.size} coefficients, its inputs need {bounds[-1]}")
+        w_base, w_hot, w_inter, w_bin, w_inter_bin = (w[a:b] for a, b in zip(bounds[:-1], bounds[1:]))
+        inter = features[:, [FEATURE_NAMES.index(c) for c in SHIFT_INTERACTIONS]]
+        z = ((features @ w_base + binned @ w_bin + (self.intercept_ - float((self.mean_ / self.scale_) @ self.coef_)))
+             [:, None] + w_hot[None, :] + inter @ w_inter.reshape(n_s, n_i).T
+             + binned @ w_inter_bin.reshape(n_s, n_b).T)
+        return (1.0 / (1.0 + np.exp(-z))).ravel()
+
     def _clear_cache(self) -> None:
         self.cache_ = OrderedDict()
 
@@ -556,8 +577,10 @@ class FragmentModel(Component):
         if hit is not None:
             cache.move_to_end(key)
             return hit
-        masses, x = self.ion_table(molecule)
-        result = _group_ions(masses, self.predict_proba(x))
+        fragments, features = _structure_table(molecule, self.max_depth)
+        shifts = _h_shifts(self.max_h_shift) * HYDROGEN_MASS
+        masses = (fragments.masses[:, None] + shifts[None, :]).ravel()
+        result = _group_ions(masses, self.ion_probabilities(features))
         if self.cache_size:
             cache[key] = result
             while len(cache) > self.cache_size:

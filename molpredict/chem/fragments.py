@@ -232,6 +232,28 @@ def _bond_kind(bond: Chem.Bond) -> int:
     return 1 if carbon else 0
 
 
+#: fragment sets (atoms kept) of the structures fragmented last, shared by the scorers that read one candidate
+#: after another (the fragment score and the learnt fragmentation model fragment it once between them)
+_RECENT: OrderedDict = OrderedDict()
+_RECENT_SIZE = 512
+
+
+def recent_fragments(molecule: Molecule | str, max_depth: int) -> FragmentSet:
+    """:func:`fragment_structure` with ``keep_atoms=True``, remembered for the last few hundred structures
+    (by SMILES and depth) in this process. Raises ``InputError`` for a SMILES RDKit cannot parse."""
+    if isinstance(molecule, str):
+        molecule = Molecule(molecule)
+    key = (molecule.smiles, int(max_depth))
+    hit = _RECENT.get(key)
+    if hit is not None:
+        _RECENT.move_to_end(key)
+        return hit
+    result = _RECENT[key] = fragment_structure(molecule, max_depth, keep_atoms=True)
+    while len(_RECENT) > _RECENT_SIZE:
+        _RECENT.popitem(last=False)
+    return result
+
+
 def fragment_structure(molecule: Molecule | Chem.Mol | str, max_depth: int = 2, keep_atoms: bool = False
                        ) -> FragmentSet:
     """All fragments of a structure up to ``max_depth`` cleavages (see the module docstring).
@@ -592,8 +614,11 @@ class FragmentScorer(Component):
             return hit
         store = getattr(self, "store_", None)
         stored = store.get(molecule.inchikey14) if store else None
-        result = stored.up_to_depth(self.max_depth) if stored is not None else fragment_structure(
-            molecule, self.max_depth)
+        if stored is not None:
+            result = stored.up_to_depth(self.max_depth)
+        else:  # the atom masks stay with the shared copy: this cache keeps what scoring reads
+            shared = recent_fragments(molecule, self.max_depth)
+            result = FragmentSet(shared.masses, shared.depth, shared.broken_by_type, shared.counts, shared.elements)
         if self.cache_size:
             cache[key] = result
             while len(cache) > self.cache_size:

@@ -135,6 +135,7 @@ def evaluate_block(identifier: Identifier, block: Sequence[tuple[int, Any, str]]
     from molpredict.identification.fusion import PRIOR
 
     worker = identifier.fresh()
+    worker.evidence.every_variant = True  # the without_prior view needs its own second pass's terms
     source = worker.source
     prepared = labelled_queries(worker, block)
     out = RankedBlock([], [], [], [], [], [], [], len(block), [], {})
@@ -152,11 +153,14 @@ def evaluate_block(identifier: Identifier, block: Sequence[tuple[int, Any, str]]
             variant = worker.evidence.variant(query.sub)
             out.fdr_z.append(variant.calibrator.fdr_z if variant is not None and variant.calibrator is not None
                              else 0.0)
-            alternatives = {f"{name}_alone": values for name, values in result.terms.items()}
+            # a term computed for some candidates only (a second pass's, on the first pass's top k) ranks nothing
+            alternatives = {f"{name}_alone": values for name, values in result.terms.items()
+                            if not np.isnan(values).any()}
             without = worker.evidence.variant(query.sub, use_prior=False) if len(result.terms) > 1 else None
             if without is not None:
                 alternatives["without_prior"] = without.fusion.combine(
-                    {k: v for k, v in result.terms.items() if k != PRIOR})
+                    {k: v for k, v in result.terms.items() if k != PRIOR},
+                    {"formula_known": 0.0 if query.window else 1.0})
             for name, values in alternatives.items():
                 va, vb, _ = true_rank_counts(values, is_true)
                 lists = out.views.setdefault(name, ([], []))

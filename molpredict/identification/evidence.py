@@ -32,7 +32,7 @@ from molpredict.errors import ModelFileError
 from molpredict.identification.calibration import Calibrator, ranking_features, top_index_flat
 from molpredict.identification.fusion import FRAGMENT_MODEL, FRAGMENTS, PRIOR, SPECTRUM, ScoreFusion
 
-__all__ = ["ScoringVariant", "QueryScores", "Evidence", "WITH_PRIOR", "WITHOUT_PRIOR", "variant_name"]
+__all__ = ["ScoringVariant", "QueryScores", "Evidence", "WITH_PRIOR", "WITHOUT_PRIOR", "variant_name", "query_adduct"]
 
 WITH_PRIOR, WITHOUT_PRIOR = "with_prior", "without_prior"
 
@@ -115,11 +115,17 @@ class Evidence:
     use_prior : bool
         ``--prior on|off``: with False the prior term is neither computed nor fused, and the ``without_prior``
         variant is used.
+
+    every_variant : bool
+        Compute a second pass's terms (:attr:`ScoreFusion.rerank <molpredict.identification.fusion.ScoreFusion>`)
+        for the top ``k`` of both variants, with and without the prior, so that both can be ranked from one pass
+        (evaluation's ``without_prior`` view); by default only for the variant in use.
     """
 
-    def __init__(self, coordinates: Any, use_prior: bool = True) -> None:
+    def __init__(self, coordinates: Any, use_prior: bool = True, every_variant: bool = False) -> None:
         self.coordinates = coordinates
         self.use_prior = use_prior
+        self.every_variant = every_variant
         self._variants: dict[tuple[int, bool], ScoringVariant | None] = {}
         self._fragmenters: dict[int, Any] = {}
         self._known: dict[tuple[int, int], bool] = {}
@@ -145,12 +151,51 @@ class Evidence:
         return self._fragmenters[key]
 
     def wanted_terms(self, sub: Any) -> list[str]:
-        """The terms worth computing for ``sub``: those its fusion weighs (only the model's own score without a
-        fusion). Training asks for each term explicitly (``wanted`` in :meth:`terms`)."""
+        """The terms worth computing for every candidate of ``sub``'s queries: those its fusion's first pass
+        weighs (only the model's own score without a fusion). Training asks for each term explicitly (``wanted``
+        in :meth:`terms`). A second pass's terms are computed for its top ``k`` only (:meth:`scores`)."""
         variant = self.variant(sub)
         if variant is None:
             return [SPECTRUM]
-        return list(variant.fusion.active())
+        wanted = list(variant.fusion.active())
+        if self.every_variant and self.use_prior:
+            other = self.variant(sub, use_prior=False)
+            wanted += [t for t in (other.fusion.active() if other is not None else ()) if t not in wanted]
+        return wanted
+
+    def _scorers(self, sub: Any, names: Sequence[str]) -> dict[str, Any]:
+        """The candidate-specific scorers of ``sub`` among ``names`` (each reads the query's spectrum against its
+        candidates: ``scorer.score(spectrum, molecules, adduct)``)."""
+        scorers = {FRAGMENTS: self._fragmenter(sub) if FRAGMENTS in names else None,
+                   FRAGMENT_MODEL: getattr(sub, "fragment_model", None) if FRAGMENT_MODEL in names else None}
+        return {name: scorer for name, scorer in scorers.items() if scorer is not None}
+
+    def _second_pass_terms(self, queries: Sequence[Any], out: list[dict[str, np.ndarray]], timings: Counter) -> None:
+        """Add the second pass's terms to each query's ``out`` entry: computed for the candidates some variant's
+        second pass re-ranks (its first pass's top ``k``), NaN elsewhere."""
+        sub = queries[0].sub
+        variants = [self.variant(sub)]
+        if self.every_variant and self.use_prior:
+            variants.append(self.variant(sub, use_prior=False))
+        variants = [v for v in variants if v is not None and v.fusion.rerank is not None]
+        names = sorted({t for v in variants for t in v.fusion.rerank_terms})
+        scorers = self._scorers(sub, names)
+        if not scorers:
+            return
+        source = self.coordinates.source
+        for q, terms in zip(queries, out):
+            n = len(q.ids)
+            if n == 0:
+                continue
+            context = {"formula_known": 0.0 if getattr(q, "window", "") else 1.0}
+            chosen = np.unique(np.concatenate([v.fusion.rerank_candidates(terms, context) for v in variants]))
+            molecules = source.molecules(q.ids[chosen])
+            for name, scorer in scorers.items():
+                t0 = time.perf_counter()
+                values = np.full(n, np.nan)
+                values[chosen] = np.asarray(scorer.score(q.spectrum, molecules, query_adduct(q)), dtype=np.float64)
+                terms[name] = values
+                timings[f"{name}_s"] += time.perf_counter() - t0
 
     # -- terms -----------------------------------------------------------------------------------------------
     def terms(self, queries: Sequence[Any], raw: Sequence[np.ndarray], timings: Counter,
@@ -184,16 +229,12 @@ class Evidence:
             for q, terms in zip(queries, out):
                 terms[PRIOR] = prior[np.searchsorted(union, q.ids)]
             timings["prior_s"] += time.perf_counter() - t0
-        # the candidate-specific terms: each scorer reads the query's spectrum against its candidates
-        scorers = {FRAGMENTS: self._fragmenter(sub) if FRAGMENTS in wanted else None,
-                   FRAGMENT_MODEL: getattr(sub, "fragment_model", None) if FRAGMENT_MODEL in wanted else None}
+        # the candidate-specific terms on every candidate (a fusion that weighs them in its first pass)
         source = self.coordinates.source
-        for name, scorer in scorers.items():
-            if scorer is None:
-                continue
+        for name, scorer in self._scorers(sub, wanted).items():
             t0 = time.perf_counter()
             for q, terms in zip(queries, out):
-                terms[name] = np.asarray(scorer.score(q.spectrum, source.molecules(q.ids), _query_adduct(q)),
+                terms[name] = np.asarray(scorer.score(q.spectrum, source.molecules(q.ids), query_adduct(q)),
                                          dtype=np.float64)
             timings[f"{name}_s"] += time.perf_counter() - t0
         return out
@@ -240,11 +281,15 @@ class Evidence:
         return out
 
     def scores(self, queries: Sequence[Any], raw: Sequence[np.ndarray], timings: Counter) -> list[QueryScores]:
-        """:meth:`terms` then :meth:`fuse` for one block of queries of one sub-model."""
-        return [self.fuse(q, t) for q, t in zip(queries, self.terms(queries, raw, timings))]
+        """:meth:`terms` (and a second pass's terms on its top ``k``) then :meth:`fuse`, for one block of queries
+        of one sub-model."""
+        terms = self.terms(queries, raw, timings)
+        if queries:
+            self._second_pass_terms(queries, terms, timings)
+        return [self.fuse(q, t) for q, t in zip(queries, terms)]
 
 
-def _query_adduct(query: Any) -> str | None:
+def query_adduct(query: Any) -> str | None:
     """The adduct the query was matched with (its own, or the first candidate's when it had to try several)."""
     if query.adduct:
         return query.adduct

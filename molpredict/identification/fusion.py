@@ -22,6 +22,12 @@ optionally the terms' pairwise products,
 so that, e.g., the prior can count more in large same-formula sets than in small mass-window sets. Training keeps
 it only when it beats the weights out of fold (folds drawn by structure; :mod:`molpredict.training.ranking_validation`).
 
+A *second pass* (:class:`Rerank`, :func:`fit_rerank`) may re-rank the first pass's top ``k`` candidates with
+evidence too costly to compute for every candidate (the fragmentation terms fragment each structure they score):
+a learnt ranker over the first pass's score and those terms, fitted on the top ``k`` of validation sets. The
+other candidates keep their first-pass order below the re-ranked ones. Terms of the second pass are computed for
+the top ``k`` only; elsewhere they are NaN.
+
 Candidate sets are handled as flat arrays with ``offsets`` (set ``i`` is ``offsets[i]:offsets[i+1]``), so a whole
 validation split is scored with a few vectorised passes.
 """
@@ -36,7 +42,8 @@ import numpy as np
 
 from molpredict.engine.decoding import ranking_metrics, set_index, true_ranks
 
-__all__ = ["SPECTRUM", "PRIOR", "FRAGMENTS", "FRAGMENT_MODEL", "LearntRanker", "fit_ranker", "fit_fusion_kind", "FUSION_KINDS", "SET_FEATURES", "standardize", "standardize_within_sets", "set_index",
+__all__ = ["SPECTRUM", "PRIOR", "FRAGMENTS", "FRAGMENT_MODEL", "FIRST_PASS", "RERANK_TERMS", "Rerank", "fit_rerank",
+           "top_k_flat", "LearntRanker", "fit_ranker", "fit_fusion_kind", "FUSION_KINDS", "SET_FEATURES", "standardize", "standardize_within_sets", "set_index",
            "softmax_within_sets", "true_ranks", "ranking_metrics", "ScoreFusion", "fit_fusion",
            "DEFAULT_WEIGHT_GRID"]
 
@@ -44,6 +51,10 @@ __all__ = ["SPECTRUM", "PRIOR", "FRAGMENTS", "FRAGMENT_MODEL", "LearntRanker", "
 SPECTRUM, PRIOR, FRAGMENTS = "spectrum", "prior", "fragments"
 #: the learnt fragmentation model's term (:mod:`molpredict.chem.fragment_model`)
 FRAGMENT_MODEL = "fragment_model"
+#: the first pass's fused score, as the second pass (:class:`Rerank`) reads it
+FIRST_PASS = "first_pass"
+#: terms a second pass may read (computed for the first pass's top k only)
+RERANK_TERMS = (FRAGMENTS, FRAGMENT_MODEL)
 #: features of a candidate set a learnt ranker may interact with the terms: ``log_size`` (log of the number of
 #: candidates) and ``formula_known`` (1 when the candidates share the query's formula, 0 for a mass window;
 #: given by the caller in ``context``)
@@ -136,6 +147,9 @@ class ScoreFusion:
     ranker : LearntRanker or None
         When set, it scores the candidates instead of the weights (which stay as the fallback's record); its
         terms are the ones computed.
+    rerank : Rerank or None
+        When set, a second pass re-ranks the top ``rerank.k`` candidates of the first (the weights or the ranker)
+        with :attr:`rerank_terms` too; ``temperature`` is then the one of the final scores.
     """
 
     weights: dict[str, float] = field(default_factory=lambda: {SPECTRUM: 1.0})
@@ -143,12 +157,39 @@ class ScoreFusion:
     selected_by: str = "mrr"
     validation: dict[str, Any] = field(default_factory=dict)
     ranker: "LearntRanker | None" = None
+    rerank: "Rerank | None" = None
 
     def active(self, available: Sequence[str] | None = None) -> dict[str, float]:
-        """The terms with a non-zero weight, or the ranker's terms (weight 1) when there is a ranker
-        (restricted to ``available`` when given)."""
+        """The first pass's terms: those with a non-zero weight, or the ranker's terms (weight 1) when there is a
+        ranker (restricted to ``available`` when given). Every candidate needs them."""
         weights = self.weights if self.ranker is None else {t: 1.0 for t in self.ranker.terms}
         return {t: w for t, w in weights.items() if w != 0.0 and (available is None or t in available)}
+
+    @property
+    def rerank_terms(self) -> tuple[str, ...]:
+        """The terms the second pass reads besides the first pass's score (only its top ``k`` need them)."""
+        return self.rerank.terms if self.rerank is not None else ()
+
+    def first_pass(self, terms: Mapping[str, np.ndarray], offsets: np.ndarray,
+                   context: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
+        """The first pass's fused scores of flat candidate sets, ndarray of shape (offsets[-1],)."""
+        if self.ranker is not None:
+            return self.ranker.score_flat(terms, offsets, context)
+        out = np.zeros(int(np.asarray(offsets)[-1]), dtype=np.float64)
+        for name, weight in self.active(list(terms)).items():
+            out += weight * standardize_within_sets(terms[name], offsets)
+        return out
+
+    def rerank_candidates(self, terms: Mapping[str, np.ndarray], context: Mapping[str, float] | None = None
+                          ) -> np.ndarray:
+        """Positions (into one set's candidates) of the first pass's top ``k``, which the second pass re-ranks
+        (its terms are needed there only); all positions without a second pass. ndarray of int64."""
+        n = len(next(iter(terms.values()))) if terms else 0
+        if self.rerank is None or n == 0:
+            return np.arange(n, dtype=np.int64)
+        offsets = np.array([0, n])
+        ctx = {k: np.array([float(v)]) for k, v in (context or {}).items()}
+        return top_k_flat(self.first_pass(terms, offsets, ctx), offsets, self.rerank.k)[0]
 
     def combine(self, terms: Mapping[str, np.ndarray], context: Mapping[str, float] | None = None) -> np.ndarray:
         """The fused scores of one candidate set.
@@ -165,37 +206,29 @@ class ScoreFusion:
         -------
         ndarray of shape (n_candidates,), float64
         """
-        if self.ranker is not None:
-            n = len(next(iter(terms.values()))) if terms else 0
-            if n == 0:
-                return np.zeros(0, dtype=np.float64)
-            ctx = {k: np.array([float(v)]) for k, v in (context or {}).items()}
-            return self.ranker.score_flat(terms, np.array([0, n]), ctx)
-        out: np.ndarray | None = None
-        for name, weight in self.active(list(terms)).items():
-            z = weight * standardize(terms[name])
-            out = z if out is None else out + z
-        if out is None:
-            n = len(next(iter(terms.values()))) if terms else 0
-            return np.zeros(n, dtype=np.float64)
-        return out
+        n = len(next(iter(terms.values()))) if terms else 0
+        if n == 0:
+            return np.zeros(0, dtype=np.float64)
+        ctx = {k: np.array([float(v)]) for k, v in (context or {}).items()}
+        return self.combine_flat(terms, np.array([0, n]), ctx)
 
     def combine_flat(self, terms: Mapping[str, np.ndarray], offsets: np.ndarray,
                      context: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
         """:meth:`combine` over flat candidate sets (``offsets`` as in :func:`standardize_within_sets`;
-        ``context`` values per set, ndarray of shape (n_sets,))."""
-        if self.ranker is not None:
-            return self.ranker.score_flat(terms, offsets, context)
-        out = np.zeros(int(np.asarray(offsets)[-1]), dtype=np.float64)
-        for name, weight in self.active(list(terms)).items():
-            out += weight * standardize_within_sets(terms[name], offsets)
-        return out
+        ``context`` values per set, ndarray of shape (n_sets,)). Without the second pass's terms in ``terms``,
+        the first pass's scores."""
+        first = self.first_pass(terms, offsets, context)
+        if self.rerank is None or not all(t in terms for t in self.rerank.terms):
+            return first
+        return self.rerank.apply_flat(first, terms, offsets, context)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"weights": {k: float(v) for k, v in self.weights.items()}, "temperature": float(self.temperature),
                "selected_by": self.selected_by, "validation": self.validation}
         if self.ranker is not None:
             out["ranker"] = self.ranker.to_dict()
+        if self.rerank is not None:
+            out["rerank"] = self.rerank.to_dict()
         return out
 
     @classmethod
@@ -207,9 +240,11 @@ class ScoreFusion:
         if not (math.isfinite(temperature) and temperature > 0):
             raise ValueError(f"fusion: temperature must be positive, got {temperature}")
         ranker = data.get("ranker")
+        rerank = data.get("rerank")
         return cls(weights=weights, temperature=temperature, selected_by=str(data.get("selected_by", "mrr")),
                    validation=dict(data.get("validation", {})),
-                   ranker=LearntRanker.from_dict(ranker) if ranker is not None else None)
+                   ranker=LearntRanker.from_dict(ranker) if ranker is not None else None,
+                   rerank=Rerank.from_dict(rerank) if rerank is not None else None)
 
 
 def _fit_temperature(fused: np.ndarray, offsets: np.ndarray, is_true: np.ndarray) -> float:
@@ -456,19 +491,180 @@ def fit_ranker(terms: Mapping[str, np.ndarray], offsets: np.ndarray, is_true: np
     return LearntRanker(names, set_names, center, scale, pairs, np.asarray(result.x, dtype=np.float64), float(l2))
 
 
+# ----------------------------------------------------------------------------------------------------------
+# The second pass
+# ----------------------------------------------------------------------------------------------------------
+
+def top_k_flat(scores: np.ndarray, offsets: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best-scored candidates of every set (all of a smaller set), pure function.
+
+    Ties are broken by position (the earlier candidate first), so the choice is deterministic.
+
+    Parameters
+    ----------
+    scores : ndarray of shape (n_total,)
+    offsets : ndarray of shape (n_sets + 1,)
+    k : int
+
+    Returns
+    -------
+    keep : ndarray of shape (n_kept,), int64
+        Flat positions of the kept candidates, set by set, each set's best first.
+    kept_offsets : ndarray of shape (n_sets + 1,), int64
+        Set ``i``'s kept candidates are ``keep[kept_offsets[i]:kept_offsets[i+1]]``.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    which = set_index(offsets)
+    order = np.lexsort((np.arange(scores.size), -scores, which))
+    rank = np.arange(scores.size) - offsets[which[order]]
+    keep = order[rank < k].astype(np.int64)
+    kept_sizes = np.minimum(np.diff(offsets), k)
+    return keep, np.concatenate([[0], np.cumsum(kept_sizes)]).astype(np.int64)
+
+
+def fill_missing(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Non-finite entries (a term not computed for a candidate, a structure that could not be scored) replaced by
+    the lowest finite value of their set (0 in a set with none), ndarray of shape (n_total,)."""
+    values = np.asarray(values, dtype=np.float64)
+    finite = np.isfinite(values)
+    if finite.all():
+        return values
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lowest = np.minimum.reduceat(np.where(finite, values, np.inf), offsets[:-1])
+    lowest = np.where(np.isfinite(lowest), lowest, 0.0)
+    return np.where(finite, values, lowest[set_index(offsets)])
+
+
+@dataclass
+class Rerank:
+    """The second pass: a learnt ranker over the first pass's top ``k`` of each set.
+
+    Attributes
+    ----------
+    k : int
+        Candidates re-ranked per set.
+    ranker : LearntRanker
+        Over :data:`FIRST_PASS` (the first pass's fused score) and some of :data:`RERANK_TERMS`, z-scored within
+        the top ``k``; a term missing for a candidate counts as its set's lowest (:func:`fill_missing`).
+    spacing : float
+        The first pass's softmax temperature: the candidates below the top ``k`` keep their first-pass gaps in
+        its units, under the lowest re-ranked one.
+    validation : dict
+        What the second pass did on validation (JSON-ready).
+    """
+
+    k: int
+    ranker: LearntRanker
+    spacing: float = 1.0
+    validation: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def terms(self) -> tuple[str, ...]:
+        """The terms it reads besides the first pass's score."""
+        return tuple(t for t in self.ranker.terms if t != FIRST_PASS)
+
+    def apply_flat(self, first: np.ndarray, terms: Mapping[str, np.ndarray], offsets: np.ndarray,
+                   context: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
+        """Final scores of flat candidate sets from the first pass's scores ``first`` (n_total,) and the terms
+        (their entries outside the top ``k`` are not read): each set's top ``k`` scored by the ranker, every
+        other candidate below the lowest of them, in first-pass order. ndarray of shape (n_total,)."""
+        first = np.asarray(first, dtype=np.float64)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        keep, kept_offsets = top_k_flat(first, offsets, self.k)
+        second = self.ranker.score_flat(self.kept_terms(first, terms, keep, kept_offsets), kept_offsets, context)
+        which = set_index(offsets)
+        lowest_second = np.minimum.reduceat(second, kept_offsets[:-1])
+        lowest_first = np.minimum.reduceat(first[keep], kept_offsets[:-1])
+        out = lowest_second[which] - 1.0 + (first - lowest_first[which]) / self.spacing
+        out[keep] = second
+        return out
+
+    def kept_terms(self, first: np.ndarray, terms: Mapping[str, np.ndarray], keep: np.ndarray,
+                   kept_offsets: np.ndarray) -> dict[str, np.ndarray]:
+        """The ranker's inputs on the kept candidates (flat, aligned with ``keep``)."""
+        out = {FIRST_PASS: np.asarray(first, dtype=np.float64)[keep]}
+        for name in self.terms:
+            out[name] = fill_missing(np.asarray(terms[name], dtype=np.float64)[keep], kept_offsets)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"k": int(self.k), "ranker": self.ranker.to_dict(), "spacing": float(self.spacing),
+                "validation": self.validation}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "Rerank":
+        k, spacing = int(data["k"]), float(data.get("spacing", 1.0))
+        if k < 1 or not (math.isfinite(spacing) and spacing > 0):
+            raise ValueError(f"fusion: the second pass needs k >= 1 and a positive spacing, got {k}, {spacing}")
+        ranker = LearntRanker.from_dict(data["ranker"])
+        if FIRST_PASS not in ranker.terms:
+            raise ValueError(f"fusion: the second pass's ranker does not read {FIRST_PASS!r}")
+        return cls(k, ranker, spacing, dict(data.get("validation", {})))
+
+
+def fit_rerank(first: np.ndarray, terms: Mapping[str, np.ndarray], offsets: np.ndarray, is_true: np.ndarray,
+               k: int, spacing: float = 1.0, context: Mapping[str, np.ndarray] | None = None,
+               l2: float = 1e-2) -> Rerank:
+    """Fit the second pass on validation sets: a :func:`fit_ranker` ranker over the first pass's top ``k``.
+
+    Parameters
+    ----------
+    first : ndarray of shape (n_total,)
+        The first pass's fused scores.
+    terms : mapping
+        The second pass's terms (some of :data:`RERANK_TERMS`), flat, each ndarray of shape (n_total,); only
+        their entries in each set's top ``k`` are read.
+    offsets : ndarray of shape (n_sets + 1,)
+    is_true : ndarray of shape (n_total,), bool
+    k : int
+    spacing : float
+        The first pass's temperature (:attr:`Rerank.spacing`).
+    context : mapping, optional
+    l2 : float
+
+    Returns
+    -------
+    Rerank
+    """
+    names = [t for t in terms if t in RERANK_TERMS]
+    if not names:
+        raise ValueError(f"fit_rerank: none of the terms {', '.join(RERANK_TERMS)}")
+    first = np.asarray(first, dtype=np.float64)
+    keep, kept_offsets = top_k_flat(first, offsets, k)
+    # a placeholder ranker names the inputs; the fitted one replaces it
+    inputs = Rerank(k, LearntRanker((FIRST_PASS, *names), (), (), (), False, np.zeros(0)), spacing).kept_terms(
+        first, terms, keep, kept_offsets)
+    ranker = fit_ranker(inputs, kept_offsets, np.asarray(is_true, dtype=bool)[keep], context, l2=l2)
+    return Rerank(int(k), ranker, float(spacing))
+
+
 def fit_fusion_kind(kind: str, terms: Mapping[str, np.ndarray], offsets: np.ndarray, is_true: np.ndarray,
-                    metric: str = "mrr", context: Mapping[str, np.ndarray] | None = None) -> ScoreFusion:
+                    metric: str = "mrr", context: Mapping[str, np.ndarray] | None = None,
+                    rerank_k: int | None = None) -> ScoreFusion:
     """:func:`fit_fusion` (``kind="weights"``), or the same with a :func:`fit_ranker` ranker on top
     (``kind="ranker"``: the weights stay as a record; the temperature and the validation metrics are the
-    ranker's)."""
+    ranker's). With ``rerank_k``, the :data:`RERANK_TERMS` in ``terms`` are left to a second pass over the first
+    pass's top ``rerank_k`` (:func:`fit_rerank`; the temperature and the metrics are then the final scores')."""
     if kind not in FUSION_KINDS:
         raise ValueError(f"unknown fusion kind {kind!r}; valid: {', '.join(FUSION_KINDS)}")
+    later = {t: v for t, v in terms.items() if t in RERANK_TERMS} if rerank_k else {}
+    if later:
+        terms = {t: v for t, v in terms.items() if t not in later}
     fusion = fit_fusion(terms, offsets, is_true, metric=metric)
+    offsets = np.asarray(offsets, dtype=np.int64)
+    is_true = np.asarray(is_true, dtype=bool)
     if kind == "ranker":
-        offsets = np.asarray(offsets, dtype=np.int64)
         fusion.ranker = fit_ranker(terms, offsets, is_true, context)
         fused = fusion.combine_flat(terms, offsets, context)
-        fusion.temperature = _fit_temperature(fused, offsets, np.asarray(is_true, dtype=bool))
+        fusion.temperature = _fit_temperature(fused, offsets, is_true)
         fusion.validation = {**fusion.validation, "fused": ranking_metrics(fused, offsets, is_true),
                              "fused_weights": fusion.validation["fused"]}
+    if later:
+        first = fusion.combine_flat(terms, offsets, context)
+        fusion.rerank = fit_rerank(first, later, offsets, is_true, int(rerank_k), fusion.temperature, context)
+        fused = fusion.combine_flat({**terms, **later}, offsets, context)
+        fusion.temperature = _fit_temperature(fused, offsets, is_true)
+        fusion.validation = {**fusion.validation, "fused": ranking_metrics(fused, offsets, is_true),
+                             "fused_first_pass": fusion.validation["fused"]}
     return fusion

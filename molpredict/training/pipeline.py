@@ -91,17 +91,13 @@ class TrainOptions:
         The structure prior fused with the spectrum score: ``train`` (similarity to the training structures),
         ``none``, or a candidate library / SMILES file whose structures are the reference set.
     fragments : bool
-        Also fuse the candidate fragmentation score (:mod:`molpredict.chem.fragments`) when validation sets exist.
-        Off by default: on val_formula256 it adds about 2-3 points of hit@1 to the fusion, but every candidate
-        must be fragmented (about 10 ms per structure, cached per process), which identification at
-        hundreds of spectra per second cannot afford. With it, the learnt fragmentation model
-        (:mod:`molpredict.chem.fragment_model`) is fitted on the training spectra and fused too (its own term,
-        ``fragment_model``); both stay out when validation gives them no weight.
+        Also fit the learnt fragmentation model (:mod:`molpredict.chem.fragment_model`) on the training spectra and
+        read each candidate against the query's peaks with it and with the MetFrag-style fragment score
+        (:mod:`molpredict.chem.fragments`), in a second pass that re-ranks the fused ranking's top 16 or 32 (chosen
+        on validation; :class:`~molpredict.identification.fusion.Rerank`): only those candidates are fragmented.
+        Both stay out when validation ranks no better with them. Needs validation sets.
     fragment_model_structures : int
         Training structures (a seeded sample) the fragmentation model is fitted on.
-    fusion_structures : int
-        With the fragment score (which fragments every candidate), the fusion is fitted on the validation spectra
-        of this many seeded structures, which bounds the training time (about 150 x 256 candidate structures).
     """
 
     model: str = DEFAULT_MODEL
@@ -122,7 +118,6 @@ class TrainOptions:
     library: str | None = None
     prior: str = "train"
     fragments: bool = False
-    fusion_structures: int = 150
     fragment_model_structures: int = 1000
 
     def component_params(self, input_type: str = "spectrum", n_inputs: int = 0, n_structures: int = 0,
@@ -384,21 +379,16 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
                     except InputError as exc:  # e.g. no fragment explains any training peak: fuse without it
                         say(f"no fragmentation model: {exc.message}")
                 metric = options.select_by if options.select_by not in (None, "kernel-loss") else "mrr"
-                sample = options.fusion_structures if sub.fragments is not None else None
-                say("fitting the score fusion and its calibration on the validation spectra"
-                    + (f" of {sample} structures (the fragment score fragments every candidate)" if sample else ""))
+                say("fitting the score fusion and its calibration on the validation spectra")
                 validation["ranking"] = fit_submodel_scoring(sub, val.spectra[mode], sets, metric=metric,
-                                                             seed=options.seed, log=say, max_structures=sample,
-                                                             validation=val_pair,
+                                                             seed=options.seed, log=say, validation=val_pair,
                                                              calibration_collections=calibration_sets)
-                if sub.fragments is not None and not any(_uses_fragments(v["fusion"]) for v in sub.scoring.values()):
-                    # validation gave the fragments no weight: leave them out, and fit on every validation spectrum
+                if (sub.fragments is not None or sub.fragment_model is not None) and not any(
+                        _uses_fragments(v["fusion"]) for v in sub.scoring.values()):
+                    # validation chose no second pass: the bundle carries no fragmentation
                     sub.fragments = None
                     sub.fragment_model = None
-                    say("the fragment score got no weight on validation: refitting the fusion without it")
-                    validation["ranking"] = fit_submodel_scoring(sub, val.spectra[mode], sets, metric=metric,
-                                                                 seed=options.seed, log=say, validation=val_pair,
-                                                                 calibration_collections=calibration_sets)
+                    say("the fragmentation terms did not improve validation ranking: left out")
             info["timings"]["scoring_s"] = time.perf_counter() - t0
             bundle.models[mode] = sub
             summary["models"][mode] = {
@@ -414,6 +404,8 @@ def _uses_fragments(fusion: dict[str, Any]) -> bool:
     """Whether a fitted fusion (``ScoreFusion.to_dict()``) reads a fragment term (a weight, or a ranker)."""
     from molpredict.identification.fusion import FRAGMENT_MODEL, FRAGMENTS
 
+    if fusion.get("rerank"):
+        return True
     if fusion.get("ranker"):
         return any(t in fusion["ranker"]["terms"] for t in (FRAGMENTS, FRAGMENT_MODEL))
     return any(fusion["weights"].get(t) for t in (FRAGMENTS, FRAGMENT_MODEL))

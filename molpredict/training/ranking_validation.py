@@ -23,11 +23,12 @@ from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES,
                                                    ranking_features_flat, select_calibrator, structure_weights,
                                                    top_index_flat)
 from molpredict.errors import InputError
-from molpredict.identification.evidence import Evidence
-from molpredict.identification.fusion import FUSION_KINDS, PRIOR, SPECTRUM, ScoreFusion, fit_fusion_kind, true_ranks
+from molpredict.identification.evidence import Evidence, query_adduct
+from molpredict.identification.fusion import (FUSION_KINDS, PRIOR, RERANK_TERMS, SPECTRUM, ScoreFusion,
+                                              fit_fusion_kind, true_ranks)
 
 __all__ = ["candidate_sets_from_library", "ranking_candidates", "fit_submodel_scoring", "ValidationTerms",
-           "validation_terms", "shared_validation_terms", "fit_scoring"]
+           "validation_terms", "shared_validation_terms", "add_second_pass_terms", "choose_rerank", "fit_scoring"]
 
 
 def candidate_sets_from_library(library: Any, molecules: Iterable[Any], max_candidates: int = 256,
@@ -80,6 +81,11 @@ class ValidationTerms:
     known : ndarray of shape (n_candidates_total,), bool, or None
         Whether each candidate is a structure the sub-model's prior knows (for the calibration's
         ``rank1_known``); None without a prior.
+    queries : list of (Spectrum, adduct) or None
+        Each query's spectrum and the adduct its candidates were matched with (None: the spectrum's own), for
+        terms computed later (:func:`add_second_pass_terms`); None when not kept.
+    molecules : list of Molecule or None
+        Each candidate's structure (flat), likewise.
     """
 
     offsets: np.ndarray
@@ -87,6 +93,8 @@ class ValidationTerms:
     terms: dict[str, np.ndarray] = field(default_factory=dict)
     groups: list[str] = field(default_factory=list)
     known: np.ndarray | None = None
+    queries: list[tuple[Any, Any]] | None = None
+    molecules: list[Any] | None = None
 
     @property
     def n_queries(self) -> int:
@@ -99,9 +107,17 @@ class ValidationTerms:
         for part in parts[1:]:
             offsets.append(offsets[-1][-1] + part.offsets[1:])
         known = None if any(p.known is None for p in parts) else np.concatenate([p.known for p in parts])
+        kept = all(p.queries is not None and p.molecules is not None for p in parts)
         return cls(np.concatenate(offsets), np.concatenate([p.is_true for p in parts]),
                    {k: np.concatenate([p.terms[k] for p in parts]) for k in parts[0].terms},
-                   [g for p in parts for g in p.groups], known)
+                   [g for p in parts for g in p.groups], known,
+                   [q for p in parts for q in p.queries] if kept else None,  # type: ignore[union-attr]
+                   [m for p in parts for m in p.molecules] if kept else None)  # type: ignore[union-attr]
+
+    def view(self, names: Sequence[str]) -> "ValidationTerms":
+        """The same queries with the terms ``names`` only."""
+        return ValidationTerms(self.offsets, self.is_true, {n: self.terms[n] for n in names if n in self.terms},
+                               self.groups, self.known, self.queries, self.molecules)
 
     def subset(self, queries: np.ndarray) -> "ValidationTerms":
         """The queries ``queries`` (indices) as their own flat arrays."""
@@ -152,12 +168,14 @@ def validation_terms(identifier: Any, spectra: Sequence[Any], wanted: Sequence[s
                 columns.setdefault(name, []).append(values)
     sizes = [len(q.ids) for q in queries]
     sub = queries[0].sub
-    known = evidence.known(sub, np.concatenate([q.ids for q in queries])) if sub.prior is not None else None
+    all_ids = np.concatenate([q.ids for q in queries])
+    known = evidence.known(sub, all_ids) if sub.prior is not None else None
     return ValidationTerms(
         offsets=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
         is_true=np.concatenate([source.inchikey14(q.ids) == q.true_key for q in queries]),
         terms={k: np.concatenate(v).astype(np.float64) for k, v in columns.items()},
-        groups=[q.true_key for q in queries], known=known)
+        groups=[q.true_key for q in queries], known=known,
+        queries=[(q.spectrum, query_adduct(q)) for q in queries], molecules=list(source.molecules(all_ids)))
 
 
 def shared_validation_terms(sub: Any, validation: Any, wanted: Sequence[str] = ()) -> ValidationTerms | None:
@@ -199,9 +217,59 @@ def shared_validation_terms(sub: Any, validation: Any, wanted: Sequence[str] = (
     if sub.prior is not None and hasattr(sub.prior, "is_reference"):
         # which candidates the prior knows (the calibrator's rank1_known), once per distinct candidate
         known = np.asarray(sub.prior.is_reference(candidates.molecules), dtype=bool)[flat]
-    labels = validation[1]
+    labels, inputs = validation[1], validation[0]
     groups = [labels[p].inchikey14 for p in candidates.positions]
-    return ValidationTerms(offsets=offsets, is_true=is_true, terms=terms, groups=groups, known=known)
+    pool = candidates.molecules
+    return ValidationTerms(offsets=offsets, is_true=is_true, terms=terms, groups=groups, known=known,
+                           queries=[(inputs[p], None) for p in candidates.positions],
+                           molecules=[pool[j] for j in flat])
+
+
+def add_second_pass_terms(data: ValidationTerms, scorers: Mapping[str, Any], firsts: Sequence[np.ndarray], k: int,
+                          log: Any = None) -> ValidationTerms:
+    """``data`` with the terms of ``scorers`` computed on each query's top ``k`` under any of the first-pass
+    scores ``firsts`` (flat, aligned with ``data``), NaN elsewhere: what a second pass
+    (:class:`~molpredict.identification.fusion.Rerank`) with ``k`` or fewer reads.
+
+    Parameters
+    ----------
+    data : ValidationTerms
+        With ``queries`` and ``molecules`` kept.
+    scorers : mapping
+        Term name -> scorer (``scorer.score(spectrum, molecules, adduct) -> ndarray``).
+    firsts : sequence of ndarray of shape (n_candidates_total,)
+    k : int
+    log : callable, optional
+
+    Returns
+    -------
+    ValidationTerms
+    """
+    import time
+
+    from molpredict.identification.fusion import top_k_flat
+
+    if data.queries is None or data.molecules is None:
+        raise ValueError("add_second_pass_terms: the validation terms kept no spectra and candidates")
+    chosen = np.zeros(len(data.is_true), dtype=bool)
+    for first in firsts:
+        chosen[top_k_flat(first, data.offsets, k)[0]] = True
+    terms = {name: np.full(len(data.is_true), np.nan) for name in scorers}
+    t0 = time.perf_counter()
+    # the spectra of one structure rank the same candidates: one after another, the scorers' per-structure caches
+    # serve all but the first
+    for q in sorted(range(data.n_queries), key=lambda i: (data.groups[i], i)):
+        spectrum, adduct = data.queries[q]
+        rows = data.offsets[q] + np.flatnonzero(chosen[data.offsets[q]:data.offsets[q + 1]])
+        molecules = [data.molecules[r] for r in rows]
+        for name, scorer in scorers.items():
+            terms[name][rows] = np.asarray(scorer.score(spectrum, molecules, adduct), dtype=np.float64)
+    if log is not None:
+        log(f"  second-pass terms ({', '.join(scorers)}) on {int(chosen.sum())} candidates of {data.n_queries} "
+            f"queries in {time.perf_counter() - t0:.0f} s")
+    out = data.view(list(data.terms))
+    out.terms = {**data.terms, **terms}
+    return out
 
 
 def structure_sample(spectra: Sequence[Any], max_structures: int, seed: int = 0) -> list[Any]:
@@ -243,6 +311,7 @@ def choose_fusion(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_f
     report : dict
         JSON-ready out-of-fold metrics of each kind (``n_folds``, ``weights``, ``ranker``, ``chosen``).
     """
+    data = data.view([t for t in data.terms if t not in RERANK_TERMS])  # the first pass's terms
     folds = grouped_folds(data.groups, n_folds, seed)
     report: dict[str, Any] = {"n_folds": n_folds}
     for kind in FUSION_KINDS:
@@ -264,9 +333,78 @@ def choose_fusion(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_f
     return chosen, report
 
 
+#: second-pass sizes tried on validation (:func:`choose_rerank`); the largest bounds the candidates fragmented
+RERANK_SIZES = (16, 32)
+
+
+def choose_rerank(data: ValidationTerms, kind: str, ks: Sequence[int], metric: str = "mrr", seed: int = 0,
+                  n_folds: int = 3, z: float = 2.0) -> tuple[tuple[int, tuple[str, ...]] | None, dict[str, Any]]:
+    """Whether (over how many candidates, with which terms) a second pass re-ranks the first pass's top ``k``
+    with the :data:`~molpredict.identification.fusion.RERANK_TERMS` of ``data``: the first pass alone and with
+    each ``k`` of ``ks`` and each non-empty subset of those terms, fitted on ``n_folds - 1`` folds of structures
+    and ranked on the last, both ways round.
+
+    A setting is eligible only when its out-of-fold gain in MRR over the first pass exceeds ``z`` standard errors
+    (queries of one structure taken as one draw: they rise or fall together) and its hit@1 is not lower; of
+    several, the best by ``metric``. A term that carries nothing then gets no second pass by chance.
+
+    Returns
+    -------
+    chosen : (k, terms) or None
+        None: no second pass.
+    report : dict
+        JSON-ready out-of-fold metrics (``first_pass``; ``k=<k>`` for both terms, ``k=<k> <term>`` for one, each
+        with its ``mrr_gain`` and ``mrr_gain_se``; ``chosen``: the label or None).
+    """
+    folds = grouped_folds(data.groups, n_folds, seed)
+    first_terms = [t for t in data.terms if t not in RERANK_TERMS]
+    later = [t for t in data.terms if t in RERANK_TERMS]
+    subsets = [tuple(later)] + ([(t,) for t in later] if len(later) > 1 else [])
+    settings = {"first_pass": None}
+    for k in ks:
+        for terms in subsets:
+            settings[f"k={k}" + ("" if terms == tuple(later) else " " + "+".join(terms))] = (int(k), terms)
+    ranks = {label: np.zeros(data.n_queries) for label in settings}
+    scored = np.zeros(data.n_queries, dtype=bool)
+    for fold in range(n_folds):
+        train_q, test_q = np.flatnonzero(folds != fold), np.flatnonzero(folds == fold)
+        if not len(train_q) or not len(test_q):
+            continue
+        tr, te = data.subset(train_q), data.subset(test_q)
+        for label, setting in settings.items():
+            k, terms = setting if setting is not None else (None, ())
+            fusion = fit_fusion_kind(kind, tr.view([*first_terms, *terms]).terms, tr.offsets, tr.is_true,
+                                     metric=metric, rerank_k=k)
+            ranks[label][test_q] = true_ranks(fusion.combine_flat(te.terms, te.offsets), te.offsets, te.is_true)
+        scored[test_q] = True
+    report: dict[str, Any] = {"n_folds": n_folds, "z": float(z)}
+    if not scored.any():
+        return None, {**report, "chosen": None}
+    groups = np.asarray(data.groups, dtype=object)[scored]
+    _, cluster = np.unique(groups, return_inverse=True)
+    base_rr = 1.0 / ranks["first_pass"][scored]
+    for label in settings:
+        r = ranks[label][scored]
+        report[label] = {"mrr": float(np.mean(1.0 / r)), **{f"hit@{j}": float(np.mean(r <= j)) for j in (1, 5, 10)}}
+        if label != "first_pass":
+            diff = 1.0 / r - base_rr
+            sums = np.bincount(cluster, weights=diff - diff.mean())
+            report[label]["mrr_gain"] = float(diff.mean())
+            report[label]["mrr_gain_se"] = float(np.sqrt(np.sum(sums ** 2)) / len(diff))
+    base, chosen = report["first_pass"], None
+    for label in settings:
+        r = report[label]
+        if label != "first_pass" and r["mrr_gain"] > z * r["mrr_gain_se"] and r["hit@1"] >= base["hit@1"] and (
+                chosen is None or r[metric] > report[chosen][metric]):
+            chosen = label
+    report["chosen"] = chosen
+    return (settings[chosen] if chosen is not None else None), report
+
+
 def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_folds: int = 5,
                 fusion_kind: str | None = None, fdr_z: float = FDR_Z, fusion_queries: np.ndarray | None = None,
-                weightings: Sequence[str] = tuple(WEIGHTINGS)) -> tuple[ScoreFusion, Calibrator, dict[str, Any]]:
+                weightings: Sequence[str] = tuple(WEIGHTINGS), rerank_ks: Sequence[int] = ()
+                ) -> tuple[ScoreFusion, Calibrator, dict[str, Any]]:
     """Fusion weights on all validation queries; calibration on out-of-fold fused scores.
 
     The fusion is refitted on each fold's complement (folds by structure) to score the fold, so every query gets
@@ -296,6 +434,10 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
     weightings : sequence of str
         The weightings of structures the calibrators compared are fitted with
         (:data:`~molpredict.identification.calibration.WEIGHTINGS`).
+    rerank_ks : sequence of int
+        Sizes of the second pass tried (:func:`choose_rerank`) when ``data`` holds
+        :data:`~molpredict.identification.fusion.RERANK_TERMS` (computed on the first pass's top candidates,
+        :func:`add_second_pass_terms`); those terms are dropped when no second pass is chosen.
 
     Returns
     -------
@@ -311,9 +453,21 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
     if fusion_mask.shape != (data.n_queries,) or not fusion_mask.any():
         raise ValueError("fit_scoring: fusion_queries must be one bool per query, not all False")
     fusion_data = data if fusion_mask.all() else data.subset(np.flatnonzero(fusion_mask))
+    first_terms = [t for t in data.terms if t not in RERANK_TERMS]
     if fusion_kind is None:
-        fusion_kind, choice = choose_fusion(fusion_data, metric, seed) if len(data.terms) > 1 else ("weights", {})
-    fusion = fit_fusion_kind(fusion_kind, fusion_data.terms, fusion_data.offsets, fusion_data.is_true, metric=metric)
+        fusion_kind, choice = choose_fusion(fusion_data, metric, seed) if len(first_terms) > 1 else ("weights", {})
+    rerank_k, rerank_choice = None, {}
+    if rerank_ks and len(first_terms) < len(data.terms):
+        chosen_rerank, rerank_choice = choose_rerank(fusion_data, fusion_kind, rerank_ks, metric, seed)
+        if chosen_rerank is not None:
+            rerank_k, rerank_terms = chosen_rerank
+    # the second pass's terms that are not used are dropped
+    kept = [*first_terms, *(rerank_terms if rerank_k is not None else ())]
+    data, fusion_data = data.view(kept), fusion_data.view(kept)
+    fusion = fit_fusion_kind(fusion_kind, fusion_data.terms, fusion_data.offsets, fusion_data.is_true, metric=metric,
+                             rerank_k=rerank_k)
+    if fusion.rerank is not None:
+        fusion.rerank.validation = rerank_choice
     folds = grouped_folds(data.groups, n_folds, seed)
     features = np.zeros((data.n_queries, len(ALL_FEATURES)))
     correct = np.zeros(data.n_queries, dtype=bool)
@@ -324,7 +478,8 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
         if not len(train_q) or not len(test_q):
             continue
         tr, te = data.subset(train_q), data.subset(test_q)
-        fold_fusion = fit_fusion_kind(fusion_kind, tr.terms, tr.offsets, tr.is_true, metric=metric)
+        fold_fusion = fit_fusion_kind(fusion_kind, tr.terms, tr.offsets, tr.is_true, metric=metric,
+                                      rerank_k=rerank_k)
         features[test_q], correct[test_q], available = calibration_data(
             te, fold_fusion.combine_flat(te.terms, te.offsets), fold_fusion.temperature)
         out_of_fold[test_q] = True
@@ -343,6 +498,7 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
     report = {
         "metric": metric, "n_queries": data.n_queries, "n_structures": len(set(data.groups)),
         "weights": fusion.weights, "fusion_kind": fusion_kind, **({"fusion_choice": choice} if choice else {}),
+        **({"rerank_choice": rerank_choice} if rerank_choice else {}),
         "temperature": fusion.temperature, "fused": fusion.validation["fused"],
         **{k: v for k, v in fusion.validation.items() if k.endswith("_alone")},
         "out_of_fold_hit@1": float(np.mean(correct)),
@@ -425,14 +581,20 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
     """
     from molpredict.identification.candidate_sources import SetSource
     from molpredict.identification.evidence import WITH_PRIOR, WITHOUT_PRIOR, ScoringVariant
-    from molpredict.identification.fusion import FRAGMENT_MODEL, FRAGMENTS, PRIOR
+    from molpredict.identification.fusion import FRAGMENT_MODEL, FRAGMENTS
     from molpredict.identification.identify import Identifier, IdentifyOptions
     from molpredict.modelfile import ModelBundle
 
     say = log or (lambda message: None)
     bundle = ModelBundle({sub.ion_mode: sub})
-    wanted = [PRIOR] * (sub.prior is not None) + [FRAGMENTS] * (sub.fragments is not None) \
-        + [FRAGMENT_MODEL] * (getattr(sub, "fragment_model", None) is not None)
+    # every candidate gets the first pass's terms; the fragmentation terms go to a second pass over its top k
+    wanted = [PRIOR] * (sub.prior is not None)
+    second: dict[str, Any] = {}
+    if sub.fragments is not None:
+        from molpredict.chem.fragments import FragmentScorer
+        second[FRAGMENTS] = FragmentScorer(**sub.fragments)
+    if getattr(sub, "fragment_model", None) is not None:
+        second[FRAGMENT_MODEL] = sub.fragment_model
     if max_structures is not None:
         val_spectra = structure_sample(val_spectra, max_structures, seed)
     def scored(collections_: Sequence[Mapping[str, Sequence[tuple[str, str]]]]) -> list[ValidationTerms]:
@@ -452,20 +614,33 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
             fusion_queries = np.r_[np.ones(data.n_queries, dtype=bool),
                                    np.zeros(sum(part.n_queries for part in extra), dtype=bool)]
             data = ValidationTerms.concatenate([data, *extra])
+    variants = [(variant, names) for variant, names in ((WITH_PRIOR, list(data.terms)),
+                                                        (WITHOUT_PRIOR, [n for n in data.terms if n != PRIOR]))
+                if variant != WITH_PRIOR or PRIOR in data.terms]
+    kinds: dict[str, str | None] = {variant: None for variant, _ in variants}
+    if second:
+        # the candidates a second pass would re-rank: each variant's first-pass top k (fitted on the fusion's sets)
+        fusion_data = data if fusion_queries is None else data.subset(np.flatnonzero(fusion_queries))
+        firsts = []
+        for variant, names in variants:
+            kinds[variant] = choose_fusion(fusion_data.view(names), metric, seed)[0] if len(names) > 1 else "weights"
+            first = fit_fusion_kind(kinds[variant], fusion_data.view(names).terms, fusion_data.offsets,
+                                    fusion_data.is_true, metric=metric)
+            firsts.append(first.combine_flat(data.view(names).terms, data.offsets))
+        data = add_second_pass_terms(data, second, firsts, max(RERANK_SIZES), log=say)
     scoring, report = {}, {}
-    for variant, names in ((WITH_PRIOR, list(data.terms)), (WITHOUT_PRIOR, [n for n in data.terms if n != PRIOR])):
-        if variant == WITH_PRIOR and PRIOR not in data.terms:
-            continue
-        view = ValidationTerms(data.offsets, data.is_true, {n: data.terms[n] for n in names}, data.groups,
-                               data.known)
-        fusion, calibrator, variant_report = fit_scoring(view, metric=metric, seed=seed,
-                                                         fusion_queries=fusion_queries)
+    for variant, names in variants:
+        view = data.view([*names, *second])
+        fusion, calibrator, variant_report = fit_scoring(view, metric=metric, seed=seed, fusion_kind=kinds[variant],
+                                                         fusion_queries=fusion_queries, rerank_ks=RERANK_SIZES)
         scoring[variant] = ScoringVariant(fusion, calibrator).to_dict()
         report[variant] = variant_report
         fused, cal = variant_report["fused"], variant_report["calibration"]
         say(f"  {sub.ion_mode} {variant.replace('_', ' ')}: "
             + ("learnt ranker over " + ", ".join(fusion.ranker.terms) if fusion.ranker is not None else
                "weights " + ", ".join(f"{k} {v:g}" for k, v in fusion.weights.items()))
+            + (f", re-ranking its top {fusion.rerank.k} with " + ", ".join(fusion.rerank.terms)
+               if fusion.rerank is not None else "")
             + f"; validation hit@1 {100 * fused['hit@1']:.1f}%, hit@10 {100 * fused['hit@10']:.1f}%, "
               f"MRR {fused['mrr']:.3f} ({data.n_queries} queries); calibration {cal['method']} on "
               f"{cal['feature_set']}, ECE (out of fold) {cal['ece_out_of_fold']:.3f}, per structure "
