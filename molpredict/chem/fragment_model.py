@@ -37,8 +37,8 @@ from typing import Any
 import numpy as np
 from rdkit import Chem
 
-from molpredict.chem.fragments import (BOND_KINDS, HYDROGEN_MASS, FragmentScorer, FragmentSet, recent_fragments,
-                                       scored_peaks)
+from molpredict.chem.fragments import (BOND_KINDS, FRAGMENTATION_VERSION, HYDROGEN_MASS, FragmentScorer, FragmentSet,
+                                       recent_fragments, scored_peaks)
 from molpredict.chem.molecules import Molecule
 from molpredict.component import Component
 from molpredict.errors import InputError, ModelFileError, SpecError
@@ -563,6 +563,44 @@ class FragmentModel(Component):
              [:, None] + w_hot[None, :] + inter @ w_inter.reshape(n_s, n_i).T
              + binned @ w_inter_bin.reshape(n_s, n_b).T)
         return (1.0 / (1.0 + np.exp(-z))).ravel()
+
+    # -- the per-structure cache as arrays (for the on-disk cache, :mod:`molpredict.chem.fragment_cache`) ----------
+    def disk_cache_key(self) -> str:
+        """The content key of the ion groups this model computes: a hash of ``coef_``, ``intercept_``, ``mean_``,
+        ``scale_``, every :meth:`get_params` value, the inputs' definition (feature names, bins, interactions)
+        and the versions of the model format and of the fragmentation; it changes whenever a prediction would."""
+        from molpredict.chem.fragment_cache import content_key
+        self._check_fitted()
+        params = {"params": self.get_params(), "intercept": float(self.intercept_), "model_version": _VERSION,
+                  "fragmentation": FRAGMENTATION_VERSION, "features": list(FEATURE_NAMES),
+                  "bins": {k: list(v) for k, v in FEATURE_BINS.items()}, "interactions": list(SHIFT_INTERACTIONS),
+                  "hydrogen_mass": HYDROGEN_MASS}
+        arrays = {name: np.asarray(getattr(self, name + "_"), dtype=np.float64) for name in ("coef", "mean", "scale")}
+        return content_key("fragment-model", params, arrays)
+
+    def cached_arrays(self, smiles: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
+        """The ion groups the memory cache holds among ``smiles``, as arrays: SMILES -> ``mass``, ``q``."""
+        cache = getattr(self, "cache_", None) or {}
+        return {s: {"mass": cache[s][0], "q": cache[s][1]} for s in smiles if s in cache}
+
+    def remember_arrays(self, entries: dict[str, dict[str, np.ndarray]]) -> set[str]:
+        """Put ion groups given as :meth:`cached_arrays` writes them into the memory cache; returns the SMILES
+        taken (none without a memory cache; an entry without the right arrays is not taken)."""
+        if not self.cache_size:
+            return set()
+        cache = getattr(self, "cache_", None)
+        if cache is None:
+            cache = self.cache_ = OrderedDict()
+        taken = set()
+        for s, a in entries.items():
+            mass, q = a.get("mass"), a.get("q")
+            if mass is None or q is None or mass.ndim != 1 or q.shape != mass.shape:
+                continue
+            cache[s] = (mass, q)
+            taken.add(s)
+        while len(cache) > self.cache_size:
+            cache.popitem(last=False)
+        return taken
 
     def _clear_cache(self) -> None:
         self.cache_ = OrderedDict()

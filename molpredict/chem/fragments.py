@@ -66,6 +66,9 @@ _PERIODIC_TABLE = Chem.GetPeriodicTable()
 HYDROGEN_MASS = float(_PERIODIC_TABLE.GetMostCommonIsotopeMass("H"))
 _STORE_FORMAT = "molpredict-fragments"
 _STORE_VERSION = 2
+#: version of what :func:`fragment_structure` returns for a structure: bump it when its output changes, so that
+#: on-disk caches of fragmentation results (:mod:`molpredict.chem.fragment_cache`) are not read any more
+FRAGMENTATION_VERSION = 1
 #: Kinds of broken bonds counted per fragment (cleaving them costs increasingly more energy, roughly).
 BOND_KINDS = ("single-heteroatom", "single-carbon", "aromatic", "multiple")
 # Fragment masks of one cleavage level are intersected in blocks of at most this many booleans (memory bound).
@@ -624,6 +627,50 @@ class FragmentScorer(Component):
             while len(cache) > self.cache_size:
                 cache.popitem(last=False)
         return result
+
+    # -- the per-structure cache as arrays (for the on-disk cache, :mod:`molpredict.chem.fragment_cache`) ----------
+    def disk_cache_key(self) -> str:
+        """The content key of the fragment sets this scorer computes: they depend on ``max_depth`` alone (and on
+        :data:`FRAGMENTATION_VERSION`)."""
+        from molpredict.chem.fragment_cache import content_key
+        return content_key("fragment-sets", {"max_depth": int(self.max_depth),
+                                             "fragmentation": FRAGMENTATION_VERSION})
+
+    def cached_arrays(self, smiles: Iterable[str]) -> dict[str, dict[str, np.ndarray]]:
+        """The fragment sets the memory cache holds among ``smiles``, as arrays: SMILES -> ``masses``, ``depth``,
+        ``broken_by_type``, ``counts``, ``elements`` (unicode)."""
+        cache = self._cache()
+        out = {}
+        for s in smiles:
+            fs = cache.get(s)
+            if fs is not None:
+                out[s] = {"masses": fs.masses, "depth": fs.depth, "broken_by_type": fs.broken_by_type,
+                          "counts": fs.counts, "elements": np.array(fs.elements, dtype=str)}
+        return out
+
+    def remember_arrays(self, entries: Mapping[str, Mapping[str, np.ndarray]]) -> set[str]:
+        """Put fragment sets given as :meth:`cached_arrays` writes them into the memory cache; returns the SMILES
+        taken (none without a memory cache; an entry without the right arrays is not taken)."""
+        if not self.cache_size:
+            return set()
+        cache = self._cache()
+        taken = set()
+        for s, a in entries.items():
+            try:
+                masses, depth = np.asarray(a["masses"]), np.asarray(a["depth"])
+                broken, counts = np.asarray(a["broken_by_type"]), np.asarray(a["counts"])
+                elements = tuple(str(e) for e in np.asarray(a["elements"]).ravel())
+            except (KeyError, TypeError, ValueError):
+                continue
+            n = masses.shape[0] if masses.ndim == 1 else -1
+            if (n < 0 or depth.shape != (n,) or broken.shape != (n, len(BOND_KINDS))
+                    or counts.shape != (n, len(elements))):
+                continue
+            cache[s] = FragmentSet(masses, depth, broken, counts, elements)
+            taken.add(s)
+        while len(cache) > self.cache_size:
+            cache.popitem(last=False)
+        return taken
 
     def save_fragments(self, path: str | os.PathLike, molecules: Iterable[Molecule | str]) -> Path:
         """Fragment every structure (once per InChIKey first block) and write them with

@@ -129,6 +129,7 @@ class Evidence:
         self._variants: dict[tuple[int, bool], ScoringVariant | None] = {}
         self._fragmenters: dict[int, Any] = {}
         self._known: dict[tuple[int, int], bool] = {}
+        self._disk: dict[tuple[int, str], Any] = {}
 
     # -- settings of a sub-model ---------------------------------------------------------------------------
     def variant(self, sub: Any, use_prior: bool | None = None) -> ScoringVariant | None:
@@ -170,9 +171,56 @@ class Evidence:
                    FRAGMENT_MODEL: getattr(sub, "fragment_model", None) if FRAGMENT_MODEL in names else None}
         return {name: scorer for name, scorer in scorers.items() if scorer is not None}
 
+    # -- the on-disk cache of per-structure fragmentation ----------------------------------------------------
+    def _disk_caches(self, scorers: Mapping[str, Any]) -> dict[str, Any]:
+        """The on-disk caches of ``scorers`` (name -> :class:`~molpredict.chem.fragment_cache.ScorerDiskCache`),
+        under the coordinates cache's root; none with ``cache_root=False`` or a remote root (SQLite's locks need
+        a local disk)."""
+        root = getattr(self.coordinates, "cache_root", False)
+        if root is False:
+            return {}
+        if root is None:
+            from molpredict.identification.coordinates_cache import default_cache_root
+            root = default_cache_root()
+        root = str(root)
+        if root.startswith("file://"):
+            root = root[len("file://"):]
+        elif "://" in root:
+            return {}
+        out = {}
+        for name, scorer in scorers.items():
+            key = (id(scorer), name)
+            if key not in self._disk:
+                from molpredict.chem.fragment_cache import FragmentCache, ScorerDiskCache
+                # keep the scorer alive with its cache: an id() may be reused once its object is gone
+                self._disk[key] = (scorer, ScorerDiskCache(scorer, FragmentCache(root, scorer.disk_cache_key())))
+            out[name] = self._disk[key][1]
+        return out
+
+    def _with_disk_cache(self, scorers: Mapping[str, Any], ids: np.ndarray, timings: Counter):
+        """Load the stored fragmentation of candidates ``ids`` into ``scorers``' memory; returns the function that
+        stores what the scorers computed for the others (call it after scoring them)."""
+        disk = self._disk_caches(scorers)
+        if not disk or not len(ids):
+            return lambda: None
+        t0 = time.perf_counter()
+        source = self.coordinates.source
+        smiles = [m.smiles for m in source.molecules(ids)]
+        keys = [str(k) for k in source.inchikey14(ids)]
+        missing = {name: cache.prefetch(keys, smiles) for name, cache in disk.items()}
+        timings["fragment_cache_s"] += time.perf_counter() - t0
+
+        def store() -> None:
+            t1 = time.perf_counter()
+            for name, cache in disk.items():
+                cache.store_new(missing[name])
+            timings["fragment_cache_s"] += time.perf_counter() - t1
+        return store
+
     def _second_pass_terms(self, queries: Sequence[Any], out: list[dict[str, np.ndarray]], timings: Counter) -> None:
         """Add the second pass's terms to each query's ``out`` entry: computed for the candidates some variant's
-        second pass re-ranks (its first pass's top ``k``), NaN elsewhere."""
+        second pass re-ranks (its first pass's top ``k``), NaN elsewhere. The stored fragmentation of a group of
+        queries' chosen candidates is read in one go before they are scored, what was computed written after."""
         sub = queries[0].sub
         variants = [self.variant(sub)]
         if self.every_variant and self.use_prior:
@@ -182,20 +230,28 @@ class Evidence:
         scorers = self._scorers(sub, names)
         if not scorers:
             return
-        source = self.coordinates.source
+        chosen = []
         for q, terms in zip(queries, out):
-            n = len(q.ids)
-            if n == 0:
-                continue
             context = {"formula_known": 0.0 if getattr(q, "window", "") else 1.0}
-            chosen = np.unique(np.concatenate([v.fusion.rerank_candidates(terms, context) for v in variants]))
-            molecules = source.molecules(q.ids[chosen])
-            for name, scorer in scorers.items():
-                t0 = time.perf_counter()
-                values = np.full(n, np.nan)
-                values[chosen] = np.asarray(scorer.score(q.spectrum, molecules, query_adduct(q)), dtype=np.float64)
-                terms[name] = values
-                timings[f"{name}_s"] += time.perf_counter() - t0
+            chosen.append(np.unique(np.concatenate([v.fusion.rerank_candidates(terms, context) for v in variants]))
+                          if len(q.ids) else np.zeros(0, dtype=np.int64))
+        source = self.coordinates.source
+        for group in _groups_within(np.array([len(c) for c in chosen]), _memory_room(scorers)):
+            store = self._with_disk_cache(
+                scorers, np.unique(np.concatenate([queries[i].ids[chosen[i]] for i in group])), timings)
+            for i in group:
+                q, terms, picked = queries[i], out[i], chosen[i]
+                if len(q.ids) == 0:
+                    continue
+                molecules = source.molecules(q.ids[picked])
+                for name, scorer in scorers.items():
+                    t0 = time.perf_counter()
+                    values = np.full(len(q.ids), np.nan)
+                    values[picked] = np.asarray(scorer.score(q.spectrum, molecules, query_adduct(q)),
+                                                dtype=np.float64)
+                    terms[name] = values
+                    timings[f"{name}_s"] += time.perf_counter() - t0
+            store()
 
     # -- terms -----------------------------------------------------------------------------------------------
     def terms(self, queries: Sequence[Any], raw: Sequence[np.ndarray], timings: Counter,
@@ -231,12 +287,19 @@ class Evidence:
             timings["prior_s"] += time.perf_counter() - t0
         # the candidate-specific terms on every candidate (a fusion that weighs them in its first pass)
         source = self.coordinates.source
-        for name, scorer in self._scorers(sub, wanted).items():
-            t0 = time.perf_counter()
-            for q, terms in zip(queries, out):
-                terms[name] = np.asarray(scorer.score(q.spectrum, source.molecules(q.ids), query_adduct(q)),
-                                         dtype=np.float64)
-            timings[f"{name}_s"] += time.perf_counter() - t0
+        scorers = self._scorers(sub, wanted)
+        if scorers:
+            for group in _groups_within(np.array([len(q.ids) for q in queries]), _memory_room(scorers)):
+                store = self._with_disk_cache(scorers, np.unique(np.concatenate([queries[i].ids for i in group])),
+                                              timings)
+                for name, scorer in scorers.items():
+                    t0 = time.perf_counter()
+                    for i in group:
+                        q = queries[i]
+                        out[i][name] = np.asarray(scorer.score(q.spectrum, source.molecules(q.ids),
+                                                               query_adduct(q)), dtype=np.float64)
+                    timings[f"{name}_s"] += time.perf_counter() - t0
+                store()
         return out
 
     def fuse(self, query: Any, terms: Mapping[str, np.ndarray]) -> QueryScores:
@@ -287,6 +350,26 @@ class Evidence:
         if queries:
             self._second_pass_terms(queries, terms, timings)
         return [self.fuse(q, t) for q, t in zip(queries, terms)]
+
+
+def _memory_room(scorers: Mapping[str, Any]) -> int:
+    """Candidates whose fragmentation one group of queries may load into the scorers' memory caches: half the
+    smallest cache, so that what was loaded is not dropped before it is read."""
+    sizes = [int(getattr(s, "cache_size", 0) or 0) for s in scorers.values()]
+    return max(1, min(sizes, default=0) // 2)
+
+
+def _groups_within(sizes: np.ndarray, room: int) -> list[list[int]]:
+    """Consecutive groups of indices whose ``sizes`` sum to at most ``room`` (a larger item alone)."""
+    groups: list[list[int]] = []
+    total = room + 1
+    for i, size in enumerate(sizes.tolist()):
+        if total + size > room:
+            groups.append([])
+            total = 0
+        groups[-1].append(i)
+        total += size
+    return groups
 
 
 def query_adduct(query: Any) -> str | None:
