@@ -81,6 +81,41 @@ def test_store_round_trip_keeps_the_first_value_of_a_key(tmp_path):
     assert len(got) == 1200 and all(int(got[k]["v"][0]) == int(k[1:]) for k in many)
 
 
+def test_structures_sharing_a_first_block_keep_their_own_fragments(tmp_path):
+    """Tautomers share the InChIKey first block but carry their hydrogens on other atoms: each keeps its own
+    entry, and a fresh scorer loads exactly what was computed (the ion groups of a model likewise)."""
+    from molpredict.chem.fragment_cache import ScorerDiskCache
+    from molpredict.chem.molecules import Molecule
+
+    smiles = ["Oc1ccccn1", "O=c1cccc[nH]1"]  # 2-hydroxypyridine / 2-pyridone
+    first_block = {Molecule.from_smiles(s).inchikey14 for s in smiles}
+    assert len(first_block) == 1
+    keys = [first_block.pop()] * 2
+    for make in (lambda: FragmentScorer(max_depth=2), lambda: random_model(max_depth=1)):
+        scorer = make()
+        disk = ScorerDiskCache(scorer, FragmentCache(tmp_path, scorer.disk_cache_key()))
+        missing = disk.prefetch(keys, smiles)
+        assert set(missing) == set(smiles)
+        computed = {s: (scorer.fragments(s) if isinstance(scorer, FragmentScorer) else scorer.ion_groups(s))
+                    for s in smiles}
+        assert disk.store_new(missing) == 2
+        fresh = make()
+        assert ScorerDiskCache(fresh, FragmentCache(tmp_path, fresh.disk_cache_key())).prefetch(keys, smiles) == {}
+        for s in smiles:
+            if isinstance(scorer, FragmentScorer):
+                got, want = fresh.cache_[s], computed[s]
+                for name in ("masses", "depth", "broken_by_type", "counts"):
+                    np.testing.assert_array_equal(getattr(got, name), getattr(want, name))
+                    assert getattr(got, name).dtype == getattr(want, name).dtype
+                assert got.elements == want.elements
+            else:
+                for got, want in zip(fresh.cache_[s], computed[s]):
+                    np.testing.assert_array_equal(got, want)
+        # the two tautomers' fragments differ, so a key by first block alone would have been wrong for one
+        a, b = (fresh.cached_arrays(smiles)[s] for s in smiles)
+        assert any(a[n].shape != b[n].shape or not np.array_equal(a[n], b[n]) for n in a)
+
+
 # -- content keys --------------------------------------------------------------------------------------------
 def random_model(seed: int = 0, **params) -> FragmentModel:
     """A fitted fragment model with random weights (as test_fragment_model's constant_model, not constant)."""

@@ -578,6 +578,16 @@ class FragmentModel(Component):
         arrays = {name: np.asarray(getattr(self, name + "_"), dtype=np.float64) for name in ("coef", "mean", "scale")}
         return content_key("fragment-model", params, arrays)
 
+    def in_memory(self, smiles: Sequence[str]) -> set[str]:
+        """The structures among ``smiles`` whose ion groups the memory cache holds (marked recently used)."""
+        cache = getattr(self, "cache_", None)
+        if cache is None:
+            return set()
+        held = {s for s in smiles if s in cache}
+        for s in held:
+            cache.move_to_end(s)
+        return held
+
     def cached_arrays(self, smiles: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
         """The ion groups the memory cache holds among ``smiles``, as arrays: SMILES -> ``mass``, ``q``."""
         cache = getattr(self, "cache_", None) or {}

@@ -636,6 +636,14 @@ class FragmentScorer(Component):
         return content_key("fragment-sets", {"max_depth": int(self.max_depth),
                                              "fragmentation": FRAGMENTATION_VERSION})
 
+    def in_memory(self, smiles: Iterable[str]) -> set[str]:
+        """The structures among ``smiles`` whose fragment sets the memory cache holds (marked recently used)."""
+        cache = self._cache()
+        held = {s for s in smiles if s in cache}
+        for s in held:
+            cache.move_to_end(s)
+        return held
+
     def cached_arrays(self, smiles: Iterable[str]) -> dict[str, dict[str, np.ndarray]]:
         """The fragment sets the memory cache holds among ``smiles``, as arrays: SMILES -> ``masses``, ``depth``,
         ``broken_by_type``, ``counts``, ``elements`` (unicode)."""
