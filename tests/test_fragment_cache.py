@@ -171,8 +171,11 @@ def fragment_bundle(request):
     model = build_model(FAKE_MODEL, {"lam": "0.01"}).fit(spectra, molecules)
     sub = SubModel(model=model, ion_mode="positive", cleaning=CleaningPipeline().to_dict(),
                    adducts=["[M+H]+", "[M+Na]+", "[M+NH4]+", "[M]+"])
-    sub.fragments = FragmentScorer(max_depth=1).get_params()
-    sub.fragment_model = random_model(max_depth=1)
+    # small memory caches in the second pass (room for one query's top 3 at a time): the union of a block's
+    # chosen candidates is then read from the disk in several groups
+    cache_size = 6 if request.param == "second_pass" else 8192
+    sub.fragments = FragmentScorer(max_depth=1, cache_size=cache_size).get_params()
+    sub.fragment_model = random_model(max_depth=1, cache_size=cache_size)
     if request.param == "second_pass":
         ranker = LearntRanker((FIRST_PASS, "fragments", "fragment_model"), (), (), (), False,
                               np.array([0.5, 2.0, 1.0]))
@@ -184,7 +187,7 @@ def fragment_bundle(request):
 
 
 def identify(bundle, library, spectra, cache_root):
-    options = IdentifyOptions(top_k=50)
+    options = IdentifyOptions(top_k=50, block_queries=5)  # several blocks
     identifier = Identifier(bundle, LibrarySource(library, options), options, cache_root=cache_root)
     return list(identifier.run(spectra)), identifier
 
@@ -277,7 +280,7 @@ def test_a_damaged_database_warns_once_in_one_line_and_the_rows_stay_right(fragm
         rows, _ = identify(fragment_bundle, library, queries, root)
     assert same(expected, rows)
     messages = [str(w.message) for w in caught if "fragment cache" in str(w.message)]
-    assert len(messages) == 2, messages  # once per file, not once per block or query
+    assert len(messages) == 2, messages  # once per file, not once per block, group or query
     for path in paths:
         assert sum(str(path) in m for m in messages) == 1
     assert all("\n" not in m for m in messages)

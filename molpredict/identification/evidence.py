@@ -190,10 +190,11 @@ class Evidence:
         out = {}
         for name, scorer in scorers.items():
             key = (id(scorer), name)
-            if key not in self._disk:
+            content = scorer.disk_cache_key()  # asked each time: a scorer refitted in place gets a new store
+            if key not in self._disk or self._disk[key][1].store.key != content:
                 from molpredict.chem.fragment_cache import FragmentCache, ScorerDiskCache
                 # keep the scorer alive with its cache: an id() may be reused once its object is gone
-                self._disk[key] = (scorer, ScorerDiskCache(scorer, FragmentCache(root, scorer.disk_cache_key())))
+                self._disk[key] = (scorer, ScorerDiskCache(scorer, FragmentCache(root, content)))
             out[name] = self._disk[key][1]
         return out
 
