@@ -111,7 +111,9 @@ class Evidence:
     Parameters
     ----------
     coordinates : CandidateCoordinates
-        The candidate source's coordinates (the prior's scores are cached through it).
+        The candidate source's coordinates (the prior's scores are cached through it); the per-structure
+        fragmentation of the fragment terms is cached on disk under its ``cache_root`` too
+        (:mod:`molpredict.chem.fragment_cache`; not with ``cache_root=False`` or a remote root).
     use_prior : bool
         ``--prior on|off``: with False the prior term is neither computed nor fused, and the ``without_prior``
         variant is used.
