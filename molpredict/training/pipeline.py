@@ -95,7 +95,9 @@ class TrainOptions:
         read each candidate against the query's peaks with it and with the MetFrag-style fragment score
         (:mod:`molpredict.chem.fragments`), in a second pass that re-ranks the fused ranking's top 16 or 32 (chosen
         on validation; :class:`~molpredict.identification.fusion.Rerank`): only those candidates are fragmented.
-        Both stay out when validation ranks no better with them. Needs validation sets.
+        Both stay out when validation ranks no better with them (and without validation sets). On by default:
+        on val_pos the second pass adds 2.2 points of hit@1 out of fold (formula256 and formula sets), for about
+        7 minutes more training of train_pos on 2 cores.
     fragment_model_structures : int
         Training structures (a seeded sample) the fragmentation model is fitted on.
     """
@@ -117,7 +119,7 @@ class TrainOptions:
     calibration_candidates: str | Sequence[str] | None = None
     library: str | None = None
     prior: str = "train"
-    fragments: bool = False
+    fragments: bool = True
     fragment_model_structures: int = 1000
 
     def component_params(self, input_type: str = "spectrum", n_inputs: int = 0, n_structures: int = 0,
