@@ -74,7 +74,7 @@ def score_val(data: Path, bundle_path: Path, mode: str, kind: str, cache: Any) -
     from molpredict.chem.candidates import load_candidate_sets
     from molpredict.identification.candidate_sources import SetSource
     from molpredict.identification.evaluate import collect_queries, labelled_queries
-    from molpredict.identification.evidence import Evidence
+    from molpredict.identification.evidence import Evidence, query_adduct
     from molpredict.identification.fusion import PRIOR
     from molpredict.identification.identify import Identifier, IdentifyOptions
     from molpredict.io import read_spectra
@@ -102,8 +102,25 @@ def score_val(data: Path, bundle_path: Path, mode: str, kind: str, cache: Any) -
     terms = ValidationTerms(np.concatenate([[0], np.cumsum([len(q.ids) for q in queries])]).astype(np.int64),
                             np.concatenate([source.inchikey14(q.ids) == q.true_key for q in queries]),
                             {k: np.concatenate(v).astype(np.float64) for k, v in columns.items()},
-                            [q.true_key for q in queries], known)
-    return terms, source.inchikey14(ids).astype(str)
+                            [q.true_key for q in queries], known,
+                            [(q.spectrum, query_adduct(q)) for q in queries], list(source.molecules(ids)))
+    return second_pass_terms(sub, terms), source.inchikey14(ids).astype(str)
+
+
+def second_pass_terms(sub: Any, data: Any) -> Any:
+    """``data`` with the fragmentation terms on the top 32 of each of the bundle's first passes, as training
+    computes them (unchanged for a bundle without a second pass)."""
+    from molpredict.chem.fragments import FragmentScorer
+    from molpredict.identification.fusion import FRAGMENT_MODEL, FRAGMENTS, ScoreFusion
+    from molpredict.training.ranking_validation import RERANK_SIZES, add_second_pass_terms
+
+    fusions = [ScoreFusion.from_dict(v["fusion"]) for v in (sub.scoring or {}).values()]
+    if not any(f.rerank is not None for f in fusions):
+        return data
+    scorers = {name: scorer for name, scorer in ((FRAGMENTS, FragmentScorer(**sub.fragments) if sub.fragments
+                                                  else None), (FRAGMENT_MODEL, sub.fragment_model)) if scorer}
+    return add_second_pass_terms(data, scorers, [f.first_pass(data.terms, data.offsets) for f in fusions],
+                                 max(RERANK_SIZES))
 
 
 def out_of_fold(data: Any, keys: np.ndarray, fusion_mask: np.ndarray, calibration_mask: np.ndarray,
@@ -113,13 +130,18 @@ def out_of_fold(data: Any, keys: np.ndarray, fusion_mask: np.ndarray, calibratio
     and fold calibrators never see the query's structure."""
     from molpredict.identification.calibration import (ALL_FEATURES, WEIGHTINGS, Calibrator, grouped_folds,
                                                        structure_weights, top_index_flat)
-    from molpredict.identification.fusion import fit_fusion_kind
+    from molpredict.identification.fusion import RERANK_TERMS, fit_fusion_kind
     from molpredict.training.ranking_validation import calibration_data, fit_scoring
 
+    from molpredict.training.ranking_validation import RERANK_SIZES
+
     chosen_on = data.subset(np.flatnonzero(calibration_mask))
-    _, calibrator, report = fit_scoring(chosen_on, seed=seed, fusion_queries=fusion_mask[calibration_mask],
-                                        weightings=weightings)
+    fitted, calibrator, report = fit_scoring(chosen_on, seed=seed, fusion_queries=fusion_mask[calibration_mask],
+                                             weightings=weightings, rerank_ks=RERANK_SIZES)
     fusion_kind = report["fusion_kind"]  # weights or the learnt ranker, as fit_scoring chooses it
+    # a second pass as fit_scoring chose it (the fragmentation terms it does not read are left out)
+    rerank_k = fitted.rerank.k if fitted.rerank is not None else None
+    data = data.view([t for t in data.terms if t not in RERANK_TERMS or t in fitted.rerank_terms])
     folds = grouped_folds(data.groups, n_folds, seed)
     features = np.zeros((data.n_queries, len(ALL_FEATURES)))
     correct = np.zeros(data.n_queries, dtype=bool)
@@ -127,7 +149,7 @@ def out_of_fold(data: Any, keys: np.ndarray, fusion_mask: np.ndarray, calibratio
     for k in range(n_folds):
         train_q, test_q = np.flatnonzero((folds != k) & fusion_mask), np.flatnonzero(folds == k)
         tr, te = data.subset(train_q), data.subset(test_q)
-        fusion = fit_fusion_kind(fusion_kind, tr.terms, tr.offsets, tr.is_true, metric="mrr")
+        fusion = fit_fusion_kind(fusion_kind, tr.terms, tr.offsets, tr.is_true, metric="mrr", rerank_k=rerank_k)
         fused = fusion.combine_flat(te.terms, te.offsets)
         features[test_q], correct[test_q], _ = calibration_data(te, fused, fusion.temperature)
         flat = np.concatenate([np.arange(data.offsets[q], data.offsets[q + 1]) for q in test_q])
@@ -143,7 +165,7 @@ def out_of_fold(data: Any, keys: np.ndarray, fusion_mask: np.ndarray, calibratio
                               calibrator.method, calibrator.features)
         probability[folds == k] = fold.predict(columns[folds == k])
     return {"probability": probability, "correct": correct, "rank1": rank1.astype(str),
-            "fusion_kind": fusion_kind,
+            "fusion_kind": fusion_kind, "rerank_k": rerank_k, "rerank_terms": list(fitted.rerank_terms),
             "calibrator": {"method": calibrator.method, "features": list(calibrator.features),
                            "weighting": calibrator.validation.get("weighting"),
                            "feature_set": calibrator.validation.get("feature_set")},
@@ -202,6 +224,7 @@ def choose_z(tables: dict[str, Any]) -> dict[str, Any]:
 def run_val(args: argparse.Namespace, results: dict[str, Any], save, log) -> None:
     for mode, bundle in args.bundle.items():
         t0, c0 = time.perf_counter(), cpu_s()
+        from molpredict.identification.fusion import RERANK_TERMS
         from molpredict.training.ranking_validation import ValidationTerms
 
         parts = [score_val(args.data, bundle, mode, kind, args.cache) for kind in KINDS]
@@ -211,13 +234,17 @@ def run_val(args: argparse.Namespace, results: dict[str, Any], save, log) -> Non
         groups = np.asarray(data.groups)
         log(f"{mode}: scored val ({data.n_queries} queries) in {time.perf_counter() - t0:.0f} s")
         for setup, (calibrate_on, weightings) in SETUPS.items():
+            if setup not in args.setups:
+                continue
             for variant, names in VARIANTS.items():
                 if not set(names) <= set(data.terms):
                     continue
-                view = ValidationTerms(data.offsets, data.is_true, {n: data.terms[n] for n in names}, data.groups,
-                                       data.known)
+                second = [t for t in data.terms if t in RERANK_TERMS]  # the second pass's, when the bundle has one
+                view = ValidationTerms(data.offsets, data.is_true, {n: data.terms[n] for n in [*names, *second]},
+                                       data.groups, data.known)
                 oof = out_of_fold(view, keys, np.isin(kind, FUSION_ON), np.isin(kind, calibrate_on), weightings)
                 entry = {"fusion_kind": oof["fusion_kind"], "calibrator": oof["calibrator"],
+                         "rerank_k": oof["rerank_k"], "rerank_terms": oof["rerank_terms"],
                          "calibrate_on": list(calibrate_on),
                          "weightings": list(weightings), "compared": oof["compared"], "kinds": {}}
                 for name in KINDS:
@@ -338,7 +365,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", required=True, choices=["val", "test"])
     parser.add_argument("--cache", type=Path, default=None, help="candidate coordinates cache (default: none)")
     parser.add_argument("--n-boot", type=int, default=200)
+    parser.add_argument("--setups", default=",".join(SETUPS),
+                        help=f"val calibration setups to run (comma-separated, of {', '.join(SETUPS)})")
     args = parser.parse_args(argv)
+    args.setups = [s for s in args.setups.split(",") if s]
+    if set(args.setups) - set(SETUPS):
+        parser.error(f"--setups must be among {', '.join(SETUPS)}")
     args.bundle = dict(item.split("=", 1) for item in args.bundle)
     if set(args.bundle) - set(MODES):
         parser.error(f"--bundle modes must be among {', '.join(MODES)}")

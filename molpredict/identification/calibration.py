@@ -77,12 +77,13 @@ WEIGHTINGS = {"structure": 1.0, "sqrt_structure": 0.5}
 #: (an estimated FDR of exactly 0), and the output column would print them as certainties
 PROBABILITY_RANGE = (1e-3, 1.0 - 1e-3)
 
-#: the ``z`` of the FDR bound newly fitted calibrators carry (:func:`fdr_estimates`; the one-sided normal 90%
-#: quantile). Chosen on validation (docs/benchmarks/calibration_fdr.md): the smallest z of the grid 0, 0.5, 1,
-#: 1.28, 1.64, 2, 2.5, 3, 4 at which the structure-bootstrap 90% quantile of the out-of-fold observed FDR at an
-#: asked 10% is <= 12% on every validation set kind (formula256, formula, mass) and ion mode where some z reaches
-#: it (the default bundles, with the prior: positive formula256 needs 1.28, negative formula256 1, the others 0)
-FDR_Z = 1.28
+#: the ``z`` of the FDR bound newly fitted calibrators carry (:func:`fdr_estimates`). Chosen on validation
+#: (docs/benchmarks/calibration_fdr.md): the smallest z of the grid 0, 0.5, 1, 1.28, 1.64, 2, 2.5, 3, 4 at which
+#: the structure-bootstrap 90% quantile of the out-of-fold observed FDR at an asked 10% is <= 12% on every
+#: validation set kind (formula256, formula, mass) and ion mode where some z reaches it. With the fragmentation
+#: second pass (the default bundles, with the prior): positive formula256 needs 3, negative formula256 0.5, the
+#: real formula and mass sets 0 (without the second pass it was 1.28)
+FDR_Z = 3.0
 
 _EPS = 1e-12
 
