@@ -13,7 +13,8 @@ are not judged on the same queries that chose the weights.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -25,7 +26,7 @@ from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES,
 from molpredict.errors import InputError
 from molpredict.identification.evidence import Evidence, query_adduct
 from molpredict.identification.fusion import (FUSION_KINDS, PRIOR, RERANK_TERMS, SPECTRUM, ScoreFusion,
-                                              fit_fusion_kind, true_ranks)
+                                              fit_fusion_kind, top_k_flat, true_ranks)
 
 __all__ = ["candidate_sets_from_library", "ranking_candidates", "fit_submodel_scoring", "ValidationTerms",
            "validation_terms", "shared_validation_terms", "add_second_pass_terms", "choose_rerank", "fit_scoring"]
@@ -245,10 +246,6 @@ def add_second_pass_terms(data: ValidationTerms, scorers: Mapping[str, Any], fir
     -------
     ValidationTerms
     """
-    import time
-
-    from molpredict.identification.fusion import top_k_flat
-
     if data.queries is None or data.molecules is None:
         raise ValueError("add_second_pass_terms: the validation terms kept no spectra and candidates")
     chosen = np.zeros(len(data.is_true), dtype=bool)
@@ -267,9 +264,7 @@ def add_second_pass_terms(data: ValidationTerms, scorers: Mapping[str, Any], fir
     if log is not None:
         log(f"  second-pass terms ({', '.join(scorers)}) on {int(chosen.sum())} candidates of {data.n_queries} "
             f"queries in {time.perf_counter() - t0:.0f} s")
-    out = data.view(list(data.terms))
-    out.terms = {**data.terms, **terms}
-    return out
+    return replace(data, terms={**data.terms, **terms})
 
 
 def structure_sample(spectra: Sequence[Any], max_structures: int, seed: int = 0) -> list[Any]:
@@ -618,12 +613,14 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
                                                         (WITHOUT_PRIOR, [n for n in data.terms if n != PRIOR]))
                 if variant != WITH_PRIOR or PRIOR in data.terms]
     kinds: dict[str, str | None] = {variant: None for variant, _ in variants}
+    choices: dict[str, dict[str, Any]] = {}
     if second:
         # the candidates a second pass would re-rank: each variant's first-pass top k (fitted on the fusion's sets)
         fusion_data = data if fusion_queries is None else data.subset(np.flatnonzero(fusion_queries))
         firsts = []
         for variant, names in variants:
-            kinds[variant] = choose_fusion(fusion_data.view(names), metric, seed)[0] if len(names) > 1 else "weights"
+            kinds[variant], choices[variant] = choose_fusion(fusion_data.view(names), metric, seed) \
+                if len(names) > 1 else ("weights", {})
             first = fit_fusion_kind(kinds[variant], fusion_data.view(names).terms, fusion_data.offsets,
                                     fusion_data.is_true, metric=metric)
             firsts.append(first.combine_flat(data.view(names).terms, data.offsets))
@@ -633,6 +630,8 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
         view = data.view([*names, *second])
         fusion, calibrator, variant_report = fit_scoring(view, metric=metric, seed=seed, fusion_kind=kinds[variant],
                                                          fusion_queries=fusion_queries, rerank_ks=RERANK_SIZES)
+        if choices.get(variant):  # the fusion kind was chosen above, before the second pass's terms
+            variant_report["fusion_choice"] = choices[variant]
         scoring[variant] = ScoringVariant(fusion, calibrator).to_dict()
         report[variant] = variant_report
         fused, cal = variant_report["fused"], variant_report["calibration"]
