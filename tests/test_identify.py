@@ -611,3 +611,42 @@ def test_identification_fragments_only_the_top_k_and_ranks_them_by_the_second_pa
     again, _ = run(ModelBundle.load(fused.save(tmp_path / "bundle")), library, queries, tmp_path / "b", top_k=50)
     assert [(r["query_id"], r["smiles"], r["rank"]) for r in again] == \
         [(r["query_id"], r["smiles"], r["rank"]) for r in rows]
+
+
+def test_one_pass_serves_both_variants_second_passes(bundle, library, tmp_path):
+    """With ``every_variant`` (what evaluation's ``without_prior`` view uses), the fragment score is computed for
+    the union of both variants' first-pass top k (k 2 with the prior, 3 without), NaN elsewhere, and the ranking
+    the without-prior fusion makes of those terms equals a ``--prior off`` run's."""
+    from molpredict.chem.fragments import FragmentScorer
+    from molpredict.identification.fusion import FIRST_PASS, LearntRanker, Rerank, ScoreFusion, top_k_flat
+
+    fused = _with_fusion(bundle, DECOYS[:3])
+    sub = fused.for_mode("positive")
+    sub.fragments = FragmentScorer(max_depth=1).get_params()
+    for k, variant in ((2, "with_prior"), (3, "without_prior")):
+        ranker = LearntRanker((FIRST_PASS, "fragments"), (), (), (), False, np.array([0.4, 1.5]))
+        sub.scoring[variant]["fusion"]["rerank"] = Rerank(k, ranker, spacing=1.0).to_dict()
+    queries, _ = synthetic_spectra(n_per=2, seed=13)
+    # a wide mass window: sets of several candidates (by formula this library's are of 1-3)
+    options = IdentifyOptions(top_k=50, by="mass", ppm=5e5)
+    both = Identifier(fused, LibrarySource(library, options), options, cache_root=False)
+    both.evidence.every_variant = True
+    off_options = IdentifyOptions(top_k=50, by="mass", ppm=5e5, prior=False)
+    off = Identifier(fused, LibrarySource(library, off_options), off_options, cache_root=False)
+    with_first = ScoreFusion.from_dict({k: v for k, v in sub.scoring["with_prior"]["fusion"].items() if k != "rerank"})
+    without = ScoreFusion.from_dict(sub.scoring["without_prior"]["fusion"])
+    prepared = [q for q in (both.prepare(i, s) for i, s in enumerate(queries)) if q is not None]
+    checked = 0
+    for (query, scores), (_, alone) in zip(both.fused(prepared), off.fused(
+            [q for q in (off.prepare(i, s) for i, s in enumerate(queries)) if q is not None])):
+        n = len(query.ids)
+        terms = scores.terms
+        one = np.array([0, n])
+        expected = set(top_k_flat(with_first.combine(terms), one, 2)[0]) | set(
+            top_k_flat(without.first_pass(terms, one), one, 3)[0])
+        assert set(np.flatnonzero(~np.isnan(terms["fragments"]))) == expected
+        from_one_pass = without.combine({t: v for t, v in terms.items() if t != "prior"})
+        np.testing.assert_array_equal(np.argsort(-from_one_pass, kind="stable"),
+                                      np.argsort(-alone.score, kind="stable"))
+        checked += n > 3
+    assert checked >= 2
