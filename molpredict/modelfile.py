@@ -439,11 +439,24 @@ class ModelBundle:
                 out[mode]["scoring"] = {variant: {"weights": v["fusion"]["weights"],
                                                   "temperature": v["fusion"].get("temperature"),
                                                   "calibrated": "calibration" in v,
-                                                  "learnt_ranker": "ranker" in v["fusion"]}
+                                                  "learnt_ranker": "ranker" in v["fusion"],
+                                                  "second_pass": _second_pass_summary(v["fusion"])}
                                         for variant, v in sub.scoring.items()}
+            if sub.fragment_model is not None:
+                out[mode]["fragment_model"] = json_ready(sub.fragment_model.get_params())
                 weights = sub.scoring.get("with_prior", {}).get("fusion", {}).get("weights", {})
                 out[mode]["prior_weight"] = weights.get("prior", 0.0)
         return out
+
+
+def _second_pass_summary(fusion: dict[str, Any]) -> dict[str, Any] | None:
+    """What a fusion's second pass re-ranks with (``k``, its terms, its ranker's coefficients), or None."""
+    rerank = fusion.get("rerank")
+    if not rerank:
+        return None
+    ranker = rerank.get("ranker", {})
+    return {"k": rerank.get("k"), "terms": ranker.get("terms"), "coef": ranker.get("coef"),
+            "set_features": ranker.get("set_features")}
 
 
 #: safetensors dtype names -> numpy dtypes (little-endian, as the format stores them)

@@ -427,6 +427,15 @@ def test_train_with_fragments_keeps_a_fragment_model_only_when_fused(tmp_path):
                              [k for k, w in v["fusion"]["weights"].items() if w])))
     assert reads == (sub.fragments is not None)
     assert sub.fragment_model is None or sub.fragments is not None  # never a fragment model the fusion drops
+    # `model info` says what each variant's second pass reads
+    described = bundle.describe()["positive"]
+    for variant, fitted in sub.scoring.items():
+        second = described["scoring"][variant]["second_pass"]
+        rerank = fitted["fusion"].get("rerank")
+        assert (second is None) == (rerank is None)
+        if rerank is not None:
+            assert second["k"] == rerank["k"] and second["terms"] == rerank["ranker"]["terms"]
+    assert ("fragment_model" in described) == (sub.fragment_model is not None)
     loaded = ModelBundle.load(bundle.save(tmp_path / "bundle")).for_mode("positive")
     assert (loaded.fragment_model is None) == (sub.fragment_model is None)
     if sub.fragment_model is not None:
