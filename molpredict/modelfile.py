@@ -442,10 +442,10 @@ class ModelBundle:
                                                   "learnt_ranker": "ranker" in v["fusion"],
                                                   "second_pass": _second_pass_summary(v["fusion"])}
                                         for variant, v in sub.scoring.items()}
-            if sub.fragment_model is not None:
-                out[mode]["fragment_model"] = json_ready(sub.fragment_model.get_params())
                 weights = sub.scoring.get("with_prior", {}).get("fusion", {}).get("weights", {})
                 out[mode]["prior_weight"] = weights.get("prior", 0.0)
+            if sub.fragment_model is not None:
+                out[mode]["fragment_model"] = json_ready(sub.fragment_model.get_params())
         return out
 
 
