@@ -69,58 +69,36 @@ def cpu_s() -> float:
 
 # -- val: scoring with the candidates' keys (the rank-1 structure is the FDR bound's cluster) ------------------
 def score_val(data: Path, bundle_path: Path, mode: str, kind: str, cache: Any) -> tuple[Any, np.ndarray]:
-    """The :class:`ValidationTerms` of val spectra of ``mode`` against ``val_{kind}.json`` and every candidate's
-    InChIKey first block (flat, aligned with them)."""
+    """The :class:`ValidationTerms` of val spectra of ``mode`` against ``val_{kind}.json`` (as training scores
+    them, with the bundle's second-pass terms) and every candidate's InChIKey first block (flat, aligned with
+    them)."""
     from molpredict.chem.candidates import load_candidate_sets
     from molpredict.identification.candidate_sources import SetSource
-    from molpredict.identification.evaluate import collect_queries, labelled_queries
-    from molpredict.identification.evidence import Evidence, query_adduct
     from molpredict.identification.fusion import PRIOR
     from molpredict.identification.identify import Identifier, IdentifyOptions
     from molpredict.io import read_spectra
     from molpredict.modelfile import ModelBundle
-    from molpredict.training.ranking_validation import ValidationTerms
+    from molpredict.training.ranking_validation import validation_terms
 
     sub = ModelBundle.load(bundle_path, ion_modes=[mode]).models[mode]
     source = SetSource(dict(load_candidate_sets(data / "candidates" / f"val_{kind}.json")))
     identifier = Identifier(ModelBundle({mode: sub}), source, IdentifyOptions(), cache_root=cache)
     spectra = list(read_spectra(data / "massbank" / f"val_{MODES[mode]}.mgf"))
-    labelled, _ = collect_queries(spectra, source)
-    prepared = labelled_queries(identifier, [(i, q.spectrum, q.inchikey14) for i, q in enumerate(labelled)])
-    scored = list(identifier.scored(prepared))
-    queries = [q for q, _ in scored]
-    evidence = Evidence(identifier.coordinates, use_prior=True)
-    columns: dict[str, list[np.ndarray]] = {}
-    for start in range(0, len(scored), 256):
-        chunk = scored[start:start + 256]
-        for terms in evidence.terms([q for q, _ in chunk], [s for _, s in chunk], identifier.timings,
-                                    wanted=[PRIOR] if sub.prior is not None else []):
-            for name, values in terms.items():
-                columns.setdefault(name, []).append(values)
-    ids = np.concatenate([q.ids for q in queries])
-    known = evidence.known(sub, ids) if sub.prior is not None else None
-    terms = ValidationTerms(np.concatenate([[0], np.cumsum([len(q.ids) for q in queries])]).astype(np.int64),
-                            np.concatenate([source.inchikey14(q.ids) == q.true_key for q in queries]),
-                            {k: np.concatenate(v).astype(np.float64) for k, v in columns.items()},
-                            [q.true_key for q in queries], known,
-                            [(q.spectrum, query_adduct(q)) for q in queries], list(source.molecules(ids)))
-    return second_pass_terms(sub, terms), source.inchikey14(ids).astype(str)
+    terms = validation_terms(identifier, spectra, [PRIOR] if sub.prior is not None else [])
+    return second_pass_terms(sub, terms), np.array([m.inchikey14 for m in terms.molecules], dtype=str)
 
 
 def second_pass_terms(sub: Any, data: Any) -> Any:
     """``data`` with the fragmentation terms on the top 32 of each of the bundle's first passes, as training
     computes them (unchanged for a bundle without a second pass)."""
-    from molpredict.chem.fragments import FragmentScorer
-    from molpredict.identification.fusion import FRAGMENT_MODEL, FRAGMENTS, ScoreFusion
-    from molpredict.training.ranking_validation import RERANK_SIZES, add_second_pass_terms
+    from molpredict.identification.fusion import ScoreFusion
+    from molpredict.training.ranking_validation import RERANK_SIZES, add_second_pass_terms, second_pass_scorers
 
     fusions = [ScoreFusion.from_dict(v["fusion"]) for v in (sub.scoring or {}).values()]
     if not any(f.rerank is not None for f in fusions):
         return data
-    scorers = {name: scorer for name, scorer in ((FRAGMENTS, FragmentScorer(**sub.fragments) if sub.fragments
-                                                  else None), (FRAGMENT_MODEL, sub.fragment_model)) if scorer}
-    return add_second_pass_terms(data, scorers, [f.first_pass(data.terms, data.offsets) for f in fusions],
-                                 max(RERANK_SIZES))
+    return add_second_pass_terms(data, second_pass_scorers(sub), [f.first_pass(data.terms, data.offsets)
+                                                                  for f in fusions], max(RERANK_SIZES))
 
 
 def out_of_fold(data: Any, keys: np.ndarray, fusion_mask: np.ndarray, calibration_mask: np.ndarray,
@@ -131,9 +109,7 @@ def out_of_fold(data: Any, keys: np.ndarray, fusion_mask: np.ndarray, calibratio
     from molpredict.identification.calibration import (ALL_FEATURES, WEIGHTINGS, Calibrator, grouped_folds,
                                                        structure_weights, top_index_flat)
     from molpredict.identification.fusion import RERANK_TERMS, fit_fusion_kind
-    from molpredict.training.ranking_validation import calibration_data, fit_scoring
-
-    from molpredict.training.ranking_validation import RERANK_SIZES
+    from molpredict.training.ranking_validation import RERANK_SIZES, calibration_data, fit_scoring
 
     chosen_on = data.subset(np.flatnonzero(calibration_mask))
     fitted, calibrator, report = fit_scoring(chosen_on, seed=seed, fusion_queries=fusion_mask[calibration_mask],

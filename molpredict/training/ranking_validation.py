@@ -25,11 +25,12 @@ from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES,
                                                    top_index_flat)
 from molpredict.errors import InputError
 from molpredict.identification.evidence import Evidence, query_adduct
-from molpredict.identification.fusion import (FUSION_KINDS, PRIOR, RERANK_TERMS, SPECTRUM, ScoreFusion,
-                                              fit_fusion_kind, top_k_flat, true_ranks)
+from molpredict.identification.fusion import (FRAGMENT_MODEL, FRAGMENTS, FUSION_KINDS, PRIOR, RERANK_TERMS, SPECTRUM,
+                                              ScoreFusion, fit_fusion_kind, top_k_flat, true_ranks)
 
 __all__ = ["candidate_sets_from_library", "ranking_candidates", "fit_submodel_scoring", "ValidationTerms",
-           "validation_terms", "shared_validation_terms", "add_second_pass_terms", "choose_rerank", "fit_scoring"]
+           "validation_terms", "shared_validation_terms", "second_pass_scorers", "add_second_pass_terms",
+           "choose_rerank", "fit_scoring"]
 
 
 def candidate_sets_from_library(library: Any, molecules: Iterable[Any], max_candidates: int = 256,
@@ -224,6 +225,19 @@ def shared_validation_terms(sub: Any, validation: Any, wanted: Sequence[str] = (
     return ValidationTerms(offsets=offsets, is_true=is_true, terms=terms, groups=groups, known=known,
                            queries=[(inputs[p], None) for p in candidates.positions],
                            molecules=[pool[j] for j in flat])
+
+
+def second_pass_scorers(sub: Any) -> dict[str, Any]:
+    """The scorers of the :data:`~molpredict.identification.fusion.RERANK_TERMS` a sub-model carries (term name ->
+    ``scorer.score(spectrum, molecules, adduct)``): the fragment score from its settings, its fragmentation
+    model."""
+    out: dict[str, Any] = {}
+    if sub.fragments is not None:
+        from molpredict.chem.fragments import FragmentScorer
+        out[FRAGMENTS] = FragmentScorer(**sub.fragments)
+    if getattr(sub, "fragment_model", None) is not None:
+        out[FRAGMENT_MODEL] = sub.fragment_model
+    return out
 
 
 def add_second_pass_terms(data: ValidationTerms, scorers: Mapping[str, Any], firsts: Sequence[np.ndarray], k: int,
@@ -576,7 +590,6 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
     """
     from molpredict.identification.candidate_sources import SetSource
     from molpredict.identification.evidence import WITH_PRIOR, WITHOUT_PRIOR, ScoringVariant
-    from molpredict.identification.fusion import FRAGMENT_MODEL, FRAGMENTS
     from molpredict.identification.identify import Identifier, IdentifyOptions
     from molpredict.modelfile import ModelBundle
 
@@ -584,12 +597,7 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
     bundle = ModelBundle({sub.ion_mode: sub})
     # every candidate gets the first pass's terms; the fragmentation terms go to a second pass over its top k
     wanted = [PRIOR] * (sub.prior is not None)
-    second: dict[str, Any] = {}
-    if sub.fragments is not None:
-        from molpredict.chem.fragments import FragmentScorer
-        second[FRAGMENTS] = FragmentScorer(**sub.fragments)
-    if getattr(sub, "fragment_model", None) is not None:
-        second[FRAGMENT_MODEL] = sub.fragment_model
+    second = second_pass_scorers(sub)
     if max_structures is not None:
         val_spectra = structure_sample(val_spectra, max_structures, seed)
     def scored(collections_: Sequence[Mapping[str, Sequence[tuple[str, str]]]]) -> list[ValidationTerms]:
