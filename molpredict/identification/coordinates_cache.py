@@ -45,7 +45,7 @@ import numpy as np
 from molpredict.errors import ModelFileError
 from molpredict.atomic import fsync_directory
 
-__all__ = ["CoordinatesCache", "CorruptedSegment", "molecule_key", "default_cache_root",
+__all__ = ["CoordinatesCache", "CorruptedSegment", "molecule_key", "default_cache_root", "local_directory",
            "cached_candidate_coordinates", "ENCODINGS", "encode", "decode"]
 
 LAYOUT_VERSION = 2
@@ -65,6 +65,15 @@ def _memory_budget(default_mb: float = 512.0) -> int:
 MEMORY_BUDGET_BYTES = _memory_budget()
 #: rows per checksummed inner chunk of a segment (a read decodes only the inner chunks it touches)
 INNER_ROWS = 128
+
+
+def local_directory(root: str | os.PathLike | None) -> Path | None:
+    """The local directory a cache root names (None: :func:`default_cache_root`; a ``file://`` URL is local), or
+    None when it is a remote fsspec URL (``s3://...``)."""
+    url = str(default_cache_root() if root is None else root)
+    if "://" in url and not url.startswith("file://"):
+        return None
+    return Path(url[len("file://"):] if url.startswith("file://") else url)
 
 
 def default_cache_root() -> Path:
@@ -142,12 +151,12 @@ class CoordinatesCache:
         root = default_cache_root() if root is None else root
         self.root = root
         self.key = key
-        url = str(root).rstrip("/") + "/" + key
-        if "://" in url and not url.startswith("file://"):
+        local = local_directory(root)
+        if local is None:
             import fsspec
-            self._fs, self._path = fsspec.core.url_to_fs(url)
+            self._fs, self._path = fsspec.core.url_to_fs(str(root).rstrip("/") + "/" + key)
         else:  # a local directory: plain file operations (fsspec's import alone is 0.1 s of a short run)
-            self._fs, self._path = _LocalFiles(), str(Path(url[len("file://"):] if url.startswith("file://") else url))
+            self._fs, self._path = _LocalFiles(), str(local / key)
         self._local = "file" in (self._fs.protocol if isinstance(self._fs.protocol, tuple) else (self._fs.protocol,))
         self.directory: Path | str = Path(self._path) if self._local else url
         self.dim: int | None = None

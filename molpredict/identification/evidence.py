@@ -117,7 +117,6 @@ class Evidence:
     use_prior : bool
         ``--prior on|off``: with False the prior term is neither computed nor fused, and the ``without_prior``
         variant is used.
-
     every_variant : bool
         Compute a second pass's terms (:attr:`ScoreFusion.rerank <molpredict.identification.fusion.ScoreFusion>`)
         for the top ``k`` of both variants, with and without the prior, so that both can be ranked from one pass
@@ -178,16 +177,11 @@ class Evidence:
         """The on-disk caches of ``scorers`` (name -> :class:`~molpredict.chem.fragment_cache.ScorerDiskCache`),
         under the coordinates cache's root; none with ``cache_root=False`` or a remote root (SQLite's locks need
         a local disk)."""
+        from molpredict.identification.coordinates_cache import local_directory
+
         root = getattr(self.coordinates, "cache_root", False)
-        if root is False:
-            return {}
-        if root is None:
-            from molpredict.identification.coordinates_cache import default_cache_root
-            root = default_cache_root()
-        root = str(root)
-        if root.startswith("file://"):
-            root = root[len("file://"):]
-        elif "://" in root:
+        directory = local_directory(root) if root is not False else None
+        if directory is None:
             return {}
         out = {}
         for name, scorer in scorers.items():
@@ -196,7 +190,7 @@ class Evidence:
             if key not in self._disk or self._disk[key][1].store.key != content:
                 from molpredict.chem.fragment_cache import FragmentCache, ScorerDiskCache
                 # keep the scorer alive with its cache: an id() may be reused once its object is gone
-                self._disk[key] = (scorer, ScorerDiskCache(scorer, FragmentCache(root, content)))
+                self._disk[key] = (scorer, ScorerDiskCache(scorer, FragmentCache(directory, content)))
             out[name] = self._disk[key][1]
         return out
 
@@ -222,8 +216,7 @@ class Evidence:
 
     def _second_pass_terms(self, queries: Sequence[Any], out: list[dict[str, np.ndarray]], timings: Counter) -> None:
         """Add the second pass's terms to each query's ``out`` entry: computed for the candidates some variant's
-        second pass re-ranks (its first pass's top ``k``), NaN elsewhere. The stored fragmentation of a group of
-        queries' chosen candidates is read in one go before they are scored, what was computed written after."""
+        second pass re-ranks (its first pass's top ``k``), NaN elsewhere."""
         sub = queries[0].sub
         variants = [self.variant(sub)]
         if self.every_variant and self.use_prior:
@@ -238,21 +231,28 @@ class Evidence:
             context = {"formula_known": 0.0 if getattr(q, "window", "") else 1.0}
             chosen.append(np.unique(np.concatenate([v.fusion.rerank_candidates(terms, context) for v in variants]))
                           if len(q.ids) else np.zeros(0, dtype=np.int64))
+        self._candidate_terms(queries, out, scorers, chosen, timings)
+
+    def _candidate_terms(self, queries: Sequence[Any], out: list[dict[str, np.ndarray]], scorers: Mapping[str, Any],
+                         picked: Sequence[np.ndarray], timings: Counter) -> None:
+        """Each candidate-specific scorer's term (it reads the query's spectrum against its candidates) for the
+        candidates ``picked[i]`` (positions into query ``i``'s) of every query, NaN for the others, into ``out``.
+        The stored fragmentation of a group of queries' picked candidates is read in one go before they are
+        scored, what was computed written after."""
         source = self.coordinates.source
-        for group in _groups_within(np.array([len(c) for c in chosen]), _memory_room(scorers)):
+        for group in _groups_within(np.array([len(p) for p in picked]), _memory_room(scorers)):
             store = self._with_disk_cache(
-                scorers, np.unique(np.concatenate([queries[i].ids[chosen[i]] for i in group])), timings)
+                scorers, np.unique(np.concatenate([queries[i].ids[picked[i]] for i in group])), timings)
             for i in group:
-                q, terms, picked = queries[i], out[i], chosen[i]
-                if len(q.ids) == 0:
-                    continue
-                molecules = source.molecules(q.ids[picked])
+                q = queries[i]
+                molecules = source.molecules(q.ids[picked[i]]) if len(picked[i]) else []
                 for name, scorer in scorers.items():
                     t0 = time.perf_counter()
                     values = np.full(len(q.ids), np.nan)
-                    values[picked] = np.asarray(scorer.score(q.spectrum, molecules, query_adduct(q)),
-                                                dtype=np.float64)
-                    terms[name] = values
+                    if len(molecules):
+                        values[picked[i]] = np.asarray(scorer.score(q.spectrum, molecules, query_adduct(q)),
+                                                       dtype=np.float64)
+                    out[i][name] = values
                     timings[f"{name}_s"] += time.perf_counter() - t0
             store()
 
@@ -289,20 +289,9 @@ class Evidence:
                 terms[PRIOR] = prior[np.searchsorted(union, q.ids)]
             timings["prior_s"] += time.perf_counter() - t0
         # the candidate-specific terms on every candidate (a fusion that weighs them in its first pass)
-        source = self.coordinates.source
         scorers = self._scorers(sub, wanted)
         if scorers:
-            for group in _groups_within(np.array([len(q.ids) for q in queries]), _memory_room(scorers)):
-                store = self._with_disk_cache(scorers, np.unique(np.concatenate([queries[i].ids for i in group])),
-                                              timings)
-                for name, scorer in scorers.items():
-                    t0 = time.perf_counter()
-                    for i in group:
-                        q = queries[i]
-                        out[i][name] = np.asarray(scorer.score(q.spectrum, source.molecules(q.ids),
-                                                               query_adduct(q)), dtype=np.float64)
-                    timings[f"{name}_s"] += time.perf_counter() - t0
-                store()
+            self._candidate_terms(queries, out, scorers, [np.arange(len(q.ids)) for q in queries], timings)
         return out
 
     def fuse(self, query: Any, terms: Mapping[str, np.ndarray]) -> QueryScores:
