@@ -38,7 +38,7 @@ import numpy as np
 from rdkit import Chem
 
 from molpredict.chem.fragments import (BOND_KINDS, FRAGMENTATION_VERSION, HYDROGEN_MASS, FragmentScorer, FragmentSet,
-                                       recent_fragments, scored_peaks)
+                                       held_in_cache, recent_fragments, scored_peaks)
 from molpredict.chem.molecules import Molecule
 from molpredict.component import Component
 from molpredict.errors import InputError, ModelFileError, SpecError
@@ -231,6 +231,13 @@ def _structure_table(molecule: Molecule | str, max_depth: int) -> tuple[Fragment
     return fragments, fragment_features(molecule, fragments)
 
 
+def _ion_masses(fragments: FragmentSet, max_h_shift: int) -> np.ndarray:
+    """Neutral mass of every (fragment, hydrogen shift), ndarray of shape (n_fragments * n_shifts,), in
+    :func:`ion_features` row order."""
+    shifts = _h_shifts(max_h_shift) * HYDROGEN_MASS
+    return (fragments.masses[:, None] + shifts[None, :]).ravel()
+
+
 def _group_ions(masses: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Ions of equal neutral mass (to 1e-6 Da) as one group: ``(group masses sorted, q_g = 1 - prod(1 - p_i))``."""
     key = np.round(masses, 6)
@@ -401,9 +408,7 @@ class FragmentModel(Component):
     def ion_table(self, molecule: Molecule | str) -> tuple[np.ndarray, np.ndarray]:
         """``(neutral ion masses (n_ions,), inputs (n_ions, n_inputs))`` of a structure."""
         fragments, features = _structure_table(molecule, self.max_depth)
-        shifts = _h_shifts(self.max_h_shift) * HYDROGEN_MASS
-        masses = (fragments.masses[:, None] + shifts[None, :]).ravel()
-        return masses, ion_features(features, self.max_h_shift)
+        return _ion_masses(fragments, self.max_h_shift), ion_features(features, self.max_h_shift)
 
     def labels(self, masses: np.ndarray, spectra: Sequence[Spectrum]) -> np.ndarray:
         """Fraction of ``spectra`` showing each ion of neutral mass ``masses``, ndarray (n_ions,)."""
@@ -581,12 +586,7 @@ class FragmentModel(Component):
     def in_memory(self, smiles: Sequence[str]) -> set[str]:
         """The structures among ``smiles`` whose ion groups the memory cache holds (marked recently used)."""
         cache = getattr(self, "cache_", None)
-        if cache is None:
-            return set()
-        held = {s for s in smiles if s in cache}
-        for s in held:
-            cache.move_to_end(s)
-        return held
+        return held_in_cache(cache, smiles) if cache is not None else set()
 
     def cached_arrays(self, smiles: Sequence[str]) -> dict[str, dict[str, np.ndarray]]:
         """The ion groups the memory cache holds among ``smiles``, as arrays: SMILES -> ``mass``, ``q``."""
@@ -626,9 +626,7 @@ class FragmentModel(Component):
             cache.move_to_end(key)
             return hit
         fragments, features = _structure_table(molecule, self.max_depth)
-        shifts = _h_shifts(self.max_h_shift) * HYDROGEN_MASS
-        masses = (fragments.masses[:, None] + shifts[None, :]).ravel()
-        result = _group_ions(masses, self.ion_probabilities(features))
+        result = _group_ions(_ion_masses(fragments, self.max_h_shift), self.ion_probabilities(features))
         if self.cache_size:
             cache[key] = result
             while len(cache) > self.cache_size:

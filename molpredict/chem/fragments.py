@@ -53,6 +53,9 @@ __all__ = [
     "FragmentSet",
     "FragmentScorer",
     "fragment_structure",
+    "recent_fragments",
+    "held_in_cache",
+    "FRAGMENTATION_VERSION",
     "ion_carriers",
     "Carrier",
     "save_fragment_sets",
@@ -255,6 +258,15 @@ def recent_fragments(molecule: Molecule | str, max_depth: int) -> FragmentSet:
     while len(_RECENT) > _RECENT_SIZE:
         _RECENT.popitem(last=False)
     return result
+
+
+def held_in_cache(cache: OrderedDict, keys: Iterable[str]) -> set[str]:
+    """The ``keys`` a least-recently-used cache holds, marked as recently used (a scorer's memory of structures,
+    asked before its disk store is read)."""
+    held = {k for k in keys if k in cache}
+    for k in held:
+        cache.move_to_end(k)
+    return held
 
 
 def fragment_structure(molecule: Molecule | Chem.Mol | str, max_depth: int = 2, keep_atoms: bool = False
@@ -638,11 +650,7 @@ class FragmentScorer(Component):
 
     def in_memory(self, smiles: Iterable[str]) -> set[str]:
         """The structures among ``smiles`` whose fragment sets the memory cache holds (marked recently used)."""
-        cache = self._cache()
-        held = {s for s in smiles if s in cache}
-        for s in held:
-            cache.move_to_end(s)
-        return held
+        return held_in_cache(self._cache(), smiles)
 
     def cached_arrays(self, smiles: Iterable[str]) -> dict[str, dict[str, np.ndarray]]:
         """The fragment sets the memory cache holds among ``smiles``, as arrays: SMILES -> ``masses``, ``depth``,
