@@ -43,7 +43,7 @@ import numpy as np
 from molpredict.engine.decoding import ranking_metrics, set_index, true_ranks
 
 __all__ = ["SPECTRUM", "PRIOR", "FRAGMENTS", "FRAGMENT_MODEL", "FIRST_PASS", "RERANK_TERMS", "Rerank", "fit_rerank",
-           "top_k_flat", "LearntRanker", "fit_ranker", "fit_fusion_kind", "FUSION_KINDS", "SET_FEATURES", "standardize", "standardize_within_sets", "set_index",
+           "top_k_flat", "fill_missing", "second_pass_inputs", "LearntRanker", "fit_ranker", "fit_fusion_kind", "FUSION_KINDS", "SET_FEATURES", "standardize", "standardize_within_sets", "set_index",
            "softmax_within_sets", "true_ranks", "ranking_metrics", "ScoreFusion", "fit_fusion",
            "DEFAULT_WEIGHT_GRID"]
 
@@ -536,6 +536,17 @@ def fill_missing(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return np.where(finite, values, lowest[set_index(offsets)])
 
 
+def second_pass_inputs(first: np.ndarray, terms: Mapping[str, np.ndarray], names: Sequence[str], keep: np.ndarray,
+                       kept_offsets: np.ndarray) -> dict[str, np.ndarray]:
+    """A second pass's ranker inputs on the kept candidates (:func:`top_k_flat`'s ``keep``, ``kept_offsets``):
+    :data:`FIRST_PASS` from ``first`` and each term of ``names``, its missing values filled (:func:`fill_missing`).
+    Term name -> ndarray of shape (len(keep),), pure function."""
+    out = {FIRST_PASS: np.asarray(first, dtype=np.float64)[keep]}
+    for name in names:
+        out[name] = fill_missing(np.asarray(terms[name], dtype=np.float64)[keep], kept_offsets)
+    return out
+
+
 @dataclass
 class Rerank:
     """The second pass: a learnt ranker over the first pass's top ``k`` of each set.
@@ -572,20 +583,13 @@ class Rerank:
         first = np.asarray(first, dtype=np.float64)
         offsets = np.asarray(offsets, dtype=np.int64)
         keep, kept_offsets = top_k_flat(first, offsets, self.k)
-        second = self.ranker.score_flat(self.kept_terms(first, terms, keep, kept_offsets), kept_offsets, context)
+        second = self.ranker.score_flat(second_pass_inputs(first, terms, self.terms, keep, kept_offsets), kept_offsets,
+                                        context)
         which = set_index(offsets)
         lowest_second = np.minimum.reduceat(second, kept_offsets[:-1])
         lowest_first = np.minimum.reduceat(first[keep], kept_offsets[:-1])
         out = lowest_second[which] - 1.0 + (first - lowest_first[which]) / self.spacing
         out[keep] = second
-        return out
-
-    def kept_terms(self, first: np.ndarray, terms: Mapping[str, np.ndarray], keep: np.ndarray,
-                   kept_offsets: np.ndarray) -> dict[str, np.ndarray]:
-        """The ranker's inputs on the kept candidates (flat, aligned with ``keep``)."""
-        out = {FIRST_PASS: np.asarray(first, dtype=np.float64)[keep]}
-        for name in self.terms:
-            out[name] = fill_missing(np.asarray(terms[name], dtype=np.float64)[keep], kept_offsets)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -632,9 +636,7 @@ def fit_rerank(first: np.ndarray, terms: Mapping[str, np.ndarray], offsets: np.n
         raise ValueError(f"fit_rerank: none of the terms {', '.join(RERANK_TERMS)}")
     first = np.asarray(first, dtype=np.float64)
     keep, kept_offsets = top_k_flat(first, offsets, k)
-    # a placeholder ranker names the inputs; the fitted one replaces it
-    inputs = Rerank(k, LearntRanker((FIRST_PASS, *names), (), (), (), False, np.zeros(0)), spacing).kept_terms(
-        first, terms, keep, kept_offsets)
+    inputs = second_pass_inputs(first, terms, names, keep, kept_offsets)
     ranker = fit_ranker(inputs, kept_offsets, np.asarray(is_true, dtype=bool)[keep], context, l2=l2)
     return Rerank(int(k), ranker, float(spacing))
 
