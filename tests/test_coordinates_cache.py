@@ -160,6 +160,18 @@ def test_fsspec_url(tmp_path):
     np.testing.assert_array_equal(CoordinatesCache(tmp_path, "k").get(mols(5), Featurizer(fail_after=0)), out)
 
 
+def test_a_remote_url_goes_through_fsspec():
+    """A non-local root (fsspec's in-memory file system standing in for s3://...): rows are written there and a
+    second cache on the same URL reads them without computing."""
+    import uuid
+
+    root = f"memory://molpredict-test-{uuid.uuid4().hex}"
+    cache = CoordinatesCache(root, "k", encoding="float64")
+    assert cache.directory == root + "/k"
+    out = cache.get(mols(5), Featurizer())
+    np.testing.assert_array_equal(CoordinatesCache(root, "k").get(mols(5), Featurizer(fail_after=0)), out)
+
+
 def write_layout_1(directory, keys, data):
     """A cache as the memory-mapped layout 1 wrote it (meta.json, data.f64, index segments)."""
     directory.mkdir(parents=True)

@@ -152,9 +152,10 @@ class CoordinatesCache:
         self.root = root
         self.key = key
         local = local_directory(root)
+        url = str(root).rstrip("/") + "/" + key
         if local is None:
             import fsspec
-            self._fs, self._path = fsspec.core.url_to_fs(str(root).rstrip("/") + "/" + key)
+            self._fs, self._path = fsspec.core.url_to_fs(url)
         else:  # a local directory: plain file operations (fsspec's import alone is 0.1 s of a short run)
             self._fs, self._path = _LocalFiles(), str(local / key)
         self._local = "file" in (self._fs.protocol if isinstance(self._fs.protocol, tuple) else (self._fs.protocol,))
