@@ -160,7 +160,9 @@ def test_ranking_features_against_a_per_set_loop():
     fused = np.round(rng.normal(size=offsets[-1]), 1)
     known = rng.integers(0, 2, size=50).astype(float)
     prior = rng.uniform(size=50)
-    x = ranking_features_flat(fused, offsets, 1.3, ALL_FEATURES, {"rank1_known": known, "rank1_prior": prior})
+    one_formula = rng.integers(0, 2, size=50).astype(float)
+    x = ranking_features_flat(fused, offsets, 1.3, ALL_FEATURES, {"rank1_known": known, "rank1_prior": prior,
+                                                                   "one_formula": one_formula})
     top = top_index_flat(fused, offsets)
     for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
         part = fused[a:b]
@@ -172,7 +174,8 @@ def test_ranking_features_against_a_per_set_loop():
         expected = {"top1_logit": math.log(t / (1 - t)), "top1_log_p": math.log(t), "top1_log_1mp": math.log1p(-t),
                     "margin": s[0] - s[min(1, len(s) - 1)], "margin3": s[0] - s[min(2, len(s) - 1)],
                     "margin5": s[0] - s[min(4, len(s) - 1)], "entropy10": -np.sum(q * np.log(q)),
-                    "log_n_candidates": math.log(b - a), "rank1_known": known[i], "rank1_prior": prior[i]}
+                    "log_n_candidates": math.log(b - a), "rank1_known": known[i], "rank1_prior": prior[i],
+                    "one_formula": one_formula[i]}
         np.testing.assert_allclose(x[i], [expected[n] for n in ALL_FEATURES], atol=1e-9)
     with pytest.raises(ValueError):
         ranking_features_flat(fused, offsets, 1.0, ["rank1_known"])  # an extra feature must be supplied
@@ -298,3 +301,37 @@ def test_calibration_benchmark_rows_say_whether_the_fdr_held():
         "| positive | mass | 100 / 30 | 45.0 | 40.0 | 0.041 | 0.030 | 40 / 12 | 9.8 | 12.5 | 8.0 | **no** |")
     cal["confident_at_fdr"]["observed_fdr"] = 0.11
     assert bench.row("positive", "mass", result).endswith("| 11.0 | 8.0 | yes |")
+
+
+def test_the_sets_kind_is_chosen_where_it_shifts_the_accuracy_and_mends_each_kinds_calibration():
+    """Planted: at equal scores, queries of sets with several formulas are right more often (logit + 1.5). The
+    selection takes a feature set with ``one_formula``, and each kind's out-of-fold mean probability then
+    matches its accuracy, which the best set without it cannot do."""
+    from molpredict.identification.calibration import FEATURE_SETS, out_of_fold_probabilities, select_calibrator
+
+    rng = np.random.default_rng(3)
+    n_structures, per = 400, 3
+    groups = [f"s{i}" for i in range(n_structures) for _ in range(per)]
+    n = len(groups)
+    one_formula = np.repeat(rng.integers(0, 2, n_structures), per).astype(float)
+    logit = rng.normal(0, 1.5, n)
+    correct = rng.random(n) < 1 / (1 + np.exp(-(logit + 1.5 * (1 - one_formula))))
+    names = list(ALL_FEATURES)
+    features = np.zeros((n, len(names)))
+    features[:, names.index("top1_logit")] = logit
+    features[:, names.index("margin")] = rng.normal(size=n)
+    features[:, names.index("log_n_candidates")] = np.log(rng.integers(2, 300, n))
+    features[:, names.index("one_formula")] = one_formula
+    available = [*FEATURES, "one_formula"]
+    calibrator, table = select_calibrator(features, correct, groups, names, available, methods=("platt",),
+                                          weightings=("structure",))
+    assert "one_formula" in calibrator.features
+    assert "base/platt" in table and "base+one_formula/platt" in table
+    for chosen in (FEATURE_SETS["base"], FEATURE_SETS["base+one_formula"]):
+        p = out_of_fold_probabilities(features[:, [names.index(c) for c in chosen]], correct, groups, "platt",
+                                      chosen)
+        gaps = [abs(p[one_formula == k].mean() - correct[one_formula == k].mean()) for k in (0, 1)]
+        if "one_formula" in chosen:
+            assert max(gaps) < 0.03
+        else:
+            assert max(gaps) > 0.08

@@ -440,3 +440,34 @@ def test_cli_errors_are_one_line(tmp_path):
     result = CliRunner().invoke(cli, ["candidates", "info", str(bad)])
     assert result.exit_code == 2
     assert result.stderr.count("\n") == 1 and "not a candidate library" in result.stderr
+
+
+def test_one_formula_of_a_set_by_hand_and_the_same_from_a_library_and_from_set_files(tmp_path):
+    """``shares_one_formula``: isomers (C2H6O: ethanol, dimethyl ether) share one; adding propanol does not; an
+    unparsable SMILES counts as its own. A library source (its formula column) and a set source (SMILES parsed)
+    say the same of the same sets."""
+    from molpredict.chem.candidates import shares_one_formula
+    from molpredict.identification.candidate_sources import LibrarySource, SetSource
+    from molpredict.identification.identify import IdentifyOptions
+
+    isomers, mixed = ["CCO", "COC"], ["CCO", "COC", "CCCO"]
+    assert shares_one_formula(Molecule(s) for s in isomers)
+    assert not shares_one_formula(Molecule(s) for s in mixed)
+    assert shares_one_formula([]) and shares_one_formula([Molecule("CCO")])
+    assert not shares_one_formula([Molecule("CCO"), Molecule("C1CC")])  # unparsable
+    smiles = ["CCO", "COC", "CCCO", "CC(C)O"]
+    keys = [Molecule(s).inchikey14 for s in smiles]
+    path = tmp_path / "lib.tsv"
+    path.write_text("smiles\tname\n" + "".join(f"{s}\tm{i}\n" for i, s in enumerate(smiles)))
+    library_source = LibrarySource(read_library(path), IdentifyOptions())
+    sets = {"q1": [(keys[0], smiles[0]), (keys[1], smiles[1])],
+            "q2": [(keys[0], smiles[0]), (keys[2], smiles[2]), (keys[3], smiles[3])],
+            "q3": [(keys[2], smiles[2]), (keys[3], smiles[3])]}
+    set_source = SetSource(sets)
+    by_key = {k: i for i, k in enumerate(library_source.library.column("inchikey14"))}
+    for query, expected in (("q1", True), ("q2", False), ("q3", True)):
+        ids = set_source.set_ids(query)
+        assert set_source.one_formula(ids) is expected
+        assert set_source.one_formula(ids) is expected  # from its memory
+        library_ids = np.sort([by_key[k] for k, _ in sets[query]])
+        assert library_source.one_formula(library_ids) is expected

@@ -450,7 +450,7 @@ def test_fused_scores_are_the_weighted_z_scores_and_survive_a_bundle_round_trip(
 def test_each_calibrator_kind_reads_the_rank1_features_and_survives_a_bundle_round_trip(bundle, library, tmp_path,
                                                                                       method):
     """A calibrator on runner-up and rank-1 features (is rank 1 a reference structure of the prior, its prior
-    score): identify's probability equals it on features computed by hand (the prior's top similarity of rank 1
+    score) and the set's kind (do its candidates share one formula): identify's probability equals it on features computed by hand (the prior's top similarity of rank 1
     from its kernel), and a saved and reloaded bundle gives identical probabilities."""
     from molpredict.chem.molecules import Molecule
     from molpredict.identification.calibration import Calibrator, ranking_features
@@ -458,18 +458,22 @@ def test_each_calibrator_kind_reads_the_rank1_features_and_survives_a_bundle_rou
     from molpredict.identification.fusion import ScoreFusion
 
     fused = _with_fusion(bundle, DECOYS[:3] + SMILES[:3])  # some queries' rank 1 is a reference structure
-    names = ["top1_logit", "margin", "log_n_candidates", "margin3", "entropy10", "rank1_known", "rank1_prior"]
-    calibrator = Calibrator(coef=[0.5, 0.2, -0.1, 0.1, -0.3, -2.0, 1.5], intercept=0.1, features=names,
+    names = ["top1_logit", "margin", "log_n_candidates", "margin3", "entropy10", "rank1_known", "rank1_prior",
+             "one_formula"]
+    calibrator = Calibrator(coef=[0.5, 0.2, -0.1, 0.1, -0.3, -2.0, 1.5, 0.8], intercept=0.1, features=names,
                             method=method, beta=[1.2, 0.7, -0.2], isotonic_x=[-2.0, 0.0, 1.0, 3.0],
                             isotonic_y=[0.05, 0.2, 0.6, 0.9], clip=[0.001, 0.999])
     sub = fused.for_mode("positive")
     sub.scoring[WITH_PRIOR] = ScoringVariant(ScoreFusion({"spectrum": 1.0, "prior": 0.7}, 1.3), calibrator).to_dict()
     queries, _ = synthetic_spectra(n_per=2, seed=13)
     rows, _ = run(fused, library, queries, tmp_path / "a", top_k=50)
-    by_query: dict[str, list] = {}
-    for r in rows:
-        by_query.setdefault(r["query_id"], []).append(r)
-    seen_known = set()
+    # by formula (the queries carry FORMULA) and by a wide mass window (several formulas compete)
+    by_mass, _ = run(fused, library, queries, tmp_path / "m", top_k=10_000, by="mass", ppm=3e5)
+    by_query: dict[tuple, list] = {}
+    for kind, kind_rows in (("formula", rows), ("mass", by_mass)):
+        for r in kind_rows:
+            by_query.setdefault((kind, r["query_id"]), []).append(r)
+    seen_known, seen_kinds = set(), set()
     for query_rows in by_query.values():
         assert len(query_rows) == query_rows[0]["n_candidates"]
         scores = np.array([r["score"] for r in query_rows])
@@ -477,9 +481,13 @@ def test_each_calibrator_kind_reads_the_rank1_features_and_survives_a_bundle_rou
         similarity = sub.prior.kernel_.transform([Molecule.from_smiles(top["smiles"])]).max()
         known = float(np.isclose(similarity, 1.0))
         seen_known.add(known)
-        x = ranking_features(scores, 1.3, names, {"rank1_known": known, "rank1_prior": top["prior_score"]})
+        one_formula = float(len({r["formula"] for r in query_rows}) == 1)  # the set's kind, from its rows
+        seen_kinds.add(one_formula)
+        x = ranking_features(scores, 1.3, names, {"rank1_known": known, "rank1_prior": top["prior_score"],
+                                                  "one_formula": one_formula})
         assert top["probability"] == pytest.approx(float(calibrator.predict(x)), rel=1e-6)
     assert seen_known == {0.0, 1.0}
+    assert seen_kinds == {0.0, 1.0}
     fused.save(tmp_path / "bundle")
     again = ModelBundle.load(tmp_path / "bundle")
     assert again.for_mode("positive").scoring == sub.scoring

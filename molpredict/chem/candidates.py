@@ -38,6 +38,7 @@ __all__ = [
     "LoadReport",
     "SkippedRow",
     "read_library",
+    "shares_one_formula",
     "load_candidate_sets",
     "candidate_set_molecules",
     "describe_smiles",
@@ -880,6 +881,23 @@ def load_candidate_sets(path: str | os.PathLike) -> dict[str, list[tuple[str, st
             pairs.append((entry[0], entry[1]))
         out[query] = pairs
     return out
+
+
+def shares_one_formula(molecules: Iterable[Molecule]) -> bool:
+    """Whether every structure of a candidate set has one molecular formula (a same-formula set, as a known
+    FORMULA selects; a mass window usually holds several). Stops at the first differing formula; a structure
+    RDKit cannot parse counts as a formula of its own."""
+    first = None
+    for molecule in molecules:
+        try:
+            formula = molecule.formula
+        except (InputError, ValueError, RuntimeError):
+            return False
+        if first is None:
+            first = formula
+        elif formula != first:
+            return False
+    return True
 
 
 def candidate_set_molecules(entries: Sequence[tuple[str, str]], source: str | None = None) -> list[Molecule]:

@@ -24,7 +24,10 @@ Supplied by the caller per query (``extra``), from the other terms of the rank-1
 
 - ``rank1_known``: 1 when the rank-1 candidate is itself a structure the bundle's prior knows (its top
   similarity to the prior's reference structures, the training structures by default, is 1), else 0;
-- ``rank1_prior``: the rank-1 candidate's raw prior score.
+- ``rank1_prior``: the rank-1 candidate's raw prior score;
+- ``one_formula``: 1 when the candidates share one molecular formula (a known FORMULA's set), 0 when several
+  formulas compete (a mass window): at equal scores the two kinds of sets are not equally often right (on
+  validation the mass-window sets' probabilities came out too low without it).
 
 Fitting is by structure: spectra of one structure are not independent evidence, so out-of-fold data come from
 folds that never split a structure (:func:`grouped_folds`) and a structure's spectra share one weight: 1 / their
@@ -65,7 +68,7 @@ FEATURES = ("top1_logit", "margin", "log_n_candidates")
 SCORE_FEATURES = ("top1_logit", "top1_log_p", "top1_log_1mp", "margin", "margin3", "margin5", "entropy10",
                   "log_n_candidates")
 #: features the caller supplies (``extra``), from the rank-1 candidate's other terms
-EXTRA_FEATURES = ("rank1_known", "rank1_prior")
+EXTRA_FEATURES = ("rank1_known", "rank1_prior", "one_formula")
 ALL_FEATURES = SCORE_FEATURES + EXTRA_FEATURES
 METHODS = ("platt", "beta", "isotonic")
 #: how the queries of a structure are weighted when a calibrator is fitted: the power of 1 / (its number of
@@ -620,13 +623,16 @@ def bootstrap_observed_fdr(probability: np.ndarray, correct: np.ndarray, groups:
 
 #: the feature sets :func:`select_calibrator` compares (each with every method); sets needing an unavailable
 #: extra feature are left out
-FEATURE_SETS: dict[str, tuple[str, ...]] = {
+_SCORE_AND_TERM_SETS: dict[str, tuple[str, ...]] = {
     "base": FEATURES,
     "runner_up": FEATURES + ("margin3", "margin5", "entropy10"),
     "known": FEATURES + ("rank1_known",),
     "runner_up+known": FEATURES + ("margin3", "margin5", "entropy10", "rank1_known"),
     "runner_up+known+prior": FEATURES + ("margin3", "margin5", "entropy10", "rank1_known", "rank1_prior"),
 }
+FEATURE_SETS: dict[str, tuple[str, ...]] = {  # each of them alone and with the set's kind
+    **_SCORE_AND_TERM_SETS,
+    **{f"{name}+one_formula": names + ("one_formula",) for name, names in _SCORE_AND_TERM_SETS.items()}}
 
 
 def out_of_fold_probabilities(features: np.ndarray, correct: np.ndarray, groups: Sequence[str],

@@ -73,6 +73,12 @@ class CandidateSource:
     def inchikey14(self, ids: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
+    def one_formula(self, ids: np.ndarray) -> bool:
+        """Whether candidates ``ids`` share one molecular formula (what the calibration's ``one_formula`` reads:
+        a same-formula set, or a mass window where several formulas compete)."""
+        from molpredict.chem.candidates import shares_one_formula
+        return shares_one_formula(self.molecules(np.asarray(ids, dtype=np.int64)))
+
 
 class SelectionOptions(Protocol):
     """What a library source reads of the run's options (:class:`~molpredict.identification.identify.IdentifyOptions`
@@ -178,6 +184,11 @@ class LibrarySource(CandidateSource):
     def inchikey14(self, ids: np.ndarray) -> np.ndarray:
         return self.library.take("inchikey14", ids)
 
+    def one_formula(self, ids: np.ndarray) -> bool:
+        """From the library's formula column (no parsing)."""
+        formulas = self.library.take("formula", np.asarray(ids, dtype=np.int64))
+        return len(formulas) == 0 or bool(np.all(formulas == formulas[0]))
+
     def fields(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """Output columns of ``ids``, reading only those rows (:meth:`CandidateLibrary.take`)."""
         out = {name: self.library.take(name, ids) for name in ("smiles", "inchikey", "formula")}
@@ -209,6 +220,7 @@ class SetSource(CandidateSource):
         self._ik14 = np.array([p[0] for p in pairs], dtype=object)
         self._smiles = np.array([p[1] for p in pairs], dtype=object)
         self._tie = np.array([f"{k}|{s}" for k, s in pairs], dtype=object)
+        self._one_formula: dict[bytes, bool] = {}
         self.has_name = False
         self.has_id = False
 
@@ -231,6 +243,15 @@ class SetSource(CandidateSource):
 
     def keys(self, ids: np.ndarray) -> list[str]:
         return ["smiles:" + s for s in self._smiles[ids]]
+
+    def one_formula(self, ids: np.ndarray) -> bool:
+        """Parsed from the SMILES once per set (the queries of a structure share its set)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        key = ids.tobytes()
+        known = self._one_formula.get(key)
+        if known is None:
+            known = self._one_formula[key] = super().one_formula(ids)
+        return known
 
     def tie_keys(self, ids: np.ndarray) -> np.ndarray:
         return self._tie[ids]

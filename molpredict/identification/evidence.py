@@ -326,13 +326,16 @@ class Evidence:
 
     def _rank1_features(self, query: Any, fused: np.ndarray, terms: Mapping[str, np.ndarray],
                         needs: Sequence[str]) -> dict[str, float]:
-        """The calibration features of the rank-1 candidate (``rank1_known``, ``rank1_prior``)."""
+        """The calibration features of the rank-1 candidate (``rank1_known``, ``rank1_prior``) and of the set
+        (``one_formula``)."""
         top = int(top_index_flat(fused, np.array([0, len(fused)]))[0])
         out: dict[str, float] = {}
         if "rank1_known" in needs:
             out["rank1_known"] = float(self.known(query.sub, query.ids[top:top + 1])[0])
         if "rank1_prior" in needs:
             out["rank1_prior"] = float(terms[PRIOR][top]) if PRIOR in terms else 0.0
+        if "one_formula" in needs:
+            out["one_formula"] = float(self.coordinates.source.one_formula(query.ids))
         return out
 
     def scores(self, queries: Sequence[Any], raw: Sequence[np.ndarray], timings: Counter) -> list[QueryScores]:

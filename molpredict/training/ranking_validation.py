@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from molpredict.chem.candidates import shares_one_formula
 from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES, FDR_Z, WEIGHTINGS, Calibrator,
                                                    confident_at_fdr, expected_calibration_error, grouped_folds,
                                                    ranking_features_flat, select_calibrator, structure_weights,
@@ -88,6 +89,9 @@ class ValidationTerms:
         terms computed later (:func:`add_second_pass_terms`); None when not kept.
     molecules : list of Molecule or None
         Each candidate's structure (flat), likewise.
+    one_formula : ndarray of shape (n_queries,), bool, or None
+        Whether each query's candidates share one molecular formula (the calibration's ``one_formula``); None
+        when not computed.
     """
 
     offsets: np.ndarray
@@ -97,6 +101,7 @@ class ValidationTerms:
     known: np.ndarray | None = None
     queries: list[tuple[Any, Any]] | None = None
     molecules: list[Any] | None = None
+    one_formula: np.ndarray | None = None
 
     @property
     def n_queries(self) -> int:
@@ -110,16 +115,19 @@ class ValidationTerms:
             offsets.append(offsets[-1][-1] + part.offsets[1:])
         known = None if any(p.known is None for p in parts) else np.concatenate([p.known for p in parts])
         kept = all(p.queries is not None and p.molecules is not None for p in parts)
+        one_formula = None if any(p.one_formula is None for p in parts) \
+            else np.concatenate([p.one_formula for p in parts])
         return cls(np.concatenate(offsets), np.concatenate([p.is_true for p in parts]),
                    {k: np.concatenate([p.terms[k] for p in parts]) for k in parts[0].terms},
                    [g for p in parts for g in p.groups], known,
                    [q for p in parts for q in p.queries] if kept else None,  # type: ignore[union-attr]
-                   [m for p in parts for m in p.molecules] if kept else None)  # type: ignore[union-attr]
+                   [m for p in parts for m in p.molecules] if kept else None,  # type: ignore[union-attr]
+                   one_formula)
 
     def view(self, names: Sequence[str]) -> "ValidationTerms":
         """The same queries with the terms ``names`` only."""
         return ValidationTerms(self.offsets, self.is_true, {n: self.terms[n] for n in names if n in self.terms},
-                               self.groups, self.known, self.queries, self.molecules)
+                               self.groups, self.known, self.queries, self.molecules, self.one_formula)
 
     def subset(self, queries: np.ndarray) -> "ValidationTerms":
         """The queries ``queries`` (indices) as their own flat arrays."""
@@ -128,7 +136,8 @@ class ValidationTerms:
             if len(queries) else np.zeros(0, dtype=np.int64)
         return ValidationTerms(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), self.is_true[flat],
                                {k: v[flat] for k, v in self.terms.items()}, [self.groups[q] for q in queries],
-                               None if self.known is None else self.known[flat])
+                               None if self.known is None else self.known[flat],
+                               one_formula=None if self.one_formula is None else self.one_formula[queries])
 
 
 def validation_terms(identifier: Any, spectra: Sequence[Any], wanted: Sequence[str] = (),
@@ -177,7 +186,8 @@ def validation_terms(identifier: Any, spectra: Sequence[Any], wanted: Sequence[s
         is_true=np.concatenate([source.inchikey14(q.ids) == q.true_key for q in queries]),
         terms={k: np.concatenate(v).astype(np.float64) for k, v in columns.items()},
         groups=[q.true_key for q in queries], known=known,
-        queries=[(q.spectrum, query_adduct(q)) for q in queries], molecules=list(source.molecules(all_ids)))
+        queries=[(q.spectrum, query_adduct(q)) for q in queries], molecules=list(source.molecules(all_ids)),
+        one_formula=np.array([source.one_formula(q.ids) for q in queries], dtype=bool))
 
 
 def shared_validation_terms(sub: Any, validation: Any, wanted: Sequence[str] = ()) -> ValidationTerms | None:
@@ -222,9 +232,15 @@ def shared_validation_terms(sub: Any, validation: Any, wanted: Sequence[str] = (
     labels, inputs = validation[1], validation[0]
     groups = [labels[p].inchikey14 for p in candidates.positions]
     pool = candidates.molecules
+    one_formula: dict[bytes, bool] = {}  # a structure's set is shared by its spectra: checked once
+    for members in candidates.sets:
+        key = members.tobytes()
+        if key not in one_formula:
+            one_formula[key] = shares_one_formula(pool[j] for j in members)
     return ValidationTerms(offsets=offsets, is_true=is_true, terms=terms, groups=groups, known=known,
                            queries=[(inputs[p], None) for p in candidates.positions],
-                           molecules=[pool[j] for j in flat])
+                           molecules=[pool[j] for j in flat],
+                           one_formula=np.array([one_formula[m.tobytes()] for m in candidates.sets], dtype=bool))
 
 
 def second_pass_scorers(sub: Any) -> dict[str, Any]:
@@ -294,10 +310,14 @@ def calibration_data(data: ValidationTerms, fused: np.ndarray, temperature: floa
                      ) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Every calibration feature (:data:`~molpredict.identification.calibration.ALL_FEATURES`) of each query under
     the fused scores ``fused`` (flat, aligned with ``data``), whether its rank 1 is right, and the features
-    available at prediction time (``rank1_prior`` needs the prior term, ``rank1_known`` the prior)."""
+    available at prediction time (``rank1_prior`` needs the prior term, ``rank1_known`` the prior,
+    ``one_formula`` the sets' kinds, ``data.one_formula``)."""
     top = top_index_flat(fused, data.offsets)
     available = [n for n in ALL_FEATURES if n not in EXTRA_FEATURES]
-    extra = {"rank1_known": np.zeros(len(top)), "rank1_prior": np.zeros(len(top))}
+    extra = {name: np.zeros(len(top)) for name in EXTRA_FEATURES}
+    if data.one_formula is not None:
+        extra["one_formula"] = data.one_formula.astype(np.float64)
+        available.append("one_formula")
     if data.known is not None:
         extra["rank1_known"] = data.known[top].astype(np.float64)
         available.append("rank1_known")
