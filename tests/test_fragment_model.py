@@ -455,3 +455,40 @@ def test_ion_probabilities_equal_the_model_on_the_full_ion_inputs(max_h_shift):
         fragments, features = _structure_table(smiles, 2)
         np.testing.assert_allclose(model.ion_probabilities(features),
                                    model.predict_proba(ion_features(features, max_h_shift)), rtol=1e-10, atol=1e-13)
+
+
+def test_second_pass_terms_on_processes_equal_the_terms_in_process(monkeypatch):
+    """``add_second_pass_terms`` on 2 processes (whole structures per chunk, fresh scorers, SMILES sent) gives
+    exactly the terms of the in-process loop, NaN outside each query's top k."""
+    import molpredict.training.ranking_validation as rv
+    from molpredict.chem.fragments import FragmentScorer
+
+    proton = ion_carriers("[M+H]+")[0].mass_shift
+    smiles = ["CCO", "CCCO", "CC(C)O", "OCCO", "CCN", "CCCN", "c1ccccc1O", "CC(=O)O", "CCCCO", "OCC(O)CO"]
+    model = FragmentModel(seed=0, negative_fraction=1.0).fit(
+        [(s, [spectrum([fragment_structure(s, 0).masses[0] + proton], [1.0],
+                       precursor=fragment_structure(s, 0).masses[0] + proton)]) for s in smiles])
+    rng = np.random.default_rng(0)
+    queries, molecules, groups, sizes = [], [], [], []
+    for q in range(12):  # three spectra of each of four structures; each structure's set is the same
+        g = q // 3
+        members = [smiles[(g + j) % len(smiles)] for j in range(6)]
+        mz = np.sort(rng.uniform(30, 120, 5))
+        queries.append((spectrum(mz, rng.uniform(0.1, 1.0, 5), precursor=150.0), None))
+        molecules += [Molecule(s) for s in members]
+        groups.append(f"s{g}")
+        sizes.append(len(members))
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    data = rv.ValidationTerms(offsets, np.zeros(offsets[-1], dtype=bool), {"spectrum": rng.normal(size=offsets[-1])},
+                              groups, queries=queries, molecules=molecules)
+    scorers = {"fragments": FragmentScorer(), "fragment_model": model}
+    serial = rv.add_second_pass_terms(data, scorers, [data.terms["spectrum"]], 4, n_jobs=1)
+    monkeypatch.setattr(rv, "PARALLEL_MIN_CANDIDATES", 0)
+    messages = []
+    parallel = rv.add_second_pass_terms(data, scorers, [data.terms["spectrum"]], 4, log=messages.append, n_jobs=2)
+    assert "(2 processes)" in messages[0]
+    for name in scorers:
+        assert np.isnan(serial.terms[name]).sum() == 12 * 2  # 6 candidates, top 4 scored
+        np.testing.assert_array_equal(parallel.terms[name], serial.terms[name])
+    chunks = rv._structure_chunks([(np.arange(4),)] * 12, groups, 5)
+    assert sum(len(c) for c in chunks) == 12 and all(len(c) % 3 == 0 for c in chunks)  # never splits a structure

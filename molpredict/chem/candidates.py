@@ -183,9 +183,9 @@ def describe_many(smiles: Sequence[str], n_jobs: int = 1, progress: bool = False
                   desc: str = "molecules") -> list[tuple[str, str, str, float] | None]:
     """:func:`describe_smiles` over many SMILES, on ``n_jobs`` processes (``-1``: all cores), in input order,
     with an optional tqdm progress bar on stderr."""
-    from molpredict.chem.molecules import _n_workers
+    from molpredict.chem.molecules import n_workers
 
-    workers = _n_workers(n_jobs)
+    workers = n_workers(n_jobs)
     bar = None
     if progress:
         from tqdm import tqdm

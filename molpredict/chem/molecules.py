@@ -20,6 +20,7 @@ from molpredict.errors import InputError, SpecError
 
 __all__ = [
     "Molecule",
+    "n_workers",
     "label_structure",
     "fingerprint_matrix",
     "to_grakel_graph",
@@ -378,7 +379,9 @@ def _fingerprint_rows(smiles: Sequence[str], key: tuple) -> tuple[np.ndarray, li
     return out, bad
 
 
-def _n_workers(n_jobs: int | None) -> int:
+def n_workers(n_jobs: int | None) -> int:
+    """Processes for ``n_jobs`` (joblib's convention: ``-1`` every core this process may run on, ``-2`` all but
+    one; None or 0: one), at most the cores."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -466,7 +469,7 @@ def fingerprint_matrix(molecules: Iterable[Molecule | str], kind: str = "morgan"
         else:
             todo_index.append(i)
             todo_smiles.append(m)
-    workers = _n_workers(n_jobs)
+    workers = n_workers(n_jobs)
     if todo_smiles:
         chunks = [todo_smiles[s:s + chunk_size] for s in range(0, len(todo_smiles), chunk_size)]
         if workers > 1 and len(chunks) > 1:

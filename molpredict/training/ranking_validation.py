@@ -20,6 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from molpredict.chem.candidates import shares_one_formula
+from molpredict.chem.molecules import n_workers
 from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES, FDR_Z, WEIGHTINGS, Calibrator,
                                                    confident_at_fdr, expected_calibration_error, grouped_folds,
                                                    ranking_features_flat, select_calibrator, structure_weights,
@@ -257,7 +258,7 @@ def second_pass_scorers(sub: Any) -> dict[str, Any]:
 
 
 def add_second_pass_terms(data: ValidationTerms, scorers: Mapping[str, Any], firsts: Sequence[np.ndarray], k: int,
-                          log: Any = None) -> ValidationTerms:
+                          log: Any = None, n_jobs: int = -1) -> ValidationTerms:
     """``data`` with the terms of ``scorers`` computed on each query's top ``k`` under any of the first-pass
     scores ``firsts`` (flat, aligned with ``data``), NaN elsewhere: what a second pass
     (:class:`~molpredict.identification.fusion.Rerank`) with ``k`` or fewer reads.
@@ -271,6 +272,9 @@ def add_second_pass_terms(data: ValidationTerms, scorers: Mapping[str, Any], fir
     firsts : sequence of ndarray of shape (n_candidates_total,)
     k : int
     log : callable, optional
+    n_jobs : int
+        Processes (``-1``: one per core); each takes whole structures, with fresh copies of the scorers
+        (:data:`PARALLEL_MIN_CANDIDATES` or more candidates only). The terms do not depend on it.
 
     Returns
     -------
@@ -285,16 +289,70 @@ def add_second_pass_terms(data: ValidationTerms, scorers: Mapping[str, Any], fir
     t0 = time.perf_counter()
     # the spectra of one structure rank the same candidates: one after another, the scorers' per-structure caches
     # serve all but the first
-    for q in sorted(range(data.n_queries), key=lambda i: (data.groups[i], i)):
-        spectrum, adduct = data.queries[q]
+    order = sorted(range(data.n_queries), key=lambda i: (data.groups[i], i))
+    items = []
+    for q in order:
         rows = data.offsets[q] + np.flatnonzero(chosen[data.offsets[q]:data.offsets[q + 1]])
-        molecules = [data.molecules[r] for r in rows]
-        for name, scorer in scorers.items():
-            terms[name][rows] = np.asarray(scorer.score(spectrum, molecules, adduct), dtype=np.float64)
+        items.append((rows, *data.queries[q], [data.molecules[r] for r in rows]))
+    workers = n_workers(n_jobs) if int(chosen.sum()) >= PARALLEL_MIN_CANDIDATES else 1
+    if workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        from multiprocessing import get_context
+
+        # fresh scorers (no memory caches to ship) and SMILES (cheap to send): a chunk of whole structures each
+        fresh = {name: _cacheless_copy(scorer) for name, scorer in scorers.items()}
+        tasks = [(fresh, [(rows, spectrum, adduct, [m.smiles for m in molecules])
+                          for rows, spectrum, adduct, molecules in chunk])
+                 for chunk in _structure_chunks(items, [data.groups[q] for q in order], 4 * workers)]
+        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
+            for done in pool.map(_second_pass_chunk, tasks):
+                for name, rows, values in done:
+                    terms[name][rows] = values
+    else:
+        for name, rows, values in _second_pass_chunk((scorers, items)):
+            terms[name][rows] = values
     if log is not None:
         log(f"  second-pass terms ({', '.join(scorers)}) on {int(chosen.sum())} candidates of {data.n_queries} "
-            f"queries in {time.perf_counter() - t0:.0f} s")
+            f"queries in {time.perf_counter() - t0:.0f} s" + (f" ({workers} processes)" if workers > 1 else ""))
     return replace(data, terms={**data.terms, **terms})
+
+
+#: fewer second-pass candidates than this are scored in-process (starting processes costs seconds)
+PARALLEL_MIN_CANDIDATES = 20_000
+
+
+def _second_pass_chunk(task: tuple[Mapping[str, Any], Sequence[tuple]]) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """Score ``(rows, spectrum, adduct, molecules)`` items with every scorer: ``[(term, rows, values), ...]``."""
+    scorers, items = task
+    out = []
+    for rows, spectrum, adduct, molecules in items:
+        for name, scorer in scorers.items():
+            out.append((name, rows, np.asarray(scorer.score(spectrum, molecules, adduct), dtype=np.float64)))
+    return out
+
+
+def _cacheless_copy(scorer: Any) -> Any:
+    """The same scorer without its per-structure memory: rebuilt from its fitted state, or from its parameters
+    when it has none."""
+    if hasattr(scorer, "state") and hasattr(type(scorer), "from_state"):
+        return type(scorer).from_state(*scorer.state())
+    return type(scorer)(**scorer.get_params())
+
+
+def _structure_chunks(items: Sequence[tuple], groups: Sequence[str], n_chunks: int) -> list[list[tuple]]:
+    """``items`` (sorted by structure) cut into about ``n_chunks`` runs of similar candidate counts, never
+    between two items of one structure (a structure's candidates are then fragmented in one process only)."""
+    sizes = np.array([len(item[0]) for item in items], dtype=np.float64)
+    target = sizes.sum() / max(n_chunks, 1)
+    chunks: list[list[tuple]] = [[]]
+    filled = 0.0
+    for i, item in enumerate(items):
+        if filled >= target and groups[i] != groups[i - 1]:
+            chunks.append([])
+            filled = 0.0
+        chunks[-1].append(item)
+        filled += sizes[i]
+    return [c for c in chunks if c]
 
 
 def structure_sample(spectra: Sequence[Any], max_structures: int, seed: int = 0) -> list[Any]:
