@@ -216,8 +216,7 @@ def run_val(args: argparse.Namespace, results: dict[str, Any], save, log) -> Non
                 if not set(names) <= set(data.terms):
                     continue
                 second = [t for t in data.terms if t in RERANK_TERMS]  # the second pass's, when the bundle has one
-                view = ValidationTerms(data.offsets, data.is_true, {n: data.terms[n] for n in [*names, *second]},
-                                       data.groups, data.known)
+                view = data.view([*names, *second])
                 oof = out_of_fold(view, keys, np.isin(kind, FUSION_ON), np.isin(kind, calibrate_on), weightings)
                 entry = {"fusion_kind": oof["fusion_kind"], "calibrator": oof["calibrator"],
                          "rerank_k": oof["rerank_k"], "rerank_terms": oof["rerank_terms"],
