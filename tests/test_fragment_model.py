@@ -491,8 +491,4 @@ def test_second_pass_terms_on_processes_equal_the_terms_in_process(monkeypatch):
         assert np.isnan(serial.terms[name]).sum() == 12 * 2  # 6 candidates, top 4 scored
         np.testing.assert_array_equal(parallel.terms[name], serial.terms[name])
     chunks = rv._structure_chunks([(np.arange(4),)] * 12, groups, 5)
-    assert sum(len(c) for c in chunks) == 12 and all(len(c) % 3 == 0 for c in chunks)  # never splits a group
-    assert rv._true_formula(data, 0) == groups[0]  # no true candidate in these sets: the structure's key
-    flagged = rv.ValidationTerms(offsets, np.isin(np.arange(offsets[-1]), offsets[:-1]), data.terms, groups,
-                                 queries=queries, molecules=molecules)
-    assert [rv._true_formula(flagged, q) for q in (0, 3)] == ["C2H6O", "C3H8O"]  # CCO, CCCO: each set's first
+    assert sum(len(c) for c in chunks) == 12 and all(len(c) % 3 == 0 for c in chunks)  # never splits a structure

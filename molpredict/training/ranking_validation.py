@@ -287,10 +287,9 @@ def add_second_pass_terms(data: ValidationTerms, scorers: Mapping[str, Any], fir
         chosen[top_k_flat(first, data.offsets, k)[0]] = True
     terms = {name: np.full(len(data.is_true), np.nan) for name in scorers}
     t0 = time.perf_counter()
-    # the spectra of one structure rank the same candidates, and structures of one formula share most of theirs:
-    # one after another (and in one process), the scorers' per-structure caches serve all but the first
-    formulas = [_true_formula(data, q) for q in range(data.n_queries)]
-    order = sorted(range(data.n_queries), key=lambda i: (formulas[i], data.groups[i], i))
+    # the spectra of one structure rank the same candidates: one after another, the scorers' per-structure caches
+    # serve all but the first
+    order = sorted(range(data.n_queries), key=lambda i: (data.groups[i], i))
     items = []
     for q in order:
         rows = data.offsets[q] + np.flatnonzero(chosen[data.offsets[q]:data.offsets[q + 1]])
@@ -304,7 +303,7 @@ def add_second_pass_terms(data: ValidationTerms, scorers: Mapping[str, Any], fir
         fresh = {name: _cacheless_copy(scorer) for name, scorer in scorers.items()}
         tasks = [(fresh, [(rows, spectrum, adduct, [m.smiles for m in molecules])
                           for rows, spectrum, adduct, molecules in chunk])
-                 for chunk in _structure_chunks(items, [formulas[q] for q in order], 4 * workers)]
+                 for chunk in _structure_chunks(items, [data.groups[q] for q in order], 4 * workers)]
         with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
             for done in pool.map(_second_pass_chunk, tasks):
                 for name, rows, values in done:
@@ -332,19 +331,6 @@ def _second_pass_chunk(task: tuple[Mapping[str, Any], Sequence[tuple]]) -> list[
     return out
 
 
-def _true_formula(data: ValidationTerms, query: int) -> str:
-    """The formula of a query's true structure (its InChIKey first block when the set lacks it or it cannot be
-    parsed): what orders and chunks the second pass's validation work."""
-    start, end = data.offsets[query], data.offsets[query + 1]
-    hits = np.flatnonzero(data.is_true[start:end])
-    if hits.size and data.molecules is not None:
-        try:
-            return data.molecules[start + int(hits[0])].formula
-        except (InputError, ValueError, RuntimeError):
-            pass
-    return data.groups[query]
-
-
 def _cacheless_copy(scorer: Any) -> Any:
     """The same scorer without its per-structure memory: rebuilt from its fitted state, or from its parameters
     when it has none."""
@@ -354,8 +340,8 @@ def _cacheless_copy(scorer: Any) -> Any:
 
 
 def _structure_chunks(items: Sequence[tuple], groups: Sequence[str], n_chunks: int) -> list[list[tuple]]:
-    """``items`` (sorted by ``groups``) cut into about ``n_chunks`` runs of similar candidate counts, never between
-    two items of one group (a formula: the candidates its structures share are fragmented in one process only)."""
+    """``items`` (sorted by structure) cut into about ``n_chunks`` runs of similar candidate counts, never
+    between two items of one structure (a structure's candidates are then fragmented in one process only)."""
     sizes = np.array([len(item[0]) for item in items], dtype=np.float64)
     target = sizes.sum() / max(n_chunks, 1)
     chunks: list[list[tuple]] = [[]]
