@@ -471,3 +471,4 @@ def test_one_formula_of_a_set_by_hand_and_the_same_from_a_library_and_from_set_f
         assert set_source.one_formula(ids) is expected  # from its memory
         library_ids = np.sort([by_key[k] for k, _ in sets[query]])
         assert library_source.one_formula(library_ids) is expected
+        assert library_source.one_formula(library_ids) is expected  # from its memory

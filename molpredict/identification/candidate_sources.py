@@ -2,6 +2,7 @@
 MassSpecGym-style candidate sets), as ids into a table of molecules with cache keys, tie keys and output fields."""
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Protocol, Sequence
 
 import numpy as np
@@ -80,6 +81,10 @@ class CandidateSource:
         return shares_one_formula(self.molecules(np.asarray(ids, dtype=np.int64)))
 
 
+#: candidate sets whose ``one_formula`` answer a library source remembers
+ONE_FORMULA_MEMORY = 4096
+
+
 class SelectionOptions(Protocol):
     """What a library source reads of the run's options (:class:`~molpredict.identification.identify.IdentifyOptions`
     has these fields; candidate selection needs nothing else of identification)."""
@@ -102,6 +107,7 @@ class LibrarySource(CandidateSource):
             self._allowed = np.zeros(len(library), dtype=bool)
             self._allowed[allowed] = True
         self._formula_cache: dict[str, np.ndarray] = {}
+        self._one_formula: OrderedDict[bytes, bool] = OrderedDict()
         self.has_name = library.has_column("name")
         self.has_id = library.has_column("id")
 
@@ -185,9 +191,19 @@ class LibrarySource(CandidateSource):
         return self.library.take("inchikey14", ids)
 
     def one_formula(self, ids: np.ndarray) -> bool:
-        """From the library's formula column (no parsing)."""
-        formulas = self.library.take("formula", np.asarray(ids, dtype=np.int64))
-        return len(formulas) == 0 or bool(np.all(formulas == formulas[0]))
+        """From the library's formula column (no parsing); the last :data:`ONE_FORMULA_MEMORY` sets' answers are
+        remembered (a structure's spectra select the same candidates)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        key = ids.tobytes()
+        known = self._one_formula.get(key)
+        if known is None:
+            formulas = self.library.take("formula", ids)
+            known = self._one_formula[key] = len(formulas) == 0 or bool(np.all(formulas == formulas[0]))
+            if len(self._one_formula) > ONE_FORMULA_MEMORY:
+                self._one_formula.popitem(last=False)
+        else:
+            self._one_formula.move_to_end(key)
+        return known
 
     def fields(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """Output columns of ``ids``, reading only those rows (:meth:`CandidateLibrary.take`)."""
