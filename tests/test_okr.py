@@ -634,6 +634,7 @@ def test_validation_scores_are_the_chosen_points_decoding():
     np.testing.assert_array_equal(terms.is_true, is_true)
     np.testing.assert_array_equal(terms.terms["spectrum"], kept)
     assert terms.groups == [f"S{p}" for p in positions]
+    assert terms.one_formula is None  # vector outputs have no formula: the calibration cannot read the set's kind
     # no scores kept (no ranking-aware selection) or the fragment term wanted: the caller scores the sets itself
     assert shared_validation_terms(sub, val, ["fragments"]) is None
     plain = SISOKR(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=150", lam="1e-3", device="cpu")

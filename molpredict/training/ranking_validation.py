@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from molpredict.chem.candidates import shares_one_formula
-from molpredict.chem.molecules import n_workers
+from molpredict.chem.molecules import Molecule, n_workers
 from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES, FDR_Z, WEIGHTINGS, Calibrator,
                                                    confident_at_fdr, expected_calibration_error, grouped_folds,
                                                    ranking_features_flat, select_calibrator, structure_weights,
@@ -234,14 +234,16 @@ def shared_validation_terms(sub: Any, validation: Any, wanted: Sequence[str] = (
     groups = [labels[p].inchikey14 for p in candidates.positions]
     pool = candidates.molecules
     one_formula: dict[bytes, bool] = {}  # a structure's set is shared by its spectra: checked once
-    for members in candidates.sets:
-        key = members.tobytes()
-        if key not in one_formula:
-            one_formula[key] = shares_one_formula(pool[j] for j in members)
+    if all(isinstance(m, Molecule) for m in pool):  # other outputs (vectors, graphs) have no formula
+        for members in candidates.sets:
+            key = members.tobytes()
+            if key not in one_formula:
+                one_formula[key] = shares_one_formula(pool[j] for j in members)
     return ValidationTerms(offsets=offsets, is_true=is_true, terms=terms, groups=groups, known=known,
                            queries=[(inputs[p], None) for p in candidates.positions],
                            molecules=[pool[j] for j in flat],
-                           one_formula=np.array([one_formula[m.tobytes()] for m in candidates.sets], dtype=bool))
+                           one_formula=np.array([one_formula[m.tobytes()] for m in candidates.sets], dtype=bool)
+                           if one_formula else None)
 
 
 def second_pass_scorers(sub: Any) -> dict[str, Any]:
