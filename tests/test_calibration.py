@@ -335,3 +335,22 @@ def test_the_sets_kind_is_chosen_where_it_shifts_the_accuracy_and_mends_each_kin
             assert max(gaps) < 0.03
         else:
             assert max(gaps) > 0.08
+
+
+def test_shared_validation_terms_give_each_query_its_sets_kind():
+    """The training path's validation terms (the model's kept scores) carry ``one_formula`` per query: a set of
+    C3H8O isomers is one formula, a set that adds ethanol is not; two queries sharing a set share the answer."""
+    from types import SimpleNamespace
+
+    from molpredict.chem.molecules import Molecule
+    from molpredict.models.base import CandidateSets, ValidationData
+    from molpredict.training.ranking_validation import shared_validation_terms
+
+    pool = [Molecule(s) for s in ("CCCO", "CC(C)O", "COCC", "CCO")]
+    sets = [np.array([0, 1, 2]), np.array([0, 1, 2, 3]), np.array([0, 1, 2])]
+    candidates = CandidateSets(pool, sets, [s == 0 for s in sets], positions=[0, 1, 2])
+    labels = [SimpleNamespace(inchikey14=pool[0].inchikey14)] * 3
+    sub = SimpleNamespace(model=SimpleNamespace(validation_scores_=np.arange(10, dtype=float)), prior=None)
+    terms = shared_validation_terms(sub, ValidationData(["x0", "x1", "x2"], labels, candidates))
+    assert terms.one_formula.tolist() == [True, False, True]
+    assert terms.subset(np.array([1, 2])).one_formula.tolist() == [False, True]
