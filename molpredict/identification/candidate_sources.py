@@ -46,6 +46,10 @@ def precursor_tolerance(precision: float | None) -> float:
     return float(precision)
 
 
+#: candidate sets whose ``one_formula`` answer a source remembers
+ONE_FORMULA_MEMORY = 4096
+
+
 class CandidateSource:
     """Where candidates come from: ids into a table of molecules, with keys and output fields per id."""
 
@@ -76,13 +80,25 @@ class CandidateSource:
 
     def one_formula(self, ids: np.ndarray) -> bool:
         """Whether candidates ``ids`` share one molecular formula (what the calibration's ``one_formula`` reads:
-        a same-formula set, or a mass window where several formulas compete)."""
+        a same-formula set, or a mass window where several formulas compete). The answers for the last
+        :data:`ONE_FORMULA_MEMORY` sets are remembered (a structure's spectra select the same candidates)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        memory = self.__dict__.setdefault("_one_formula_memory", OrderedDict())
+        key = ids.tobytes()
+        known = memory.get(key)
+        if known is None:
+            known = memory[key] = self._shares_one_formula(ids)
+            if len(memory) > ONE_FORMULA_MEMORY:
+                memory.popitem(last=False)
+        else:
+            memory.move_to_end(key)
+        return known
+
+    def _shares_one_formula(self, ids: np.ndarray) -> bool:
+        """:meth:`one_formula` computed: the candidates' structures parsed (a source with a formula column reads it
+        instead)."""
         from molpredict.chem.candidates import shares_one_formula
-        return shares_one_formula(self.molecules(np.asarray(ids, dtype=np.int64)))
-
-
-#: candidate sets whose ``one_formula`` answer a library source remembers
-ONE_FORMULA_MEMORY = 4096
+        return shares_one_formula(self.molecules(ids))
 
 
 class SelectionOptions(Protocol):
@@ -107,7 +123,6 @@ class LibrarySource(CandidateSource):
             self._allowed = np.zeros(len(library), dtype=bool)
             self._allowed[allowed] = True
         self._formula_cache: dict[str, np.ndarray] = {}
-        self._one_formula: OrderedDict[bytes, bool] = OrderedDict()
         self.has_name = library.has_column("name")
         self.has_id = library.has_column("id")
 
@@ -190,20 +205,10 @@ class LibrarySource(CandidateSource):
     def inchikey14(self, ids: np.ndarray) -> np.ndarray:
         return self.library.take("inchikey14", ids)
 
-    def one_formula(self, ids: np.ndarray) -> bool:
-        """From the library's formula column (no parsing); the last :data:`ONE_FORMULA_MEMORY` sets' answers are
-        remembered (a structure's spectra select the same candidates)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        key = ids.tobytes()
-        known = self._one_formula.get(key)
-        if known is None:
-            formulas = self.library.take("formula", ids)
-            known = self._one_formula[key] = len(formulas) == 0 or bool(np.all(formulas == formulas[0]))
-            if len(self._one_formula) > ONE_FORMULA_MEMORY:
-                self._one_formula.popitem(last=False)
-        else:
-            self._one_formula.move_to_end(key)
-        return known
+    def _shares_one_formula(self, ids: np.ndarray) -> bool:
+        """From the library's formula column (no parsing)."""
+        formulas = self.library.take("formula", ids)
+        return len(formulas) == 0 or bool(np.all(formulas == formulas[0]))
 
     def fields(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """Output columns of ``ids``, reading only those rows (:meth:`CandidateLibrary.take`)."""
@@ -236,7 +241,6 @@ class SetSource(CandidateSource):
         self._ik14 = np.array([p[0] for p in pairs], dtype=object)
         self._smiles = np.array([p[1] for p in pairs], dtype=object)
         self._tie = np.array([f"{k}|{s}" for k, s in pairs], dtype=object)
-        self._one_formula: dict[bytes, bool] = {}
         self.has_name = False
         self.has_id = False
 
@@ -259,15 +263,6 @@ class SetSource(CandidateSource):
 
     def keys(self, ids: np.ndarray) -> list[str]:
         return ["smiles:" + s for s in self._smiles[ids]]
-
-    def one_formula(self, ids: np.ndarray) -> bool:
-        """Parsed from the SMILES once per set (the queries of a structure share its set)."""
-        ids = np.asarray(ids, dtype=np.int64)
-        key = ids.tobytes()
-        known = self._one_formula.get(key)
-        if known is None:
-            known = self._one_formula[key] = super().one_formula(ids)
-        return known
 
     def tie_keys(self, ids: np.ndarray) -> np.ndarray:
         return self._tie[ids]
