@@ -187,6 +187,9 @@ def fit_and_evaluate(row: Row, data: tuple, evaluate: Callable[[Any, str], dict]
         entry["select_by"] = metric
         if metric != "kernel-loss":
             entry[f"val_{metric}"] = {str(p["lam"]): p.get(f"val_{metric}") for p in model.selection_["points"]}
+        chosen = model.selection_["points"][model.selection_["best"]]
+        if "finetune" in chosen:
+            entry["finetune"] = chosen["finetune"]
     if hasattr(model, "history_") and isinstance(model.history_, list) and model.history_ \
             and isinstance(model.history_[0], dict):
         entry["best_epoch"] = [h.get("best_epoch") for h in model.history_]
@@ -283,7 +286,15 @@ def massbank_rows(args: argparse.Namespace) -> list[Row]:
         defaults = {k: DEFAULTS[k] for k in ("input_kernel", "output_kernel", "input_sketch", "output_sketch", "lam")}
         if args.quick:
             defaults.update(input_sketch=f"subsample:m={args.m_x}", output_sketch=f"subsample:m={args.m_y}")
-        rows.append(Row("sisokr", DEFAULT_MODEL, dict(defaults, device=args.device, seed=args.seed)))
+        # SISOKR with its ranking fine-tune: one row per epoch budget and learning rate
+        for epochs, lr in [(e, lr) for e in args.rank_epochs for lr in (args.rank_lr if e else [None])]:
+            default = epochs == DEFAULTS.get("rank_epochs", 0) and lr in (None, DEFAULTS.get("rank_lr"))
+            name = "sisokr" if default else ("sisokr-ridge" if epochs == 0 else f"sisokr-rank{epochs}")
+            name += f"-lr{lr:g}" if not default and epochs and len(args.rank_lr) > 1 else ""
+            params = dict(defaults, rank_epochs=epochs, device=args.device, seed=args.seed)
+            if lr is not None and epochs:
+                params["rank_lr"] = lr
+            rows.append(Row(name, DEFAULT_MODEL, params))
     rows.append(Row("prior", "prior", dict(similarity="tanimoto", top_k=5)))
     return rows + [r for r in dsokr if r.params["n_members"] > 1]  # the costliest last
 
@@ -637,6 +648,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pool-limit", type=int, default=None,
                         help="chebi: first N candidates of molecules.tsv (the test molecules are always added)")
     parser.add_argument("--skip-sisokr", action="store_true")
+    parser.add_argument("--rank-lr", default=None,
+                        help="massbank: SISOKR ranking fine-tune learning rates, one row each (default: molpredict "
+                             "train's)")
+    parser.add_argument("--rank-epochs", default=None,
+                        help="massbank: SISOKR ranking fine-tune epoch budgets, one row each (default: molpredict "
+                             "train's; 0 is the ridge solution alone)")
     parser.add_argument("--n-train", type=int, default=None, help="qm9: training structures (20000)")
     parser.add_argument("--n-val", type=int, default=None, help="qm9: validation structures (500)")
     parser.add_argument("--n-test", type=int, default=None, help="qm9: test structures (2000)")
@@ -655,6 +672,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) is None:
             setattr(args, name, TASK_OPTIMISER.get(args.task, {}).get(name, value))
     args.only = {s.strip() for s in args.only.split(",")} if args.only else None
+    from molpredict.models.okr import DEFAULT_RANK_EPOCHS, DEFAULT_RANK_LR
+    args.rank_epochs = [int(e) for e in str(args.rank_epochs if args.rank_epochs is not None
+                                            else DEFAULT_RANK_EPOCHS).split(",") if e.strip()]
+    args.rank_lr = [float(e) for e in str(args.rank_lr if args.rank_lr is not None
+                                          else DEFAULT_RANK_LR).split(",") if e.strip()]
     return args
 
 

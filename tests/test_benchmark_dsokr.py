@@ -79,6 +79,13 @@ def test_sizes_quick_task_defaults_and_rows(bench):
     with pytest.raises(SystemExit, match="cannot carry"):
         bench.massbank_rows(bench.parse_args(["massbank", "--data", "data-dir", "--input-kernel",
                                               "mkl:kernels=ppk-losses,weights=uniform"]))
+    # SISOKR rows per ranking fine-tune budget and learning rate: 0 is the ridge solution (no learning rate)
+    ranked = bench.massbank_rows(bench.parse_args(["massbank", "--data", "data-dir", "--members", "1", "--encoder",
+                                                   "mlp", "--rank-epochs", "0,3", "--rank-lr", "1e-4,3e-4"]))
+    sisokr = {r.name: r.params for r in ranked if r.model == "sisokr"}
+    assert list(sisokr) == ["sisokr-ridge", "sisokr-rank3-lr0.0001", "sisokr"]
+    assert sisokr["sisokr-ridge"]["rank_epochs"] == 0 and "rank_lr" not in sisokr["sisokr-ridge"]
+    assert (sisokr["sisokr-rank3-lr0.0001"]["rank_lr"], sisokr["sisokr"]["rank_lr"]) == (1e-4, 3e-4)
     kernels = bench.parse_args(["qm9", "--data", "data-dir", "--output-kernels", "nspd,core-wl"])
     assert [r.name for r in bench.qm9_rows(kernels)] == ["dsokr/transformer/nspd", "sisokr/smiles-ngram/nspd",
                                                         "dsokr/transformer/core-wl", "sisokr/smiles-ngram/core-wl"]

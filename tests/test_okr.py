@@ -537,8 +537,9 @@ def test_ranking_selection_equals_decoding_each_grid_point(model_cls, sketches):
     positions = np.arange(0, 40, 2)  # only every other validation input ranks (the others have no set)
     candidates = CandidateSets(list(pool), [sets[p] for p in positions], [truth[p] for p in positions], positions)
     grid = [1e-9, 1e-4, 1e-2, 1.0]
+    ridge_only = {"rank_epochs": 0} if model_cls is SISOKR else {}  # each grid point's ridge solution, as recorded
     model = model_cls(input_kernel=IN, output_kernel=OUT, lam="|".join(map(str, grid)), device="cpu",
-                      select_by="mrr", **sketches)
+                      select_by="mrr", **sketches, **ridge_only)
     model.fit(list(X), list(Y), val=ValidationData(list(Xv), list(Uv), candidates))
     points = model.selection_["points"]
     assert model.selection_["select_by"] == "mrr"
@@ -571,7 +572,7 @@ def test_scored_only_sets_are_scored_but_do_not_choose_the_grid_point():
     positions = np.r_[np.arange(20), np.arange(10)]
     ranked = np.r_[np.ones(20, bool), np.zeros(10, bool)]
     params = dict(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=150",
-                  output_sketch="p-sparsified-rademacher:m=40", lam="1e-6|1e-3|1e-1", device="cpu")
+                  output_sketch="p-sparsified-rademacher:m=40", lam="1e-6|1e-3|1e-1", device="cpu", rank_epochs=0)
     both = SISOKR(**params).fit(list(X), list(Y), val=ValidationData(
         list(Xv), list(Uv), CandidateSets(list(pool), sets, truth, positions, ranked)))
     alone = SISOKR(**params).fit(list(X), list(Y), val=ValidationData(
@@ -655,8 +656,69 @@ def test_cuda_validation_scores_match_cpu():
     candidates = CandidateSets(list(pool), [np.arange(6 * i, 6 * i + 6) for i in range(20)],
                                [np.arange(6) == 0 for _ in range(20)])
     params = dict(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=150",
-                  output_sketch="p-sparsified-rademacher:m=40", lam="1e-4|1e-2")
+                  output_sketch="p-sparsified-rademacher:m=40", lam="1e-4|1e-2",
+                  rank_epochs=0)  # the grid's pass; the fine-tune's own GPU test is below
     cpu = SISOKR(device="cpu", **params).fit(list(X), list(Y), val=ValidationData(list(Xv), list(Uv), candidates))
     gpu = SISOKR(device="cuda", **params).fit(list(X), list(Y), val=ValidationData(list(Xv), list(Uv), candidates))
     assert gpu.selection_["best"] == cpu.selection_["best"]
     assert rel_err(gpu.validation_scores_, cpu.validation_scores_) < 1e-5
+
+
+def test_the_ranking_fine_tune_ranks_validation_better_and_decodes_as_it_recorded():
+    """SISOKR's ranking fine-tune (``rank_epochs``): the chosen point's recorded MRR is the fine-tuned model's
+    own decoding (``score``) of the validation sets, no lower than the ridge solution's (kept beside it), and
+    higher here; ``validation_scores_`` are that model's scores; the saved model decodes the same; without
+    validation candidate sets nothing is fine-tuned (the ridge solution, bit for bit)."""
+    from molpredict.engine.decoding import ranking_metrics
+    from molpredict.models.base import CandidateSets, ValidationData
+
+    X, Y, U, A = make_data(n=300, n_structures=80, seed=6, noise=0.5)
+    Uv, Xv, pool = _validation_with_decoys(A, 40, 9, seed=7)
+    sets = [np.arange(10 * i, 10 * i + 10) for i in range(40)]
+    truth = [np.arange(10) == 0 for _ in range(40)]
+    val = ValidationData(list(Xv), list(Uv), CandidateSets(list(pool), sets, truth, np.arange(40)))
+    params = dict(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=150", output_sketch="subsample:m=40",
+                  lam="1e-4|1e-2", device="cpu", rank_lr=1e-2)
+    ridge = SISOKR(rank_epochs=0, **params).fit(list(X), list(Y), val=val)
+    tuned = SISOKR(rank_epochs=5, **params).fit(list(X), list(Y), val=val)
+    point = tuned.selection_["points"][tuned.selection_["best"]]
+    ridge_point = ridge.selection_["points"][ridge.selection_["best"]]
+    assert "finetune" not in ridge_point
+    assert point["finetune"]["ridge"]["val_mrr"] == pytest.approx(ridge_point["val_mrr"], abs=1e-12)
+    assert point["val_mrr"] > ridge_point["val_mrr"] + 0.01 and point["finetune"]["improved"]
+    scores = tuned.score(list(Xv), list(pool))
+    naive = np.concatenate([scores[i, s] for i, s in enumerate(sets)])
+    assert rel_err(tuned.validation_scores_, naive) < 1e-5
+    offsets = np.arange(0, 401, 10)
+    assert ranking_metrics(naive, offsets, np.concatenate(truth))["mrr"] == pytest.approx(point["val_mrr"], abs=1e-6)
+    assert point["val_loss"] == pytest.approx(tuned.kernel_loss(list(Xv), list(Uv)), rel=1e-6)
+    assert not np.allclose(tuned.W_, ridge.W_)
+    loaded = _roundtrip(tuned)  # JSON metadata, the fine-tune's history included
+    assert loaded.rank_epochs == 5 and loaded.selection_["points"][loaded.selection_["best"]]["finetune"]
+    assert rel_err(loaded.score(list(Xv), list(pool)), scores) < 1e-10
+    no_sets = SISOKR(rank_epochs=5, **params).fit(list(X), list(Y), val=(list(Xv), list(Uv)))
+    plain = SISOKR(rank_epochs=0, **params).fit(list(X), list(Y), val=(list(Xv), list(Uv)))
+    np.testing.assert_array_equal(no_sets.W_, plain.W_)
+
+
+@pytest.mark.cuda
+def test_cuda_ranking_fine_tune_decodes_as_it_recorded():
+    """The fine-tune on a GPU (its features, outputs and Adam steps there): the recorded validation MRR is the
+    fitted model's own decoding, and no lower than the ridge solution's."""
+    from molpredict.engine.decoding import ranking_metrics
+    from molpredict.models.base import CandidateSets, ValidationData
+
+    X, Y, U, A = make_data(n=300, n_structures=80, seed=6, noise=0.5)
+    Uv, Xv, pool = _validation_with_decoys(A, 40, 9, seed=7)
+    sets = [np.arange(10 * i, 10 * i + 10) for i in range(40)]
+    truth = [np.arange(10) == 0 for _ in range(40)]
+    val = ValidationData(list(Xv), list(Uv), CandidateSets(list(pool), sets, truth, np.arange(40)))
+    model = SISOKR(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=150",
+                   output_sketch="subsample:m=40", lam="1e-4|1e-2", device="cuda", rank_epochs=5,
+                   rank_lr=1e-2).fit(list(X), list(Y), val=val)
+    point = model.selection_["points"][model.selection_["best"]]
+    assert point["val_mrr"] >= point["finetune"]["ridge"]["val_mrr"]
+    scores = model.score(list(Xv), list(pool))
+    naive = np.concatenate([scores[i, s] for i, s in enumerate(sets)])
+    assert ranking_metrics(naive, np.arange(0, 401, 10), np.concatenate(truth))["mrr"] == \
+        pytest.approx(point["val_mrr"], abs=1e-5)

@@ -112,6 +112,10 @@ DEFAULT_OUTPUT_KERNEL = "tanimoto"
 DEFAULT_INPUT_SKETCH = "subsample:m=4000"
 DEFAULT_OUTPUT_SKETCH = "subsample:m=2000"
 DEFAULT_LAM = "1e-5|1e-4|1e-3|1e-2"
+#: SISOKR's ranking fine-tune (:mod:`molpredict.models.ranking_finetune`): at most this many epochs, stopped on the
+#: validation ranking metric; it runs only when ``fit`` gets validation candidate sets (0: the ridge solution)
+DEFAULT_RANK_EPOCHS = 3
+DEFAULT_RANK_LR = 3e-4
 #: Text -> molecule (pairs tables such as ChEBI-20): TF-IDF word 1-2-grams (no extra package; ``text-embedding``
 #: needs ``pip install molpredict[text]``), the text output kernel of :data:`molpredict.models.base.TEXT_OUTPUT_KERNEL`,
 #: and no sketch below the spectra defaults' sizes (a few thousand pairs fit exactly in seconds): the input side
@@ -385,7 +389,8 @@ class _WhitenedInput:
     """A sketched input side: Z_x = P_x R_x K_x; ridge on the eigenbasis of Z_x Z_x^T (one eigh for all lam)."""
 
     def __init__(self, spec: Any, sketch_spec: Any, seed: int, objects: list[Any], index: torch.Tensor, n_u: int,
-                 device: torch.device, dtype: torch.dtype, rtol: float, profile: _Profile) -> None:
+                 device: torch.device, dtype: torch.dtype, rtol: float, profile: _Profile,
+                 keep_features: bool = False) -> None:
         side = _nystrom_side("input_kernel", spec, sketch_spec, seed, objects, device, dtype, rtol, profile,
                              keep_rows=True)
         self.resolved_spec, self.kernel, self.sketch = side.kernel_spec_, side.kernel_, side.sketch_
@@ -408,6 +413,14 @@ class _WhitenedInput:
         self.Q = Q.to(dtype)
         with profile.stage("input_group_sum"):
             ZE = self.P @ _group_sum(B, index, n_u)  # (r, n_u): Z_x E = P (B E)
+        #: Z_x^T (n, r), float32, for the ranking fine-tune (None unless ``keep_features``): built in column blocks
+        #: so that no second float64 n x r matrix is held beside B
+        self.Z: torch.Tensor | None = None
+        if keep_features:
+            with profile.stage("input_features", (r, m, B.shape[1])):
+                self.Z = torch.empty((B.shape[1], r), dtype=torch.float32, device=device)
+                for start in range(0, B.shape[1], 8192):
+                    self.Z[start:start + 8192] = (self.P @ B[:, start:start + 8192]).T.to(torch.float32)
         del B
         with profile.stage("input_rotate", (n_u, r, r)):
             self.ZEQ = ZE.T @ self.Q  # (n_u, r): (Z_x E)^T Q
@@ -437,10 +450,19 @@ class _WhitenedInput:
         with profile.stage("val_predict", (self.F.shape[0], self.F.shape[1], self.QTz.shape[1])):
             return (self.F * self._D(lam)[None, :]) @ self.QTz
 
-    def weights(self, out: _OutputSide, lam: float, profile: _Profile) -> np.ndarray:
-        """W = A_x^T P_x^T Q D F^T [P_y]: (n'_x, d)."""
+    def core(self, lam: float) -> torch.Tensor:
+        """The ridge solution in core coordinates, X = Q D F^T (r x d_core): g(x) = X^T z(x)."""
+        return self.Q @ (self._D(lam)[:, None] * self.F.T)
+
+    def val_features(self) -> torch.Tensor:
+        """z of the validation inputs (r x n_val), after :meth:`prepare_val`."""
+        return self.Q @ self.QTz
+
+    def weights(self, out: _OutputSide, lam: float, profile: _Profile, core: torch.Tensor | None = None
+                ) -> np.ndarray:
+        """W = A_x^T P_x^T X [P_y]: (n'_x, d), X the ridge core :meth:`core` or the given one."""
         with profile.stage("build_weights", (self.Q.shape[0], self.Q.shape[1], self.F.shape[0])):
-            X = self.Q @ (self._D(lam)[:, None] * self.F.T)  # (r, d_core)
+            X = self.core(lam) if core is None else core.to(self.dtype)  # (r, d_core)
             to_coords = out.to_coordinates()
             if to_coords is not None:
                 X = X @ to_coords
@@ -449,6 +471,7 @@ class _WhitenedInput:
 
     def release_val(self) -> None:
         self.QTz = None
+        self.Z = None
 
 
 class _CholeskyInput:
@@ -704,6 +727,10 @@ class _OKRBase(Model):
         self._check_memory(self._output_sketch_spec(), n_u, "output")
         index_t = torch.as_tensor(index, device=device)
         input_cls = _CholeskyInput if make_sketch(self._input_sketch_spec()).is_identity else _WhitenedInput
+        # the ranking fine-tune needs whitened features on both sides and validation sets to stop on
+        finetune = (int(getattr(self, "rank_epochs", 0)) > 0 and ranking is not None and val is not None and build
+                    and input_cls is _WhitenedInput and not make_sketch(self._output_sketch_spec()).is_identity)
+        extra = {"keep_features": True} if finetune else {}
 
         outputs = []
         for spec in out_specs:
@@ -721,7 +748,7 @@ class _OKRBase(Model):
         best_loss = math.inf
         for spec in in_specs:
             inp = input_cls(spec, self._input_sketch_spec(), int(self.seed), inputs, index_t, n_u, device, dtype,
-                            rtol, profile)
+                            rtol, profile, **extra)
             if val is not None:
                 with profile.stage("input_val_features"):
                     inp.prepare_val(val[0])
@@ -763,8 +790,12 @@ class _OKRBase(Model):
                         best_loss = criterion if math.isfinite(criterion) else math.inf
                         best = {"index": len(points) - 1, "input": inp, "output": out, "lam": lam,
                                 "scores": scores.get((o, j))}
-            inp.release_val()
+            if not (finetune and best is not None and best["input"] is inp):
+                inp.release_val()
             del inp
+        if finetune:
+            self._finetune(best, points[best["index"]], ranking, index_t, profile)
+            best["input"].release_val()
         for out in outputs:
             out.release_val()
         if build:
@@ -774,10 +805,38 @@ class _OKRBase(Model):
             self.validation_scores_ = best.get("scores")
         return points, best["index"]
 
+    def _finetune(self, best: dict[str, Any], point: dict[str, Any], ranking: Any, index: torch.Tensor,
+                  profile: _Profile) -> None:
+        """Fine-tune the chosen point's core with the ranking loss (:mod:`molpredict.models.ranking_finetune`),
+        stopping on the validation ranking metric; the result goes to ``best["core"]`` and ``best["scores"]``,
+        what it did to ``point["finetune"]`` (the point's ``val_loss`` and ranking metric become the fine-tuned
+        model's; the ridge's are kept beside them)."""
+        from molpredict.models.ranking_finetune import finetune_core
+        inp, out, metric = best["input"], best["output"], self.select_by
+        inp.start_output(out, profile)
+        z_val = inp.val_features()  # (r_x, n_val)
+        Psi = out.Zu.T.to(torch.float32).contiguous()  # (n_u, r_y): the distinct training outputs
+
+        def evaluate(X: torch.Tensor) -> float:
+            return out.val_ranking(X.to(z_val.dtype).T @ z_val, ranking, metric)
+
+        with profile.stage("ranking_finetune"):
+            X, history = finetune_core(inp.Z, index, Psi, inp.core(best["lam"]), evaluate,
+                                       epochs=int(self.rank_epochs), lr=float(self.rank_lr), seed=int(self.seed))
+        core = X.to(z_val.dtype).T @ z_val
+        value, scores = out.val_ranking(core, ranking, metric, return_scores=True)
+        point["finetune"] = {"epochs": int(self.rank_epochs), "lr": float(self.rank_lr),
+                             "ridge": {"val_loss": point["val_loss"], f"val_{metric}": point.get(f"val_{metric}")},
+                             "history": history, "improved": history["best"] is not None}
+        point["val_loss"] = out.val_loss(core)
+        point[f"val_{metric}"] = value
+        best["core"], best["scores"] = X, scores
+
     def _build(self, best: dict[str, Any], n: int, n_u: int, profile: _Profile) -> None:
         inp, out = best["input"], best["output"]
         inp.start_output(out, profile)
-        self.W_ = np.ascontiguousarray(inp.weights(out, best["lam"], profile), dtype=np.float64)
+        tuned = {"core": best["core"]} if best.get("core") is not None else {}  # the ranking fine-tune's
+        self.W_ = np.ascontiguousarray(inp.weights(out, best["lam"], profile, **tuned), dtype=np.float64)
         self.output_A_ = None if out.identity else sp.csr_matrix(out.sketch.A_)
         self.input_kernel_ = inp.kernel
         self.output_kernel_ = out.kernel
@@ -1046,13 +1105,28 @@ class SISOKR(_OKRBase):
     """Sketched-input, sketched-output IOKR: :data:`DEFAULT_INPUT_SKETCH` in, :data:`DEFAULT_OUTPUT_SKETCH` out.
 
     No n x n matrix is formed: the fit needs the m_x x n rows R_x K_x and the m_y x n_u rows R_y K_u.
+
+    Parameters (beyond :class:`_OKRBase`'s)
+    ----------
+    rank_epochs : int
+        When ``fit`` gets validation candidate sets (a :class:`~molpredict.models.base.ValidationData` with
+        candidates, as ``molpredict train --val-candidates`` passes them), the chosen grid point's ridge solution
+        is fine-tuned for at most this many epochs with a softmax ranking loss over the distinct training
+        structures, stopped on the validation metric ``select_by`` (:mod:`molpredict.models.ranking_finetune`);
+        0, or no candidate sets: the ridge solution. What it did is recorded in the chosen point of
+        ``selection_`` (``finetune``: the ridge's validation loss and metric, every check).
+    rank_lr : float
+        Adam's learning rate of the fine-tune.
     """
 
     def __init__(self, input_kernel: str = DEFAULT_INPUT_KERNEL, output_kernel: str = DEFAULT_OUTPUT_KERNEL,
                  input_sketch: str | None = DEFAULT_INPUT_SKETCH,
                  output_sketch: str | None = DEFAULT_OUTPUT_SKETCH, lam: float | str = DEFAULT_LAM,
                  val_fraction: float = 0.1, device: str = "auto", dtype: str = "float64", seed: int = 0,
-                 max_memory_gb: float = 4.0, pinv_rtol: float = 1e-10, select_by: str = "mrr") -> None:
+                 max_memory_gb: float = 4.0, pinv_rtol: float = 1e-10, select_by: str = "mrr",
+                 rank_epochs: int = DEFAULT_RANK_EPOCHS, rank_lr: float = DEFAULT_RANK_LR) -> None:
         super().__init__(input_kernel=input_kernel, output_kernel=output_kernel, input_sketch=input_sketch,
                          output_sketch=output_sketch, lam=lam, val_fraction=val_fraction, device=device,
                          dtype=dtype, seed=seed, max_memory_gb=max_memory_gb, pinv_rtol=pinv_rtol, select_by=select_by)
+        self.rank_epochs = rank_epochs
+        self.rank_lr = rank_lr
