@@ -10,7 +10,7 @@ uniformly random ranking of the same candidate sets (:func:`molpredict.engine.de
 row can be read beside chance.
 
 - ``massbank``: MS/MS -> structure. Train on train_pos (early stopping / lam on a seeded subset of val_pos),
-  test on test_pos against ``candidates/test_formula256.json`` (each spectrum one query; hit = InChIKey first
+  test on test_pos (``--ion-mode neg``: the ``*_neg`` files) against ``candidates/test_formula256.json`` (each spectrum one query; hit = InChIKey first
   block). DSOKR stops early on the MRR of the validation spectra ranked in their ``val_formula256.json`` sets.
   Rows: ``dsokr`` (``kernel-mlp``: a linear layer on the Nystrom features of the ``ppk-losses`` kernel against
   m_x training spectra; Gaussian-Tanimoto output kernel, subsample m_y) as a single network and as ensembles
@@ -318,11 +318,11 @@ def run_massbank(args: argparse.Namespace, clock: Clock) -> dict[str, Any]:
     from molpredict.training.ranking_validation import ranking_candidates
     cache: dict = {}
     with clock("read"):
-        train, y = labelled_spectra(args.data / "massbank" / "train_pos.mgf", args.limit, cache)
-        val, yv = labelled_spectra(args.data / "massbank" / "val_pos.mgf", None, cache)
+        train, y = labelled_spectra(args.data / "massbank" / f"train_{args.ion_mode}.mgf", args.limit, cache)
+        val, yv = labelled_spectra(args.data / "massbank" / f"val_{args.ion_mode}.mgf", None, cache)
         val_sets = load_candidate_sets(args.data / "candidates" / "val_formula256.json")
         if args.split == "test":
-            test, yt = labelled_spectra(args.data / "massbank" / "test_pos.mgf", args.test_limit, cache)
+            test, yt = labelled_spectra(args.data / "massbank" / f"test_{args.ion_mode}.mgf", args.test_limit, cache)
             sets = load_candidate_sets(args.data / "candidates" / "test_formula256.json")
     if args.split == "val":  # stop on a third of the validation structures, score the other two thirds
         stop, evl = validation_split(yv, val_sets, args.val, args.seed)
@@ -339,7 +339,7 @@ def run_massbank(args: argparse.Namespace, clock: Clock) -> dict[str, Any]:
     queries = [i for i, m in enumerate(yt) if m.inchikey14 in sets]
     test, yt = [test[i] for i in queries], [yt[i] for i in queries]
     candidates = [candidate_set_molecules(sets[m.inchikey14]) for m in yt]
-    report: dict[str, Any] = {"split": args.split, "n_train": len(train),
+    report: dict[str, Any] = {"split": args.split, "ion_mode": args.ion_mode, "n_train": len(train),
                               "n_train_structures": len({m.inchikey14 for m in y}),
                               "n_val": len(val), "n_val_structures": len({m.inchikey14 for m in yv}),
                               "n_test": len(test), "n_test_structures": len({m.inchikey14 for m in yt}),
@@ -648,6 +648,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pool-limit", type=int, default=None,
                         help="chebi: first N candidates of molecules.tsv (the test molecules are always added)")
     parser.add_argument("--skip-sisokr", action="store_true")
+    parser.add_argument("--ion-mode", choices=["pos", "neg"], default="pos",
+                        help="massbank: the spectra files (train_/val_/test_ pos or neg)")
     parser.add_argument("--rank-lr", default=None,
                         help="massbank: SISOKR ranking fine-tune learning rates, one row each (default: molpredict "
                              "train's)")

@@ -85,3 +85,20 @@ def test_the_ridge_core_is_kept_when_no_check_improves_and_patience_stops_the_ru
     assert torch.equal(X, X0.double()) and history["best"] is None
     assert len(history["checks"]) == 3 and history["epochs_run"] == 2  # stopped after 3 checks, in epoch 2
     assert not torch.equal(calls[-1].double(), X0.double())  # the core did move: only the choice kept X0
+
+
+def test_a_gain_below_min_gain_keeps_the_ridge_core():
+    """The best check is reported (``best_seen``) but the ridge core is returned when it gains less than
+    ``min_gain``; with a smaller ``min_gain`` the same run returns the tuned core."""
+    Z, target, Psi, X0 = _ranking_problem()
+    values = iter([0.5, 0.504, 0.503, 0.502, 0.501])
+
+    def evaluate(X):
+        return next(values)
+
+    kwargs = dict(epochs=2, lr=1e-2, batch_size=64, checks_per_epoch=2, patience=100)
+    X, history = finetune_core(Z, target, Psi, X0, evaluate, min_gain=0.005, **kwargs)
+    assert history["best"] is None and history["best_seen"] == 0 and torch.equal(X, X0.double())
+    values = iter([0.5, 0.504, 0.503, 0.502, 0.501])
+    X, history = finetune_core(Z, target, Psi, X0, evaluate, min_gain=0.003, **kwargs)
+    assert history["best"] == history["best_seen"] == 0 and not torch.equal(X, X0.double())

@@ -51,7 +51,7 @@ def ranking_loss(Z: Any, X: Any, Psi: Any, target: Any, log_scale: Any) -> Any:
 
 def finetune_core(Z: Any, target: Any, Psi: Any, X0: Any, evaluate: Callable[[Any], float], *, epochs: int,
                   lr: float, batch_size: int = 256, scale: float = 20.0, checks_per_epoch: int = 3,
-                  patience: int = 3, seed: int = 0) -> tuple[Any, dict[str, Any]]:
+                  patience: int = 3, min_gain: float = 0.0, seed: int = 0) -> tuple[Any, dict[str, Any]]:
     """Fine-tune the core ``X0`` with :func:`ranking_loss`, keeping the core that ``evaluate`` rates best.
 
     Parameters
@@ -76,17 +76,34 @@ def finetune_core(Z: Any, target: Any, Psi: Any, X0: Any, evaluate: Callable[[An
     checks_per_epoch : int
     patience : int
         Stop after this many checks without improvement.
+    min_gain : float
+        Keep a fine-tuned core only if it rates at least this much above ``X0``; otherwise return ``X0`` (a gain
+        within the noise of the validation metric is not worth changing the model).
     seed : int
         Seeds the sample order.
 
     Returns
     -------
     X : Tensor of shape (r_x, r_y), float64
-        The best core (``X0`` itself when no check improved on it).
+        The best core (``X0`` itself when no check improved on it by ``min_gain``).
     history : dict
         ``{"init": value of X0, "checks": [{"epoch", "step", "loss", "scale", "value"}], "best": index into
-        checks or None, "epochs_run"}``.
+        checks of the returned core or None (X0), "best_seen": the best check's index, "epochs_run"}``.
     """
+    X, history = _fine_tune(Z, target, Psi, X0, evaluate, int(epochs), float(lr), int(batch_size), float(scale),
+                            int(checks_per_epoch), int(patience), int(seed))
+    history["best_seen"] = history["best"]
+    if history["best"] is not None and \
+            history["checks"][history["best"]]["value"] < history["init"] + float(min_gain):
+        history["best"] = None
+        X = X0.detach().to(torch.float64).clone()
+    return X, history
+
+
+def _fine_tune(Z: Any, target: Any, Psi: Any, X0: Any, evaluate: Callable[[Any], float], epochs: int, lr: float,
+               batch_size: int, scale: float, checks_per_epoch: int, patience: int, seed: int
+               ) -> tuple[Any, dict[str, Any]]:
+    """The Adam loop of :func:`finetune_core`: the best core seen (``X0`` when no check beat it)."""
     n = int(Z.shape[0])
     device = Z.device
     X = torch.nn.Parameter(X0.to(device=device, dtype=torch.float32).clone())
