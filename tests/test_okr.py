@@ -696,6 +696,16 @@ def test_the_ranking_fine_tune_ranks_validation_better_and_decodes_as_it_recorde
     loaded = _roundtrip(tuned)  # JSON metadata, the fine-tune's history included
     assert loaded.rank_epochs == 5 and loaded.selection_["points"][loaded.selection_["best"]]["finetune"]
     assert rel_err(loaded.score(list(Xv), list(pool)), scores) < 1e-10
+    # what `molpredict train` says of it
+    from molpredict.training.pipeline import _finetune_line, _finetune_summary
+    said = _finetune_summary(tuned)
+    assert said["kept"] and said["ridge"] == pytest.approx(ridge_point["val_mrr"], abs=1e-12)
+    assert said["best"] == pytest.approx(point["val_mrr"], abs=1e-6)
+    assert f"{said['ridge']:.4f} -> {said['best']:.4f}" in _finetune_line(said) and "kept" in _finetune_line(said)
+    strict = SISOKR(rank_epochs=5, rank_min_gain=1.0, **params).fit(list(X), list(Y), val=val)
+    np.testing.assert_array_equal(strict.W_, ridge.W_)  # no check gains 1.0 of MRR: the ridge solution stands
+    assert not _finetune_summary(strict)["kept"] and "not kept" in _finetune_line(_finetune_summary(strict))
+    assert _finetune_summary(ridge) is None
     no_sets = SISOKR(rank_epochs=5, **params).fit(list(X), list(Y), val=(list(Xv), list(Uv)))
     plain = SISOKR(rank_epochs=0, **params).fit(list(X), list(Y), val=(list(Xv), list(Uv)))
     np.testing.assert_array_equal(no_sets.W_, plain.W_)

@@ -399,7 +399,36 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
                 "licenses": dict(train.licenses[mode].most_common()), "validation": validation,
                 "fit_s": fit_s,
             }
+            finetune = _finetune_summary(model)
+            if finetune:
+                summary["models"][mode]["finetune"] = finetune
+                say(_finetune_line(finetune))
     return bundle, summary
+
+
+def _finetune_summary(model: Any) -> dict[str, Any] | None:
+    """What the model's ranking fine-tune did (SISOKR's ``finetune`` record of the chosen grid point), without
+    its per-check history; None for a model without one."""
+    selection = getattr(model, "selection_", None)
+    if not isinstance(selection, dict) or not isinstance(selection.get("best"), int):
+        return None
+    points = selection.get("points") or []
+    record = points[selection["best"]].get("finetune") if selection["best"] < len(points) else None
+    if not record:
+        return None
+    metric = selection.get("select_by", "mrr")
+    history = record["history"]
+    seen = history.get("best_seen")
+    return {"metric": metric, "ridge": history["init"], "best": (history["checks"][seen]["value"]
+                                                                 if seen is not None else history["init"]),
+            "kept": bool(record["improved"]), "min_gain": record.get("min_gain", 0.0),
+            "epochs_run": history["epochs_run"]}
+
+
+def _finetune_line(finetune: dict[str, Any]) -> str:
+    verdict = "kept" if finetune["kept"] else f"not kept (gain under {finetune['min_gain']:g}): the ridge solution"
+    return (f"  ranking fine-tune: validation {finetune['metric']} {finetune['ridge']:.4f} -> {finetune['best']:.4f} "
+            f"in {finetune['epochs_run']} epoch(s), {verdict}")
 
 
 def _uses_fragments(fusion: dict[str, Any]) -> bool:
@@ -510,6 +539,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         for key, value in info["chosen"].items():
             if key.endswith("spec_") or key == "lam_":
                 lines.append(f"  {key.removesuffix('_').removesuffix('_spec').replace('_', ' ')}: {value}")
+        if info.get("finetune"):
+            lines.append(_finetune_line(info["finetune"]))
         val = info.get("validation") or {}
         if "kernel_loss" in val:
             lines.append(f"  validation kernel loss {val['kernel_loss']:.4f} on {val[f'n_{unit}']} {unit} "
