@@ -223,7 +223,8 @@ def split_by_structure(molecules: list, fraction: float, seed: int) -> tuple[np.
 def dsokr_params(args: argparse.Namespace, encoder: str, output_kernel: str, members: int = 1) -> dict[str, Any]:
     return dict(encoder=encoder, output_kernel=output_kernel, output_sketch=f"subsample:m={args.m_y}",
                 epochs=args.epochs, lr=args.lr, warmup=args.warmup, batch_size=args.batch_size,
-                patience=args.patience, n_members=members, device=args.device, seed=args.seed)
+                patience=args.patience, n_members=members, device=args.device, seed=args.seed,
+                rank_epochs=args.dsokr_rank_epochs)
 
 
 # -- massbank --------------------------------------------------------------------------------------------
@@ -648,6 +649,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pool-limit", type=int, default=None,
                         help="chebi: first N candidates of molecules.tsv (the test molecules are always added)")
     parser.add_argument("--skip-sisokr", action="store_true")
+    parser.add_argument("--dsokr-rank-epochs", type=int, default=0,
+                        help="DSOKR: ranking fine-tune epochs after the square-loss training (0: none)")
     parser.add_argument("--ion-mode", choices=["pos", "neg"], default="pos",
                         help="massbank: the spectra files (train_/val_/test_ pos or neg)")
     parser.add_argument("--rank-lr", default=None,

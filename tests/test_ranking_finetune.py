@@ -22,7 +22,7 @@ def test_ranking_loss_equals_the_softmax_cross_entropy_written_out():
     rng = np.random.default_rng(0)
     Z, X, Psi = rng.normal(size=(7, 5)), rng.normal(size=(5, 4)), rng.normal(size=(6, 4))
     target = rng.integers(0, 6, size=7)
-    got = ranking_loss(torch.tensor(Z), torch.tensor(X), torch.tensor(Psi), torch.tensor(target),
+    got = ranking_loss(torch.tensor(Z) @ torch.tensor(X), torch.tensor(Psi), torch.tensor(target),
                        torch.tensor(np.log(3.0), dtype=torch.float64))
     assert float(got) == pytest.approx(_naive_loss(Z, X, Psi, target, 3.0), rel=1e-10)
 

@@ -217,6 +217,14 @@ class DSOKR(Model):
         Relative eigenvalue cut-off of the output basis.
     device : {"auto", "cpu", "cuda"}
     seed : int
+    rank_epochs : int
+        After the training with ``loss`` (and its early stopping), each member is fine-tuned for at most this many
+        epochs with the softmax ranking loss over the distinct training structures
+        (:func:`molpredict.models.ranking_finetune.fit_ranking`, checked three times an epoch), keeping the state
+        that ranks the validation candidate sets best (the network before the fine-tune included); it needs
+        validation data ranked by MRR (``val_metric`` ``auto`` or ``mrr``). 0: no fine-tune.
+    rank_lr : float
+        Adam's learning rate of the fine-tune.
 
     Fitted attributes
     -----------------
@@ -232,7 +240,8 @@ class DSOKR(Model):
                  loss: str = "square", lr: float = 1e-3, epochs: int = 30, batch_size: int = 128,
                  weight_decay: float = 0.0, warmup: int = 0, patience: int = 5, val_metric: str = "auto",
                  n_members: int = 1, combine: str = "mean", member_weights: str = "uniform",
-                 rel_cutoff: float = 1e-10, device: str = "auto", seed: int = 0) -> None:
+                 rel_cutoff: float = 1e-10, device: str = "auto", seed: int = 0, rank_epochs: int = 0,
+                 rank_lr: float = 3e-4) -> None:
         self.encoder = encoder
         self.output_kernel = output_kernel
         self.output_sketch = output_sketch
@@ -250,6 +259,8 @@ class DSOKR(Model):
         self.rel_cutoff = rel_cutoff
         self.device = device
         self.seed = seed
+        self.rank_epochs = rank_epochs
+        self.rank_lr = rank_lr
 
     @classmethod
     def train_defaults(cls, input_type: str, n_inputs: int, n_structures: int) -> dict[str, Any]:
@@ -406,8 +417,33 @@ class DSOKR(Model):
         if best_state is not None:
             network.load_state_dict(best_state)
         history["val_metric"] = None if val is None else val["metric"]
+        if int(self.rank_epochs) > 0 and val is not None and val["metric"] == "mrr":
+            history["ranking"] = self._rank_member(network, basis, features, psi, target, val, cache, device, seed)
         network.eval()
         return network, history
+
+    def _rank_member(self, network: torch.nn.Module, basis: SketchedOutputBasis, features: Any, psi: torch.Tensor,
+                     target: torch.Tensor, val: dict, cache: dict, device: torch.device, seed: int) -> dict:
+        """The ranking fine-tune of a trained member (in place); its history."""
+        from molpredict.models.ranking_finetune import fit_ranking
+
+        def predict(index: torch.Tensor) -> torch.Tensor:
+            network.train()
+            return network(self.encoder_.to_tensor(self.encoder_.take(features, index.cpu().numpy()), device))
+
+        def evaluate() -> float:
+            return self._val_score(self._forward(network, val["features"], device), basis, val, cache)
+
+        def snapshot() -> dict:
+            return {k: v.detach().clone() for k, v in network.state_dict().items()}
+
+        start = snapshot()
+        best, history = fit_ranking(list(network.parameters()), predict, psi, target, self._n(features), evaluate,
+                                    snapshot, epochs=int(self.rank_epochs), lr=float(self.rank_lr),
+                                    batch_size=int(self.batch_size), seed=seed)
+        # the best check's state, or the trained member's when no check ranked better (undo the steps)
+        network.load_state_dict(best if best is not None else start)
+        return history
 
     def _loss_terms(self, gs: list[np.ndarray], psis: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         """G (T, T) and b (T,) with mean ||sum_t w_t h_t(x) - psi_y(y)||^2 = w^T G w - 2 w^T b + mean k_y(y, y).

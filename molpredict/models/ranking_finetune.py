@@ -19,7 +19,7 @@ isomers beyond the 4,669 training structures), so the softmax runs over the trai
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -27,26 +27,24 @@ from molpredict.lazy import lazy_module
 
 torch = lazy_module("torch")
 
-__all__ = ["finetune_core", "ranking_loss"]
+__all__ = ["finetune_core", "fit_ranking", "ranking_loss"]
 
 
-def ranking_loss(Z: Any, X: Any, Psi: Any, target: Any, log_scale: Any) -> Any:
+def ranking_loss(G: Any, Psi: Any, target: Any, log_scale: Any) -> Any:
     """Mean softmax cross-entropy of the true outputs among all distinct training outputs.
 
     Parameters
     ----------
-    Z : Tensor of shape (b, r_x)
-        Whitened input features of a batch.
-    X : Tensor of shape (r_x, r_y)
+    G : Tensor of shape (b, r_y)
+        Predicted coordinates of a batch (``Z @ X`` for a linear core, a network's output for DSOKR).
     Psi : Tensor of shape (n_u, r_y)
-        Whitened coordinates of the distinct training outputs.
+        Coordinates of the distinct training outputs in the same basis.
     target : Tensor of shape (b,), int64
         Each row's output, a row of ``Psi``.
     log_scale : Tensor, scalar
         log s, the inverse temperature of the softmax.
     """
-    logits = (Z @ X) @ Psi.T * log_scale.exp()
-    return torch.nn.functional.cross_entropy(logits, target)
+    return torch.nn.functional.cross_entropy(G @ Psi.T * log_scale.exp(), target)
 
 
 def finetune_core(Z: Any, target: Any, Psi: Any, X0: Any, evaluate: Callable[[Any], float], *, epochs: int,
@@ -90,38 +88,61 @@ def finetune_core(Z: Any, target: Any, Psi: Any, X0: Any, evaluate: Callable[[An
         ``{"init": value of X0, "checks": [{"epoch", "step", "loss", "scale", "value"}], "best": index into
         checks of the returned core or None (X0), "best_seen": the best check's index, "epochs_run"}``.
     """
-    X, history = _fine_tune(Z, target, Psi, X0, evaluate, int(epochs), float(lr), int(batch_size), float(scale),
-                            int(checks_per_epoch), int(patience), int(seed))
+    X = torch.nn.Parameter(X0.to(device=Z.device, dtype=torch.float32).clone())
+    best, history = fit_ranking([X], lambda index: Z.index_select(0, index) @ X, Psi, target, int(Z.shape[0]),
+                                lambda: float(evaluate(X.detach())), lambda: X.detach().to(torch.float64).clone(),
+                                epochs=epochs, lr=lr, batch_size=batch_size, scale=scale,
+                                checks_per_epoch=checks_per_epoch, patience=patience, seed=seed)
     history["best_seen"] = history["best"]
-    if history["best"] is not None and \
-            history["checks"][history["best"]]["value"] < history["init"] + float(min_gain):
+    if best is None or history["checks"][history["best"]]["value"] < history["init"] + float(min_gain):
         history["best"] = None
-        X = X0.detach().to(torch.float64).clone()
-    return X, history
+        return X0.detach().to(torch.float64).clone(), history
+    return best, history
 
 
-def _fine_tune(Z: Any, target: Any, Psi: Any, X0: Any, evaluate: Callable[[Any], float], epochs: int, lr: float,
-               batch_size: int, scale: float, checks_per_epoch: int, patience: int, seed: int
-               ) -> tuple[Any, dict[str, Any]]:
-    """The Adam loop of :func:`finetune_core`: the best core seen (``X0`` when no check beat it)."""
-    n = int(Z.shape[0])
-    device = Z.device
-    X = torch.nn.Parameter(X0.to(device=device, dtype=torch.float32).clone())
+def fit_ranking(parameters: Sequence[Any], predict: Callable[[Any], Any], Psi: Any, target: Any, n: int,
+                evaluate: Callable[[], float], snapshot: Callable[[], Any], *, epochs: int, lr: float,
+                batch_size: int = 256, scale: float = 20.0, checks_per_epoch: int = 3, patience: int = 3,
+                seed: int = 0) -> tuple[Any, dict[str, Any]]:
+    """The Adam loop of the ranking fine-tune, for any differentiable predictor.
+
+    Parameters
+    ----------
+    parameters : sequence of Tensor
+        What Adam moves (a core X; a network's parameters).
+    predict : callable
+        ``predict(index) -> G`` (b, r_y): the predicted coordinates of the training samples ``index`` (a Tensor of
+        positions on ``target``'s device), with gradients.
+    Psi, target
+        As in :func:`finetune_core`; ``n`` is the number of training samples.
+    evaluate : callable
+        ``evaluate() -> float`` of the current parameters (higher is better); called first, then
+        ``checks_per_epoch`` times per epoch.
+    snapshot : callable
+        ``snapshot()``: a copy of the current parameters, kept for the best check.
+
+    Returns
+    -------
+    best : the best check's snapshot, or None when no check beat the start
+    history : dict
+        ``{"init", "checks": [{"epoch", "step", "loss", "scale", "value"}], "best", "epochs_run"}``.
+    """
+    device = target.device
     log_scale = torch.nn.Parameter(torch.tensor(float(np.log(scale)), device=device))
-    optimizer = torch.optim.Adam([X, log_scale], lr=float(lr))
-    best_value = float(evaluate(X0))
-    best_X = X0.detach().to(torch.float64).clone()
+    optimizer = torch.optim.Adam(list(parameters) + [log_scale], lr=float(lr))
+    best_value = float(evaluate())
+    best = None
     history: dict[str, Any] = {"init": best_value, "checks": [], "best": None, "epochs_run": 0}
-    steps = max(1, -(-n // int(batch_size)))
+    steps = max(1, -(-int(n) // int(batch_size)))
     check_at = set(np.unique(np.linspace(0, steps, int(checks_per_epoch) + 1)[1:].round().astype(int)).tolist())
     rng = np.random.default_rng(seed)
     waited = 0
     for epoch in range(int(epochs)):
-        order = torch.as_tensor(rng.permutation(n), device=device)
+        order = torch.as_tensor(rng.permutation(int(n)), device=device)
         total, seen = 0.0, 0
         for step in range(1, steps + 1):
             index = order[(step - 1) * int(batch_size): step * int(batch_size)]
-            loss = ranking_loss(Z.index_select(0, index), X, Psi, target.index_select(0, index), log_scale)
+            loss = ranking_loss(predict(index), Psi, target.index_select(0, index), log_scale)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -129,17 +150,16 @@ def _fine_tune(Z: Any, target: Any, Psi: Any, X0: Any, evaluate: Callable[[Any],
             seen += len(index)
             if step not in check_at:
                 continue
-            value = float(evaluate(X.detach()))
+            value = float(evaluate())
             history["checks"].append({"epoch": epoch, "step": step, "loss": total / seen,
                                       "scale": float(log_scale.detach().exp()), "value": value})
             if value > best_value:
-                best_value, waited = value, 0
-                best_X = X.detach().to(torch.float64).clone()
+                best_value, waited, best = value, 0, snapshot()
                 history["best"] = len(history["checks"]) - 1
             else:
                 waited += 1
                 if waited >= int(patience):
                     history["epochs_run"] = epoch + 1
-                    return best_X, history
+                    return best, history
         history["epochs_run"] = epoch + 1
-    return best_X, history
+    return best, history
