@@ -175,9 +175,7 @@ def test_ranking_features_against_a_per_set_loop():
                     "margin": s[0] - s[min(1, len(s) - 1)], "margin3": s[0] - s[min(2, len(s) - 1)],
                     "margin5": s[0] - s[min(4, len(s) - 1)], "entropy10": -np.sum(q * np.log(q)),
                     "log_n_candidates": math.log(b - a), "rank1_known": known[i], "rank1_prior": prior[i],
-                    "one_formula": one_formula[i],
-                    "logit_x_log_n": math.log(t / (1 - t)) * math.log(b - a),
-                    "margin_x_log_n": (s[0] - s[min(1, len(s) - 1)]) * math.log(b - a)}
+                    "one_formula": one_formula[i]}
         np.testing.assert_allclose(x[i], [expected[n] for n in ALL_FEATURES], atol=1e-9)
     with pytest.raises(ValueError):
         ranking_features_flat(fused, offsets, 1.0, ["rank1_known"])  # an extra feature must be supplied

@@ -18,11 +18,7 @@ scores of the candidate set alone (:func:`ranking_features_flat`):
 - ``margin``, ``margin3``, ``margin5``: the best fused score minus the 2nd, 3rd, 5th best (the last one in a
   smaller set; 0 with one candidate): how close the runner-up isomers score;
 - ``entropy10``: the entropy of the softmax renormalised over the ten best candidates;
-- ``log_n_candidates``: log(number of candidates);
-- ``logit_x_log_n``, ``margin_x_log_n``: ``top1_logit`` and ``margin`` times ``log_n_candidates``, so that a linear
-  score's slope in the logit and the margin can change with the set's size (the ranking fine-tune's scores on
-  validation: in 256-candidate sets a rank-1 probability of 0.17 was 4% right and one of 0.35 was 46% right, a
-  steeper relation than in the small real sets).
+- ``log_n_candidates``: log(number of candidates).
 
 Supplied by the caller per query (``extra``), from the other terms of the rank-1 candidate:
 
@@ -70,7 +66,7 @@ __all__ = ["FEATURES", "ALL_FEATURES", "EXTRA_FEATURES", "METHODS", "WEIGHTINGS"
 FEATURES = ("top1_logit", "margin", "log_n_candidates")
 #: features computed from the fused scores alone
 SCORE_FEATURES = ("top1_logit", "top1_log_p", "top1_log_1mp", "margin", "margin3", "margin5", "entropy10",
-                  "log_n_candidates", "logit_x_log_n", "margin_x_log_n")
+                  "log_n_candidates")
 #: features the caller supplies (``extra``), from the rank-1 candidate's other terms
 EXTRA_FEATURES = ("rank1_known", "rank1_prior", "one_formula")
 ALL_FEATURES = SCORE_FEATURES + EXTRA_FEATURES
@@ -183,10 +179,6 @@ def ranking_features_flat(fused: np.ndarray, offsets: np.ndarray, temperature: f
             columns[name] = -np.add.reduceat(np.where(q > 0, q * np.log(np.maximum(q, _EPS)), 0.0), starts)
         elif name == "log_n_candidates":
             columns[name] = np.log(sizes.astype(np.float64))
-        elif name == "logit_x_log_n":
-            columns[name] = _logit(top_p) * np.log(sizes.astype(np.float64))
-        elif name == "margin_x_log_n":
-            columns[name] = (top - kth(2)) * np.log(sizes.astype(np.float64))
         else:
             if name not in extra:
                 raise ValueError(f"calibration: feature {name!r} must be supplied per query (extra)")
@@ -639,15 +631,9 @@ _SCORE_AND_TERM_SETS: dict[str, tuple[str, ...]] = {
     "runner_up+known": FEATURES + ("margin3", "margin5", "entropy10", "rank1_known"),
     "runner_up+known+prior": FEATURES + ("margin3", "margin5", "entropy10", "rank1_known", "rank1_prior"),
 }
-#: the richest sets also with slopes that vary with the set's size (each set costs a share of the selection time, so
-#: only the sets training chose in both modes so far: runner-up features and the rank-1 terms)
-_SLOPES = ("logit_x_log_n", "margin_x_log_n")
 FEATURE_SETS: dict[str, tuple[str, ...]] = {  # each of them alone and with the set's kind
     **_SCORE_AND_TERM_SETS,
-    **{f"{name}+one_formula": names + ("one_formula",) for name, names in _SCORE_AND_TERM_SETS.items()},
-    **{f"{name}+slopes": names + _SLOPES for name, names in _SCORE_AND_TERM_SETS.items() if "runner_up+known" in name},
-    **{f"{name}+one_formula+slopes": names + ("one_formula",) + _SLOPES
-       for name, names in _SCORE_AND_TERM_SETS.items() if "runner_up+known" in name}}
+    **{f"{name}+one_formula": names + ("one_formula",) for name, names in _SCORE_AND_TERM_SETS.items()}}
 
 
 def out_of_fold_probabilities(features: np.ndarray, correct: np.ndarray, groups: Sequence[str],
