@@ -813,9 +813,10 @@ class _OKRBase(Model):
     def _finetune(self, best: dict[str, Any], point: dict[str, Any], ranking: Any, index: torch.Tensor,
                   profile: _Profile) -> None:
         """Fine-tune the chosen point's core with the ranking loss (:mod:`molpredict.models.ranking_finetune`),
-        stopping on the validation ranking metric; the result goes to ``best["core"]`` and ``best["scores"]``,
-        what it did to ``point["finetune"]`` (the point's ``val_loss`` and ranking metric become the fine-tuned
-        model's; the ridge's are kept beside them)."""
+        stopping on the validation ranking metric; what it did goes to ``point["finetune"]``. A kept fine-tune puts
+        its core in ``best["core"]`` and its validation scores in ``best["scores"]``, and the point's ``val_loss``
+        and ranking metric become the tuned model's (the ridge's are kept beside them); otherwise the ridge
+        solution's entries stand as they are."""
         from molpredict.models.ranking_finetune import finetune_core
         inp, out, metric = best["input"], best["output"], self.select_by
         inp.start_output(out, profile)
@@ -829,15 +830,17 @@ class _OKRBase(Model):
             X, history = finetune_core(inp.Z, index, Psi, inp.core(best["lam"]), evaluate,
                                        epochs=int(self.rank_epochs), lr=float(self.rank_lr),
                                        min_gain=float(getattr(self, "rank_min_gain", 0.0)), seed=int(self.seed))
-        core = X.to(z_val.dtype).T @ z_val
-        value, scores = out.val_ranking(core, ranking, metric, return_scores=True)
+        improved = history["best"] is not None
         point["finetune"] = {"epochs": int(self.rank_epochs), "lr": float(self.rank_lr),
                              "min_gain": float(getattr(self, "rank_min_gain", 0.0)),
                              "ridge": {"val_loss": point["val_loss"], f"val_{metric}": point.get(f"val_{metric}")},
-                             "history": history, "improved": history["best"] is not None}
+                             "history": history, "improved": improved}
+        if not improved:  # the ridge solution stays: its scores and figures were recorded by the grid
+            return
+        core = X.to(z_val.dtype).T @ z_val
+        point[f"val_{metric}"], best["scores"] = out.val_ranking(core, ranking, metric, return_scores=True)
         point["val_loss"] = out.val_loss(core)
-        point[f"val_{metric}"] = value
-        best["core"], best["scores"] = X, scores
+        best["core"] = X
 
     def _build(self, best: dict[str, Any], n: int, n_u: int, profile: _Profile) -> None:
         inp, out = best["input"], best["output"]
