@@ -400,9 +400,8 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
                 "fit_s": fit_s,
             }
             finetune = _finetune_summary(model)
-            if finetune:
+            if finetune:  # printed with the closing summary (format_summary)
                 summary["models"][mode]["finetune"] = finetune
-                say(_finetune_line(finetune))
     return bundle, summary
 
 
