@@ -3,6 +3,7 @@ bundle round trips (old Platt state included), and grouped calibration on real v
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import math
 
 import numpy as np
@@ -344,7 +345,7 @@ def test_shared_validation_terms_give_each_query_its_sets_kind():
 
     from molpredict.chem.molecules import Molecule
     from molpredict.models.base import CandidateSets, ValidationData
-    from molpredict.training.ranking_validation import shared_validation_terms
+    from molpredict.training.ranking_validation import ValidationTerms, shared_validation_terms
 
     pool = [Molecule(s) for s in ("CCCO", "CC(C)O", "COCC", "CCO")]
     sets = [np.array([0, 1, 2]), np.array([0, 1, 2, 3]), np.array([0, 1, 2])]
@@ -354,3 +355,80 @@ def test_shared_validation_terms_give_each_query_its_sets_kind():
     terms = shared_validation_terms(sub, ValidationData(["x0", "x1", "x2"], labels, candidates))
     assert terms.one_formula.tolist() == [True, False, True]
     assert terms.subset(np.array([1, 2])).one_formula.tolist() == [False, True]
+    assert terms.strata.tolist() == [0, 0, 0]  # one collection of sets
+    # the queries of sets from two collections keep their collection through subset, view and concatenate
+    two = CandidateSets(pool, sets, [s == 0 for s in sets], positions=[0, 1, 2], collections=[0, 1, 1])
+    terms = shared_validation_terms(sub, ValidationData(["x0", "x1", "x2"], labels, two))
+    assert terms.strata.tolist() == [0, 1, 1] and terms.subset(np.array([2, 0])).strata.tolist() == [1, 0]
+    assert terms.view(["spectrum"]).strata.tolist() == [0, 1, 1]
+    joined = ValidationTerms.concatenate([terms, replace(terms, strata=None), terms])
+    assert joined.strata.tolist() == [0, 1, 1, 2, 2, 2, 3, 4, 4]  # a part without strata is one stratum
+
+
+def test_log_loss_excess_by_hand():
+    """Two structures: s1 (two spectra) and s2 (one). Excess per structure = mean over its spectra of the log-loss
+    difference; the excess is their mean, the standard error their sd / sqrt(2)."""
+    from molpredict.identification.calibration import log_loss_excess
+
+    p = np.array([0.5, 0.8, 0.25])
+    q = np.array([0.5, 0.5, 0.5])
+    correct = np.array([True, False, True])
+    groups = ["s1", "s1", "s2"]
+    d1 = (-np.log(0.5) + np.log(0.5) - np.log(0.2) + np.log(0.5)) / 2  # s1: (0 + log(0.5/0.2)) / 2
+    d2 = -np.log(0.25) + np.log(0.5)
+    excess, se = log_loss_excess(p, q, correct, groups)
+    assert excess == pytest.approx((d1 + d2) / 2)
+    assert se == pytest.approx(abs(d1 - d2) / 2)  # sd of two values / sqrt(2) = |a - b| / 2
+    w = structure_weights(groups)
+    assert excess == pytest.approx(log_loss(p, correct, w) - log_loss(q, correct, w))
+    assert log_loss_excess(p[:1], q[:1], correct[:1], groups[:1]) == (0.0, 0.0)
+
+
+def test_calibrators_are_chosen_by_their_worst_calibrated_stratum_among_near_ties():
+    """Planted: queries of mass-window sets (stratum 1) are right more often at equal scores (logit + 0.6), too
+    little for 150 structures to tell the two feature sets apart by log-loss (near-ties: within 2 standard errors
+    over structures of the best). Without strata the selection takes the calibrator without the set's kind (its
+    ECE over all queries is lower: right on average, off in each stratum); with them, the one whose worst
+    per-stratum ECE is lowest, with the set's kind; the table records the rule's inputs."""
+    from molpredict.identification.calibration import log_loss_excess, out_of_fold_probabilities, select_calibrator
+
+    rng = np.random.default_rng(5)
+    n_structures, per = 150, 3
+    groups = [f"s{i}" for i in range(n_structures) for _ in range(per)]
+    n = len(groups)
+    stratum = np.repeat(rng.integers(0, 2, n_structures), per)
+    logit = rng.normal(0, 1.5, n)
+    correct = rng.random(n) < 1 / (1 + np.exp(-(logit + 0.6 * stratum)))
+    names = list(ALL_FEATURES)
+    features = np.zeros((n, len(names)))
+    features[:, names.index("top1_logit")] = logit
+    features[:, names.index("margin")] = rng.normal(size=n)
+    features[:, names.index("log_n_candidates")] = np.log(rng.integers(2, 300, n))
+    features[:, names.index("one_formula")] = 1 - stratum
+    sets = {"base": FEATURES, "base+one_formula": (*FEATURES, "one_formula")}
+    kwargs = dict(feature_sets=sets, methods=("platt", "isotonic"), weightings=("structure",))
+    cal, table = select_calibrator(features, correct, groups, names, strata=stratum, **kwargs)
+    assert all(len(row["ece_per_stratum"]) == 2 for row in table.values())
+    best = min(table, key=lambda k: table[k]["log_loss"])
+    for key, row in table.items():  # the near-tie flag is the documented rule
+        chosen = sets[key.split("/")[0]]
+        p = out_of_fold_probabilities(features[:, [names.index(c) for c in chosen]], correct, groups,
+                                      key.split("/")[1], chosen, seed=0)
+        q_best = out_of_fold_probabilities(features[:, [names.index(c) for c in sets[best.split("/")[0]]]],
+                                           correct, groups, best.split("/")[1], sets[best.split("/")[0]], seed=0)
+        excess, se = log_loss_excess(p, q_best, correct, groups)
+        assert row["near_tie"] == (excess <= max(0.005 * table[best]["log_loss"], 2 * se) + 1e-12)
+        for k in (0, 1):
+            assert row["ece_per_stratum"][k] == pytest.approx(expected_calibration_error(p[stratum == k],
+                                                                                         correct[stratum == k]))
+    worst = {k: max(v["ece_per_structure"], *v["ece_per_stratum"]) for k, v in table.items() if v["near_tie"]}
+    key = f"{cal.validation['feature_set']}/{cal.method}"
+    assert worst[key] == min(worst.values())
+    assert key == "base+one_formula/platt" and table["base/platt"]["near_tie"]
+    assert table["base/platt"]["ece"] < table[key]["ece"]  # over all queries the other one looks better
+    # one stratum: the per-stratum ECE is the ECE over all queries, and the choice is the other near-tie
+    without, one = select_calibrator(features, correct, groups, names, **kwargs)
+    assert all(row["ece_per_stratum"] == [pytest.approx(row["ece"])] for row in one.values())
+    assert f"{without.validation['feature_set']}/{without.method}" == "base/platt"
+    with pytest.raises(ValueError, match="one stratum per query"):
+        select_calibrator(features, correct, groups, names, strata=stratum[:-1], **kwargs)

@@ -185,3 +185,7 @@ def test_validation_sets_from_a_library_and_ranking_candidates():
     # two collections: every input with a set ranks once per collection
     twice = ranking_candidates(val, [{truth: sets[truth]}, {truth: sets[truth][:2]}])
     assert twice.positions.tolist() == [0, 1, 0, 1] and len(twice.sets[2]) == 2 and len(twice.molecules) == 4
+    assert twice.collections.tolist() == [0, 0, 1, 1]  # each set knows the collection it came from
+    scored_only = ranking_candidates(val, [{truth: sets[truth]}], [{truth: sets[truth][:3]}])
+    assert scored_only.collections.tolist() == [0, 0, 1, 1] and scored_only.ranked.tolist() == [True, True,
+                                                                                                 False, False]

@@ -60,7 +60,7 @@ from molpredict.identification.fusion import set_index, softmax_within_sets
 __all__ = ["FEATURES", "ALL_FEATURES", "EXTRA_FEATURES", "METHODS", "WEIGHTINGS", "FDR_Z", "ranking_features",
            "ranking_features_flat", "top_index_flat", "grouped_folds", "structure_weights", "Calibrator",
            "expected_calibration_error", "log_loss", "fdr_estimates", "confident_at_fdr", "bootstrap_observed_fdr",
-           "reliability_curve"]
+           "reliability_curve", "log_loss_excess", "NEAR_TIE_SE"]
 
 #: the features of the original Platt calibrator (bundles without a ``features`` list read these)
 FEATURES = ("top1_logit", "margin", "log_n_candidates")
@@ -88,6 +88,12 @@ PROBABILITY_RANGE = (1e-3, 1.0 - 1e-3)
 #: needs 2.5, negative formula256 0.5, the real formula and mass sets 0 (3 before the set's kind; 1.28 without
 #: the second pass)
 FDR_Z = 2.5
+
+#: :func:`select_calibrator`'s near-ties: calibrators whose out-of-fold log-loss exceeds the best one's by at most
+#: this many standard errors over structures (the 2 of the second pass's rule, ``choose_rerank``). Chosen on
+#: validation (positive, the fine-tuned model's terms): within 0.5% only, the best log-loss was kept at formula256
+#: ECE 0.062 out of fold; at 2 standard errors the worst ECE over the set kinds fell to 0.045
+NEAR_TIE_SE = 2.0
 
 _EPS = 1e-12
 
@@ -462,6 +468,30 @@ def log_loss(probability: np.ndarray, correct: np.ndarray, weights: np.ndarray |
     return float(np.average(ll, weights=weights))
 
 
+def log_loss_excess(probability: np.ndarray, reference: np.ndarray, correct: np.ndarray,
+                    groups: Sequence[str]) -> tuple[float, float]:
+    """How much worse ``probability`` is than ``reference`` in structure-weighted log-loss, and the standard error
+    of that excess over structures.
+
+    Each structure's mean log-loss difference is one observation (its spectra move together); the excess is their
+    mean (equal to the difference of :func:`log_loss` with :func:`structure_weights`), the standard error their
+    standard deviation / sqrt(number of structures); 0 with one structure.
+
+    Returns
+    -------
+    excess, standard_error : float
+    """
+    y = np.asarray(correct, dtype=bool)
+    loss = [-np.where(y, np.log(q), np.log1p(-q)) for q in
+            (np.clip(np.asarray(a, dtype=np.float64), _EPS, 1.0 - _EPS) for a in (probability, reference))]
+    _, inverse, counts = np.unique(np.asarray(list(groups), dtype=object).astype(str), return_inverse=True,
+                                   return_counts=True)
+    per_structure = np.bincount(inverse.reshape(-1), loss[0] - loss[1]) / counts
+    if len(per_structure) < 2:
+        return float(per_structure.mean()) if len(per_structure) else 0.0, 0.0
+    return float(per_structure.mean()), float(per_structure.std(ddof=1) / math.sqrt(len(per_structure)))
+
+
 def reliability_curve(probability: np.ndarray, correct: np.ndarray, n_bins: int = 10,
                       weights: np.ndarray | None = None) -> list[dict[str, float]]:
     """Per non-empty bin: its range, query count, (weighted) mean probability and observed accuracy, and with
@@ -664,13 +694,18 @@ def select_calibrator(features: np.ndarray, correct: np.ndarray, groups: Sequenc
                       names: Sequence[str] = ALL_FEATURES, available: Sequence[str] | None = None,
                       methods: Sequence[str] = METHODS, feature_sets: Mapping[str, Sequence[str]] | None = None,
                       n_folds: int = 5, seed: int = 0, tolerance: float = 0.005,
-                      weightings: Sequence[str] = tuple(WEIGHTINGS)) -> tuple[Calibrator, dict[str, Any]]:
+                      weightings: Sequence[str] = tuple(WEIGHTINGS), strata: Sequence[Any] | None = None,
+                      near_tie_se: float = NEAR_TIE_SE) -> tuple[Calibrator, dict[str, Any]]:
     """Compare calibrators by grouped out-of-fold log-loss and ECE; refit the best one on all queries.
 
     A candidate is a feature set, a method and a weighting of the queries it is fitted with (:data:`WEIGHTINGS`).
-    The candidates whose structure-weighted out-of-fold log-loss is within ``tolerance`` (relative) of the best
-    one are near-ties (their differences are below the noise of a few hundred structures); among them the one
-    whose out-of-fold ECE is lowest both per spectrum and per structure (the larger of the two) is kept.
+    The candidates whose structure-weighted out-of-fold log-loss is not significantly worse than the best one's
+    are near-ties: the excess is within ``tolerance`` (relative) or within ``near_tie_se`` standard errors of its
+    mean over structures (:func:`log_loss_excess`; each structure's queries move together, so the noise is that
+    of a few hundred structures, not of thousands of spectra). Among them the one whose worst out-of-fold ECE is
+    lowest is kept: the ECE per structure over all queries, and the ECE per spectrum within each stratum
+    (``strata``: e.g. the collection of candidate sets a query was ranked in, formula256, real same-formula or
+    mass-window sets; a probability that is right on average but not on each kind of set is not one to trust).
 
     Parameters
     ----------
@@ -693,6 +728,10 @@ def select_calibrator(features: np.ndarray, correct: np.ndarray, groups: Sequenc
         Relative log-loss margin of the near-ties decided by ECE.
     weightings : sequence of str
         Names from :data:`WEIGHTINGS`.
+    strata : sequence, optional
+        A label per query (n_queries,); the ECE is checked within each (default: one stratum, all queries).
+    near_tie_se : float
+        Standard errors (over structures) of the log-loss excess still counted as a near-tie.
 
     Returns
     -------
@@ -711,7 +750,12 @@ def select_calibrator(features: np.ndarray, correct: np.ndarray, groups: Sequenc
     unknown = [w for w in weightings if w not in WEIGHTINGS]
     if unknown or not weightings:
         raise ValueError(f"select_calibrator: unknown weightings {unknown}; valid: {', '.join(WEIGHTINGS)}")
+    labels = np.zeros(len(correct), dtype=np.int64) if strata is None \
+        else np.unique(np.asarray(list(strata)).astype(str), return_inverse=True)[1].reshape(-1)
+    if labels.shape != correct.shape:
+        raise ValueError("select_calibrator: one stratum per query")
     table: dict[str, Any] = {}
+    probabilities: dict[str, np.ndarray] = {}
     candidates: dict[str, tuple[str, str, tuple[str, ...], str]] = {}
     for set_name, chosen in feature_sets.items():
         if not set(chosen) <= available:
@@ -727,21 +771,34 @@ def select_calibrator(features: np.ndarray, correct: np.ndarray, groups: Sequenc
                 table[key] = {
                     "log_loss": loss, "ece": expected_calibration_error(p, correct),
                     "ece_per_structure": expected_calibration_error(p, correct, weights=weights),
+                    "ece_per_stratum": [expected_calibration_error(p[labels == k], correct[labels == k])
+                                        for k in range(labels.max() + 1)],
                     "confident_at_fdr_0.1": n_confident,
                     "observed_fdr": float(1 - correct[p >= threshold].mean()) if n_confident else None}
                 candidates[key] = (set_name, method, tuple(chosen), weighting)
+                probabilities[key] = p
     if not candidates:
         raise ValueError("select_calibrator: no feature set is available")
     finite = {k: v for k, v in table.items() if math.isfinite(v["log_loss"])} or table
-    best_loss = min(v["log_loss"] for v in finite.values())
-    near = [k for k, v in finite.items() if v["log_loss"] <= best_loss * (1 + tolerance) + 1e-12]
-    key = min(near, key=lambda k: (max(finite[k]["ece"], finite[k]["ece_per_structure"]), finite[k]["log_loss"]))
+    best = min(finite, key=lambda k: finite[k]["log_loss"])
+    for k in finite:
+        excess, se = log_loss_excess(probabilities[k], probabilities[best], correct, groups)
+        finite[k]["log_loss_excess_se"] = se
+        finite[k]["near_tie"] = bool(excess <= max(tolerance * finite[best]["log_loss"], near_tie_se * se) + 1e-12)
+    near = [k for k, v in finite.items() if v["near_tie"]]
+
+    def worst_ece(k: str) -> float:
+        return max(finite[k]["ece_per_structure"], *(e for e in finite[k]["ece_per_stratum"] if math.isfinite(e)))
+
+    key = min(near, key=lambda k: (worst_ece(k), finite[k]["log_loss"]))
     set_name, method, chosen, weighting = candidates[key]
     columns = features[:, [names.index(n) for n in chosen]]
     calibrator = Calibrator.fit(columns, correct, structure_weights(groups, WEIGHTINGS[weighting]), method, chosen)
     calibrator.validation = {**calibrator.validation, "in_sample_ece": calibrator.validation.get("ece"),
                              "feature_set": set_name, "weighting": weighting, **table[key],
                              "selected_by": f"structure-weighted out-of-fold log-loss ({n_folds} folds by "
-                                            f"structure), near-ties (within {tolerance:.1%}) by the larger of the "
-                                            "ECEs per spectrum and per structure"}
+                                            f"structure), near-ties (within {tolerance:.1%} or "
+                                            f"{near_tie_se:g} standard errors over structures) by the worst of "
+                                            "the ECE per structure and the ECEs per spectrum within each "
+                                            f"stratum ({labels.max() + 1})"}
     return calibrator, table

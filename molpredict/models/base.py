@@ -171,10 +171,14 @@ class CandidateSets:
     ranked : sequence of bool, optional
         Per set, whether it counts in the ranking metric that chooses grid points (default all). A set that does
         not is still scored (e.g. mass-window sets that only the calibration is fitted on).
+    collections : sequence of int, optional
+        Per set, the collection of sets it was drawn from (default all 0): e.g. formula256, real same-formula and
+        mass-window sets, whose calibration is checked each on its own.
     """
 
     def __init__(self, molecules: Sequence[Any], sets: Sequence[np.ndarray], is_true: Sequence[np.ndarray],
-                 positions: Sequence[int] | None = None, ranked: Sequence[bool] | None = None) -> None:
+                 positions: Sequence[int] | None = None, ranked: Sequence[bool] | None = None,
+                 collections: Sequence[int] | None = None) -> None:
         if len(sets) != len(is_true):
             raise ValueError("CandidateSets: sets and is_true must have one entry per set")
         self.molecules = list(molecules)
@@ -188,6 +192,10 @@ class CandidateSets:
         self.ranked = np.ones(len(self.sets), dtype=bool) if ranked is None else np.asarray(ranked, dtype=bool)
         if self.ranked.shape != (len(self.sets),) or not self.ranked.any():
             raise ValueError("CandidateSets: one ranked flag per set, at least one set ranked")
+        self.collections = np.zeros(len(self.sets), dtype=np.int64) if collections is None \
+            else np.asarray(collections, dtype=np.int64)
+        if self.collections.shape != (len(self.sets),):
+            raise ValueError("CandidateSets: one collection per set")
 
     def __len__(self) -> int:
         return len(self.sets)

@@ -93,6 +93,9 @@ class ValidationTerms:
     one_formula : ndarray of shape (n_queries,), bool, or None
         Whether each query's candidates share one molecular formula (the calibration's ``one_formula``); None
         when not computed.
+    strata : ndarray of shape (n_queries,), int, or None
+        The collection of candidate sets each query was ranked in (the calibration is checked within each);
+        None: one collection.
     """
 
     offsets: np.ndarray
@@ -103,6 +106,7 @@ class ValidationTerms:
     queries: list[tuple[Any, Any]] | None = None
     molecules: list[Any] | None = None
     one_formula: np.ndarray | None = None
+    strata: np.ndarray | None = None
 
     @property
     def n_queries(self) -> int:
@@ -110,7 +114,8 @@ class ValidationTerms:
 
     @classmethod
     def concatenate(cls, parts: Sequence["ValidationTerms"]) -> "ValidationTerms":
-        """The queries of several ``ValidationTerms`` (with the same terms) as one."""
+        """The queries of several ``ValidationTerms`` (with the same terms) as one; each part without strata is
+        its own stratum (a part per collection of sets)."""
         offsets = [parts[0].offsets]
         for part in parts[1:]:
             offsets.append(offsets[-1][-1] + part.offsets[1:])
@@ -118,17 +123,23 @@ class ValidationTerms:
         kept = all(p.queries is not None and p.molecules is not None for p in parts)
         one_formula = None if any(p.one_formula is None for p in parts) \
             else np.concatenate([p.one_formula for p in parts])
+        strata, next_stratum = [], 0
+        for part in parts:
+            own = np.full(part.n_queries, 0, dtype=np.int64) if part.strata is None else part.strata
+            strata.append(own + next_stratum)
+            next_stratum += int(own.max()) + 1 if len(own) else 1
         return cls(np.concatenate(offsets), np.concatenate([p.is_true for p in parts]),
                    {k: np.concatenate([p.terms[k] for p in parts]) for k in parts[0].terms},
                    [g for p in parts for g in p.groups], known,
                    [q for p in parts for q in p.queries] if kept else None,  # type: ignore[union-attr]
                    [m for p in parts for m in p.molecules] if kept else None,  # type: ignore[union-attr]
-                   one_formula)
+                   one_formula, np.concatenate(strata) if strata else None)
 
     def view(self, names: Sequence[str]) -> "ValidationTerms":
         """The same queries with the terms ``names`` only."""
         return ValidationTerms(self.offsets, self.is_true, {n: self.terms[n] for n in names if n in self.terms},
-                               self.groups, self.known, self.queries, self.molecules, self.one_formula)
+                               self.groups, self.known, self.queries, self.molecules, self.one_formula,
+                               self.strata)
 
     def subset(self, queries: np.ndarray) -> "ValidationTerms":
         """The queries ``queries`` (indices) as their own flat arrays."""
@@ -138,7 +149,8 @@ class ValidationTerms:
         return ValidationTerms(np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), self.is_true[flat],
                                {k: v[flat] for k, v in self.terms.items()}, [self.groups[q] for q in queries],
                                None if self.known is None else self.known[flat],
-                               one_formula=None if self.one_formula is None else self.one_formula[queries])
+                               one_formula=None if self.one_formula is None else self.one_formula[queries],
+                               strata=None if self.strata is None else self.strata[queries])
 
 
 def validation_terms(identifier: Any, spectra: Sequence[Any], wanted: Sequence[str] = (),
@@ -243,7 +255,7 @@ def shared_validation_terms(sub: Any, validation: Any, wanted: Sequence[str] = (
                            queries=[(inputs[p], None) for p in candidates.positions],
                            molecules=[pool[j] for j in flat],
                            one_formula=np.array([one_formula[m.tobytes()] for m in candidates.sets], dtype=bool)
-                           if one_formula else None)
+                           if one_formula else None, strata=candidates.collections.copy())
 
 
 def second_pass_scorers(sub: Any) -> dict[str, Any]:
@@ -577,7 +589,8 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
     if not out_of_fold.all():  # one structure only: no out-of-fold data, calibrate in-sample
         features, correct, available = in_sample, hits, available_all
     calibrator, table = select_calibrator(features, correct, data.groups, ALL_FEATURES, available,
-                                          n_folds=n_folds, seed=seed + 1, weightings=weightings)
+                                          n_folds=n_folds, seed=seed + 1, weightings=weightings,
+                                          strata=data.strata)
     calibrator.fdr = {"z": float(fdr_z), "clusters": "rank1"}
     columns = [ALL_FEATURES.index(n) for n in calibrator.features]
     probability = calibrator.predict(in_sample[:, columns])
@@ -596,6 +609,7 @@ def fit_scoring(data: ValidationTerms, metric: str = "mrr", seed: int = 0, n_fol
                         "selected_by": chosen.get("selected_by"),
                         "ece_out_of_fold": chosen.get("ece"),
                         "ece_out_of_fold_per_structure": chosen.get("ece_per_structure"),
+                        "ece_out_of_fold_per_stratum": chosen.get("ece_per_stratum"),
                         "log_loss_out_of_fold": chosen.get("log_loss"),
                         "observed_fdr_out_of_fold": chosen.get("observed_fdr"),
                         "ece_in_sample": expected_calibration_error(probability, hits),
@@ -619,7 +633,7 @@ def ranking_candidates(molecules: Sequence[Any], collections: Sequence[Mapping[s
 
     index: dict[tuple[str, str], int] = {}
     pool: list[Any] = []
-    chosen, truth, positions, ranked = [], [], [], []
+    chosen, truth, positions, ranked, drawn_from = [], [], [], [], []
     for n_collection, sets in enumerate([*collections, *scored_only]):
         per_structure: dict[str, tuple[np.ndarray, np.ndarray] | None] = {}
         for position, molecule in enumerate(molecules):
@@ -643,9 +657,10 @@ def ranking_candidates(molecules: Sequence[Any], collections: Sequence[Mapping[s
                 truth.append(found[1])
                 positions.append(position)
                 ranked.append(n_collection < len(collections))
+                drawn_from.append(n_collection)
     if not any(ranked):
         return None
-    return CandidateSets(pool, chosen, truth, positions, ranked)
+    return CandidateSets(pool, chosen, truth, positions, ranked, drawn_from)
 
 
 def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
