@@ -430,5 +430,12 @@ def test_calibrators_are_chosen_by_their_worst_calibrated_stratum_among_near_tie
     without, one = select_calibrator(features, correct, groups, names, **kwargs)
     assert all(row["ece_per_stratum"] == [pytest.approx(row["ece"])] for row in one.values())
     assert f"{without.validation['feature_set']}/{without.method}" == "base/platt"
+    # a stratum too small to check on its own is not: ten queries of a third kind are left out of the worst ECE
+    few = stratum.copy()
+    few[:10] = 2
+    tiny, tiny_table = select_calibrator(features, correct, groups, names, strata=few, min_stratum=100, **kwargs)
+    assert all(len(v["ece_per_stratum"]) == 3 for v in tiny_table.values())
+    worst = {k: max(v["ece_per_structure"], *v["ece_per_stratum"][:2]) for k, v in tiny_table.items() if v["near_tie"]}
+    assert worst[f"{tiny.validation['feature_set']}/{tiny.method}"] == min(worst.values())
     with pytest.raises(ValueError, match="one stratum per query"):
         select_calibrator(features, correct, groups, names, strata=stratum[:-1], **kwargs)

@@ -60,7 +60,8 @@ from molpredict.identification.fusion import set_index, softmax_within_sets
 __all__ = ["FEATURES", "ALL_FEATURES", "EXTRA_FEATURES", "METHODS", "WEIGHTINGS", "FDR_Z", "ranking_features",
            "ranking_features_flat", "top_index_flat", "grouped_folds", "structure_weights", "Calibrator",
            "expected_calibration_error", "log_loss", "fdr_estimates", "confident_at_fdr", "bootstrap_observed_fdr",
-           "reliability_curve", "log_loss_excess", "NEAR_TIE_SE"]
+           "reliability_curve", "log_loss_excess", "NEAR_TIE_SE",
+           "MIN_STRATUM"]
 
 #: the features of the original Platt calibrator (bundles without a ``features`` list read these)
 FEATURES = ("top1_logit", "margin", "log_n_candidates")
@@ -94,6 +95,8 @@ FDR_Z = 2.5
 #: validation (positive, the fine-tuned model's terms): within 0.5% only, the best log-loss was kept at formula256
 #: ECE 0.062 out of fold; at 2 standard errors the worst ECE over the set kinds fell to 0.045
 NEAR_TIE_SE = 2.0
+#: the fewest queries of a stratum whose ECE :func:`select_calibrator` checks on its own (10 bins: about 10 a bin)
+MIN_STRATUM = 100
 
 _EPS = 1e-12
 
@@ -695,7 +698,8 @@ def select_calibrator(features: np.ndarray, correct: np.ndarray, groups: Sequenc
                       methods: Sequence[str] = METHODS, feature_sets: Mapping[str, Sequence[str]] | None = None,
                       n_folds: int = 5, seed: int = 0, tolerance: float = 0.005,
                       weightings: Sequence[str] = tuple(WEIGHTINGS), strata: Sequence[Any] | None = None,
-                      near_tie_se: float = NEAR_TIE_SE) -> tuple[Calibrator, dict[str, Any]]:
+                      near_tie_se: float = NEAR_TIE_SE, min_stratum: int = MIN_STRATUM
+                      ) -> tuple[Calibrator, dict[str, Any]]:
     """Compare calibrators by grouped out-of-fold log-loss and ECE; refit the best one on all queries.
 
     A candidate is a feature set, a method and a weighting of the queries it is fitted with (:data:`WEIGHTINGS`).
@@ -732,6 +736,9 @@ def select_calibrator(features: np.ndarray, correct: np.ndarray, groups: Sequenc
         A label per query (n_queries,); the ECE is checked within each (default: one stratum, all queries).
     near_tie_se : float
         Standard errors (over structures) of the log-loss excess still counted as a near-tie.
+    min_stratum : int
+        Strata with fewer queries are not checked on their own (their ECE is noise); they still count in the ECE
+        per structure over all queries.
 
     Returns
     -------
@@ -787,8 +794,11 @@ def select_calibrator(features: np.ndarray, correct: np.ndarray, groups: Sequenc
         finite[k]["near_tie"] = bool(excess <= max(tolerance * finite[best]["log_loss"], near_tie_se * se) + 1e-12)
     near = [k for k, v in finite.items() if v["near_tie"]]
 
+    checked = np.bincount(labels, minlength=labels.max() + 1) >= min_stratum
+
     def worst_ece(k: str) -> float:
-        return max(finite[k]["ece_per_structure"], *(e for e in finite[k]["ece_per_stratum"] if math.isfinite(e)))
+        return max(finite[k]["ece_per_structure"],
+                   *(e for e, c in zip(finite[k]["ece_per_stratum"], checked) if c and math.isfinite(e)))
 
     key = min(near, key=lambda k: (worst_ece(k), finite[k]["log_loss"]))
     set_name, method, chosen, weighting = candidates[key]
