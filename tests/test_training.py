@@ -139,7 +139,7 @@ def test_train_takes_the_models_own_defaults():
     assert (small["input_kernel"], small["input_sketch"], small["output_sketch"]) == ("text-ngram", "none", "none")
     assert build_model("sisokr", small).input_type == "text"
     large = model_defaults("sisokr", "text", 5000, 3000)
-    assert (large["input_sketch"], large["output_sketch"]) == ("subsample:m=4000", "subsample:m=5000")
+    assert (large["input_sketch"], large["output_sketch"]) == ("subsample:m=4000", "subsample:m=2000")
     text = build_model("dsokr", TrainOptions(model="dsokr").component_params("text", 100, 30))
     assert isinstance(text, DSOKR) and text.encoder == TEXT_ENCODER and text.output_sketch == "subsample:m=30"
     assert text.input_type == "text" and DSOKR().input_type == "spectrum"
