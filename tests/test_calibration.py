@@ -437,5 +437,10 @@ def test_calibrators_are_chosen_by_their_worst_calibrated_stratum_among_near_tie
     assert all(len(v["ece_per_stratum"]) == 3 for v in tiny_table.values())
     worst = {k: max(v["ece_per_structure"], *v["ece_per_stratum"][:2]) for k, v in tiny_table.items() if v["near_tie"]}
     assert worst[f"{tiny.validation['feature_set']}/{tiny.method}"] == min(worst.values())
+    # no stratum large enough: the ECE per structure alone decides among the near-ties
+    alone, alone_table = select_calibrator(features, correct, groups, names, strata=stratum, min_stratum=10**6,
+                                           **kwargs)
+    ties = {k: v["ece_per_structure"] for k, v in alone_table.items() if v["near_tie"]}
+    assert ties[f"{alone.validation['feature_set']}/{alone.method}"] == min(ties.values())
     with pytest.raises(ValueError, match="one stratum per query"):
         select_calibrator(features, correct, groups, names, strata=stratum[:-1], **kwargs)

@@ -797,8 +797,8 @@ def select_calibrator(features: np.ndarray, correct: np.ndarray, groups: Sequenc
     checked = np.bincount(labels, minlength=labels.max() + 1) >= min_stratum
 
     def worst_ece(k: str) -> float:
-        return max(finite[k]["ece_per_structure"],
-                   *(e for e, c in zip(finite[k]["ece_per_stratum"], checked) if c and math.isfinite(e)))
+        return max([finite[k]["ece_per_structure"],
+                    *(e for e, c in zip(finite[k]["ece_per_stratum"], checked) if c and math.isfinite(e))])
 
     key = min(near, key=lambda k: (worst_ece(k), finite[k]["log_loss"]))
     set_name, method, chosen, weighting = candidates[key]
