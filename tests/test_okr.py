@@ -490,7 +490,7 @@ def test_models_are_components_with_json_parameters():
         assert all(v is None or isinstance(v, (bool, int, float, str)) for v in model.get_params().values())
     assert "input_sketch" not in IOKR.param_names() and "output_sketch" not in SIOKR.param_names()
     assert SISOKR().input_sketch == "subsample:m=4000"
-    assert SISOKR().output_sketch == "subsample:m=5000"
+    assert SISOKR().output_sketch == "subsample:m=2000"
 
 
 def test_resolved_kernel_spec():
