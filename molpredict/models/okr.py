@@ -117,7 +117,7 @@ DEFAULT_INPUT_SKETCH = "subsample:m=4000"
 #: hit@10 79.9 -> 82.7, negative spectrum evidence 28.6 -> 29.5. But identify of all 6,450 test_pos spectra fell
 #: from 1,022 to 417 spectra/s warm (the prediction product and the candidate coordinates are 2.3 times wider, and
 #: validation then keeps the fragmentation second pass), under the >= 500/s goal: an option
-#: (``--model "sisokr:output_sketch=subsample:m=5000"``), not the default.
+#: (``molpredict train --output-sketch subsample:m=5000``), not the default.
 DEFAULT_OUTPUT_SKETCH = "subsample:m=2000"
 DEFAULT_LAM = "1e-5|1e-4|1e-3|1e-2"
 #: SISOKR's ranking fine-tune (:mod:`molpredict.models.ranking_finetune`): at most this many epochs, stopped on the
