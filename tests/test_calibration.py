@@ -3,8 +3,8 @@ bundle round trips (old Platt state included), and grouped calibration on real v
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest

@@ -461,14 +461,17 @@ def expected_calibration_error(probability: np.ndarray, correct: np.ndarray, n_b
     return float(total)
 
 
+def _log_losses(probability: np.ndarray, correct: np.ndarray) -> np.ndarray:
+    """Each query's negative log-likelihood of ``correct`` under ``probability`` (clipped at 1e-12), (n_queries,)."""
+    p = np.clip(np.asarray(probability, dtype=np.float64), _EPS, 1.0 - _EPS)
+    return -np.where(np.asarray(correct, dtype=bool), np.log(p), np.log1p(-p))
+
+
 def log_loss(probability: np.ndarray, correct: np.ndarray, weights: np.ndarray | None = None) -> float:
     """Mean (optionally weighted) negative log-likelihood of ``correct`` under ``probability`` (clipped at 1e-12)."""
-    p = np.clip(np.asarray(probability, dtype=np.float64), _EPS, 1.0 - _EPS)
-    y = np.asarray(correct, dtype=bool)
-    if p.size == 0:
+    if np.size(probability) == 0:
         return math.nan
-    ll = -np.where(y, np.log(p), np.log1p(-p))
-    return float(np.average(ll, weights=weights))
+    return float(np.average(_log_losses(probability, correct), weights=weights))
 
 
 def log_loss_excess(probability: np.ndarray, reference: np.ndarray, correct: np.ndarray,
@@ -484,12 +487,10 @@ def log_loss_excess(probability: np.ndarray, reference: np.ndarray, correct: np.
     -------
     excess, standard_error : float
     """
-    y = np.asarray(correct, dtype=bool)
-    loss = [-np.where(y, np.log(q), np.log1p(-q)) for q in
-            (np.clip(np.asarray(a, dtype=np.float64), _EPS, 1.0 - _EPS) for a in (probability, reference))]
+    difference = _log_losses(probability, correct) - _log_losses(reference, correct)
     _, inverse, counts = np.unique(np.asarray(list(groups), dtype=object).astype(str), return_inverse=True,
                                    return_counts=True)
-    per_structure = np.bincount(inverse.reshape(-1), loss[0] - loss[1]) / counts
+    per_structure = np.bincount(inverse.reshape(-1), difference) / counts
     if len(per_structure) < 2:
         return float(per_structure.mean()) if len(per_structure) else 0.0, 0.0
     return float(per_structure.mean()), float(per_structure.std(ddof=1) / math.sqrt(len(per_structure)))

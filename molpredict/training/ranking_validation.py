@@ -125,7 +125,7 @@ class ValidationTerms:
             else np.concatenate([p.one_formula for p in parts])
         strata, next_stratum = [], 0
         for part in parts:
-            own = np.full(part.n_queries, 0, dtype=np.int64) if part.strata is None else part.strata
+            own = np.zeros(part.n_queries, dtype=np.int64) if part.strata is None else part.strata
             strata.append(own + next_stratum)
             next_stratum += int(own.max()) + 1 if len(own) else 1
         return cls(np.concatenate(offsets), np.concatenate([p.is_true for p in parts]),
@@ -627,7 +627,8 @@ def ranking_candidates(molecules: Sequence[Any], collections: Sequence[Mapping[s
     """:class:`~molpredict.models.base.CandidateSets` for validation labels ``molecules``: for each collection of
     sets, one set per input whose structure has a set there (an input may rank once per collection), or None
     when no input has one. The sets of the ``scored_only`` collections follow, not ``ranked``: the model scores
-    them in the same pass, for the calibration alone."""
+    them in the same pass, for the calibration alone. Each set records the collection it came from
+    (``collections``: its index among ``collections`` then ``scored_only``)."""
     from molpredict.models.base import CandidateSets
     from molpredict.chem.molecules import Molecule
 
