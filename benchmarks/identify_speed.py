@@ -124,11 +124,14 @@ def _env(code: Path, home: Path) -> dict[str, str]:
 
 
 def _timed(cmd: list[str], env: dict[str, str]) -> dict:
-    """Run ``cmd``; wall seconds, the child's CPU seconds (user + system) and the load average before it."""
+    """Run ``cmd``; wall seconds, the child's CPU seconds (user + system) and the load average before it.
+
+    It runs in the directory of the code it times (``env``'s ``PYTHONPATH``): ``python -m`` and ``-c`` put the
+    working directory first on ``sys.path``, so from another checkout that checkout's code would run instead."""
     load = os.getloadavg()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=env["PYTHONPATH"])
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0:
@@ -219,6 +222,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default="identify_speed.json")
     args = parser.parse_args(argv)
 
+    # absolute: every run is made in the directory of the code it times (see _timed)
+    for name in ("model", "home", "spectra", "library", "reference_code", "reference_model", "reference_home"):
+        if getattr(args, name):
+            setattr(args, name, str(Path(getattr(args, name)).resolve()))
     spectra = Path(args.spectra)
     n_all = _count_records(spectra)
     with tempfile.TemporaryDirectory(prefix="identify-speed-") as tmp:

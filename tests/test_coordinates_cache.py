@@ -89,6 +89,24 @@ def test_int8_rows_with_a_scale_each_bound_the_error(tmp_path):
     assert cache.encoding == "int8" and cache.stored_bytes() < 300 * (64 + 4) + 4096
 
 
+@pytest.mark.parametrize("encoding", ["int8", "float64"])
+def test_reads_in_float32_are_the_float64_reads_rounded(tmp_path, encoding):
+    # identification scores with float32 (scoring.SCORING_DTYPE): the store decodes straight into it
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(50, 16)) * rng.uniform(0.01, 100, size=(50, 1))
+    cache = CoordinatesCache(tmp_path, "q", encoding=encoding)
+    keys = [f"m{i}" for i in range(50)]
+    cache.append(keys, x)
+    rows = cache.rows(keys)[::-1]
+    wide, narrow = cache.read(rows), cache.read(rows, np.float32)
+    assert wide.dtype == np.float64 and narrow.dtype == np.float32
+    np.testing.assert_allclose(narrow, wide, rtol=2 ** -23, atol=0)
+    codes, scale = encode(x, encoding)
+    np.testing.assert_allclose(decode(codes, scale, np.float32), decode(codes, scale), rtol=2 ** -23, atol=0)
+    empty = cache.coordinates([], lambda positions: [], lambda molecules: None, dtype=np.float32)
+    assert empty.shape == (0, 16) and empty.dtype == np.float32
+
+
 def test_interrupt_keeps_finished_blocks(tmp_path):
     f = Featurizer(fail_after=2)
     with pytest.raises(KeyboardInterrupt):

@@ -108,7 +108,11 @@ def test_ranking_order_ties_and_confidence(bundle, library, tmp_path):
 
 
 @pytest.mark.parametrize("stored", [False, True])
-def test_scores_equal_model_score(bundle, library, tmp_path, stored):
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+def test_scores_equal_model_score(bundle, library, tmp_path, stored, precision, monkeypatch):
+    import molpredict.identification.scoring as scoring
+
+    monkeypatch.setattr(scoring, "SCORING_DTYPE", np.dtype(precision).type)
     queries, _ = synthetic_spectra(n_per=1, seed=4)
     rows, _ = run(bundle, library, queries, tmp_path if stored else False, top_k=50)
     model = bundle.for_mode("positive").model
@@ -117,8 +121,10 @@ def test_scores_equal_model_score(bundle, library, tmp_path, stored):
     for s in queries:
         group = [r for r in rows if r["query_id"] == s.id]
         expected = model.score([clean(s)], library.molecules([index[r["inchikey"]] for r in group]))[0]
-        # stored coordinates are int8 codes with a float32 row scale (see same_rows)
-        np.testing.assert_allclose([r["score"] for r in group], expected, rtol=1e-6 if stored else 1e-12)
+        # stored coordinates are int8 codes with a float32 row scale (see same_rows); the products run in
+        # SCORING_DTYPE: float32 keeps 7 digits, float64 the model's own scores
+        exact = precision == "float64" and not stored
+        np.testing.assert_allclose([r["score"] for r in group], expected, rtol=1e-12 if exact else 1e-6)
 
 
 class DistanceScored(FingerprintRidge):
@@ -154,9 +160,9 @@ def test_block_size_does_not_change_results(bundle, library, tmp_path):
     seen = []
     original = Identifier.candidate_coordinates
 
-    def spy(self, sub, ids):
+    def spy(self, sub, ids, dtype=np.float64):
         seen.append(len(ids))
-        return original(self, sub, ids)
+        return original(self, sub, ids, dtype)
 
     Identifier.candidate_coordinates = spy
     try:

@@ -459,6 +459,18 @@ def test_float32_products_agree_with_float64(data):
     assert rel_err(s32, s64) < 1e-3
 
 
+def test_float32_prediction_product_of_a_float64_model(data):
+    # identification asks for float32 coordinates (scoring.SCORING_DTYPE): the product K W runs in float32
+    X, Y, Xte, C = data
+    model = SISOKR(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=50",
+                   output_sketch="subsample:m=20", lam=1e-2, device="cpu").fit(list(X), list(Y))
+    wide = model.predict_coordinates(list(Xte))
+    narrow = model.predict_coordinates_as(list(Xte), np.float32)
+    assert wide.dtype == np.float64 and narrow.dtype == np.float32 and narrow.shape == wide.shape
+    assert rel_err(narrow.astype(np.float64), wide) < 1e-5
+    np.testing.assert_array_equal(model.predict_coordinates_as(list(Xte), np.float64), wide)
+
+
 # -- resources and devices -------------------------------------------------------------------------------------
 def test_iokr_refuses_past_the_memory_budget(data):
     X, Y, _, _ = data
@@ -490,7 +502,7 @@ def test_models_are_components_with_json_parameters():
         assert all(v is None or isinstance(v, (bool, int, float, str)) for v in model.get_params().values())
     assert "input_sketch" not in IOKR.param_names() and "output_sketch" not in SIOKR.param_names()
     assert SISOKR().input_sketch == "subsample:m=4000"
-    assert SISOKR().output_sketch == "subsample:m=2000"
+    assert SISOKR().output_sketch == "subsample:m=5000"
 
 
 def test_resolved_kernel_spec():

@@ -712,9 +712,21 @@ class FragmentScorer(Component):
     def fragment_weights(self, fragments: FragmentSet) -> np.ndarray:
         """Weight of each fragment's explanations before hydrogen shifts: the product over its broken bonds of
         ``depth_penalty`` times the bond kind's factor. ndarray of shape (n_fragments,)."""
+        return self._broken_bond_weights(fragments.broken_by_type)
+
+    def _broken_bond_weights(self, broken_by_type: np.ndarray) -> np.ndarray:
+        """:meth:`fragment_weights` of the rows of a ``broken_by_type`` array (n, 4), shape (n,)."""
         per_kind = float(self.depth_penalty) * np.array(
             [1.0, self.carbon_bond_penalty, self.aromatic_bond_penalty, self.multiple_bond_penalty], dtype=float)
-        return np.prod(per_kind[None, :] ** fragments.broken_by_type.astype(np.float64), axis=1)
+        counts = np.asarray(broken_by_type, dtype=np.intp)
+        if counts.size == 0:
+            return np.ones(counts.shape[0])
+        # the counts are a few small integers: a table of powers, looked up, instead of a float power per entry
+        powers = per_kind[:, None] ** np.arange(int(counts.max()) + 1, dtype=np.float64)[None, :]  # (4, max + 1)
+        weight = powers[0, counts[:, 0]]
+        for kind in range(1, counts.shape[1]):
+            weight = weight * powers[kind, counts[:, kind]]
+        return weight
 
     # -- ions and peaks ------------------------------------------------------------------------------------
     def _shifts(self, carriers: Sequence[Carrier]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -750,8 +762,9 @@ class FragmentScorer(Component):
         # searchsorted finds every (candidate, shift, peak) window at once.
         sizes = np.array([fs.n_fragments for fs in fragment_sets])
         masses = np.concatenate([fs.masses for fs in fragment_sets])
-        bonds = np.concatenate([fs.bonds_broken for fs in fragment_sets])
-        base_weight = np.concatenate([self.fragment_weights(fs) for fs in fragment_sets])
+        broken = np.concatenate([fs.broken_by_type for fs in fragment_sets])  # one pass over every candidate's rows
+        bonds = broken.sum(axis=1, dtype=np.int64)
+        base_weight = self._broken_bond_weights(broken)
         spacing = 2.0 * (max(float(masses.max()), float(mz.max())) + float(np.abs(shifts).max())
                          + float(tolerance.max())) + 1.0
         owner = np.repeat(np.arange(n_cand), sizes)

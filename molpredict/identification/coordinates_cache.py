@@ -113,9 +113,9 @@ def encode(coordinates: np.ndarray, encoding: str) -> tuple[np.ndarray, np.ndarr
     return x.astype(encoding), np.ones(len(x), dtype=np.float32)
 
 
-def decode(codes: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """Coordinates (n, d), float64, from :func:`encode`'s output."""
-    return codes.astype(np.float64) * scale.astype(np.float64)[:, None]
+def decode(codes: np.ndarray, scale: np.ndarray, dtype: Any = np.float64) -> np.ndarray:
+    """Coordinates (n, d) in ``dtype`` (float64 by default) from :func:`encode`'s output."""
+    return codes.astype(dtype) * scale.astype(dtype)[:, None]
 
 
 class CorruptedSegment(Exception):
@@ -306,8 +306,9 @@ class CoordinatesCache:
             self._loaded_bytes -= dropped.nbytes
         return codes
 
-    def read(self, rows: np.ndarray) -> np.ndarray:
-        """Coordinates of committed rows, ndarray of shape (len(rows), d), float64.
+    def read(self, rows: np.ndarray, dtype: Any = np.float64) -> np.ndarray:
+        """Coordinates of committed rows, ndarray of shape (len(rows), d), in ``dtype`` (float64 by default;
+        float32 for scoring, :data:`~molpredict.identification.scoring.SCORING_DTYPE`).
 
         Raises
         ------
@@ -317,7 +318,7 @@ class CoordinatesCache:
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size and (rows.min() < 0 or rows.max() >= len(self._keys)):
             raise IndexError("row not in the coordinates cache")
-        out = np.empty((len(rows), self.dim or 0), dtype=np.float64)
+        out = np.empty((len(rows), self.dim or 0), dtype=dtype)
         if not rows.size:
             return out
         if self._row_arrays is None or len(self._row_arrays[0]) != len(self._keys):
@@ -342,7 +343,7 @@ class CoordinatesCache:
             if bad:
                 self._drop(int(seg))
                 raise CorruptedSegment(f"{self.directory}: segment {name} is damaged; dropped")
-            out[at] = decode(codes, scale[wanted])[inverse]
+            out[at] = decode(codes, scale[wanted], dtype)[inverse]
         return out
 
     def _drop(self, seg: int) -> None:
@@ -465,7 +466,8 @@ class CoordinatesCache:
 
     # -- the main entry points ---------------------------------------------------------------------------
     def coordinates(self, keys: Sequence[str], molecules: Callable[[np.ndarray], Sequence[Any]],
-                    compute: Callable[[list[Any]], np.ndarray], block_size: int = 2048) -> np.ndarray:
+                    compute: Callable[[list[Any]], np.ndarray], block_size: int = 2048,
+                    dtype: Any = np.float64) -> np.ndarray:
         """Coordinates of ``keys``, computing (and committing) those not stored yet, and again those of a
         segment found damaged while reading.
 
@@ -476,10 +478,12 @@ class CoordinatesCache:
             ``molecules(positions)`` -> the molecule records of ``keys[positions]`` (only called for missing ones).
         compute : callable
             ``compute(list_of_molecules) -> ndarray (len, d)``, normally ``model.candidate_coordinates``.
+        dtype : numpy dtype, default float64
+            Of the returned coordinates (as :meth:`read`).
 
         Returns
         -------
-        ndarray of shape (n, d), float64
+        ndarray of shape (n, d), ``dtype``
         """
         for attempt in range(3):
             rows = self.rows(keys)
@@ -490,9 +494,9 @@ class CoordinatesCache:
                 if (rows < 0).any():
                     raise RuntimeError("coordinates cache: a computed block was not committed")
             if len(keys) == 0:
-                return np.empty((0, self.dim or 0))
+                return np.empty((0, self.dim or 0), dtype=dtype)
             try:
-                return self.read(rows)
+                return self.read(rows, dtype)
             except CorruptedSegment:
                 if attempt == 2:
                     raise

@@ -344,9 +344,10 @@ class Identifier:
         return Query(position, cleaned, mode, sub, ids, adduct_names, reported, window=window)
 
     # -- scoring (see molpredict.identification.scoring) ------------------------------------------------------------------
-    def candidate_coordinates(self, sub: SubModel, ids: np.ndarray) -> np.ndarray:
-        """Coordinates of candidates ``ids`` (ascending, unique) for ``sub``'s model, shape (len(ids), d)."""
-        return self.coordinates(sub, ids, self.timings)
+    def candidate_coordinates(self, sub: SubModel, ids: np.ndarray, dtype: Any = np.float64) -> np.ndarray:
+        """Coordinates of candidates ``ids`` (ascending, unique) for ``sub``'s model, shape (len(ids), d), in
+        ``dtype``."""
+        return self.coordinates(sub, ids, self.timings, dtype)
 
     def score_block(self, queries: list[Query]) -> list[np.ndarray]:
         """Raw scores of each query's candidates (aligned with ``query.ids``), for queries of one sub-model."""

@@ -40,10 +40,16 @@ from molpredict.modelfile import ModelBundle, SubModel
 __all__ = ["Query", "CandidateCoordinates", "score_queries", "query_blocks", "scored", "shared_candidate_scores",
            "score_library", "load_bundle_once", "load_library_once", "library_file", "bundle_stamp", "file_stamp",
            "content_token", "WorkerState", "Executor", "InProcessExecutor", "DaskExecutor", "executor_for",
-           "chunked"]
+           "chunked", "SCORING_DTYPE"]
 
-#: ``coordinates(sub, ids) -> ndarray (len(ids), d)``: candidate coordinates of ascending unique ids
-CoordinatesFn = Callable[[SubModel, np.ndarray], np.ndarray]
+#: ``coordinates(sub, ids, dtype=np.float64) -> ndarray (len(ids), d)``: candidate coordinates of ascending unique ids
+CoordinatesFn = Callable[..., np.ndarray]
+
+#: The precision of the query-candidate products of a dot-product model. The stored candidate coordinates are int8
+#: codes (:mod:`~molpredict.identification.coordinates_cache`: a relative error up to 0.4% per coordinate), so
+#: float32's 6e-8 changes no ranking that matters, and it halves the memory traffic of the three steps that bound
+#: identification (decoding, predicting, scoring): docs/benchmarks/scoring_precision.md measures both on validation.
+SCORING_DTYPE = np.float32
 
 
 @dataclass
@@ -105,23 +111,24 @@ class CandidateCoordinates:
                                  else CoordinatesCache(self.cache_root, model.coordinates_key()))
         return self._caches[key][1]
 
-    def __call__(self, sub: SubModel, ids: np.ndarray, timings: Counter) -> np.ndarray:
+    def __call__(self, sub: SubModel, ids: np.ndarray, timings: Counter, dtype: Any = np.float64) -> np.ndarray:
         """Coordinates of candidates ``ids`` (ascending, unique) for ``sub``'s model, ndarray of shape
-        (len(ids), d), float64. Time spent is added to ``timings`` (``featurize_s``, ``cache_read_s``)."""
-        return self.of_model(sub.model, ids, timings)
+        (len(ids), d), in ``dtype`` (float64 by default). Time spent is added to ``timings`` (``featurize_s``,
+        ``cache_read_s``)."""
+        return self.of_model(sub.model, ids, timings, dtype)
 
-    def of_model(self, model: Any, ids: np.ndarray, timings: Counter) -> np.ndarray:
+    def of_model(self, model: Any, ids: np.ndarray, timings: Counter, dtype: Any = np.float64) -> np.ndarray:
         """Like :meth:`__call__` for any fitted model with ``candidate_coordinates``."""
         cache = self.model_cache(model)
         t0 = time.perf_counter()
         if cache is None:
-            coords = np.asarray(model.candidate_coordinates(self.source.molecules(ids)), dtype=np.float64)
+            coords = np.asarray(model.candidate_coordinates(self.source.molecules(ids)), dtype=dtype)
             timings["featurize_s"] += time.perf_counter() - t0
             return coords
         keys = self.source.keys(ids)
         computing = bool((cache.rows(keys) < 0).any())
         coords = cache.coordinates(keys, lambda positions: self.source.molecules(ids[positions]),
-                                   model.candidate_coordinates)
+                                   model.candidate_coordinates, dtype=dtype)
         timings["featurize_s" if computing else "cache_read_s"] += time.perf_counter() - t0
         return coords
 
@@ -134,20 +141,22 @@ def score_queries(queries: Sequence[Query], coordinates: CoordinatesFn, timings:
     queries : sequence of Query, length n
         All of the same sub-model.
     coordinates : callable
-        ``coordinates(sub, ids) -> ndarray (len(ids), d)`` for ascending unique candidate ids.
+        ``coordinates(sub, ids, dtype=...) -> ndarray (len(ids), d)`` for ascending unique candidate ids.
     timings : Counter
         ``predict_s`` and ``score_s`` are added to it.
 
     Returns
     -------
     list of ndarray
-        ``scores[i]``: shape (len(queries[i].ids),), float64, aligned with ``queries[i].ids``.
+        ``scores[i]``: shape (len(queries[i].ids),), float64, aligned with ``queries[i].ids``; a dot-product
+        model's products run in :data:`SCORING_DTYPE`.
     """
     sub = queries[0].sub
+    dtype = SCORING_DTYPE if sub.model.dot_product_scores else np.float64
     union = np.unique(np.concatenate([q.ids for q in queries]))
-    coords = coordinates(sub, union)
+    coords = coordinates(sub, union, dtype=dtype)
     t0 = time.perf_counter()
-    predicted = np.asarray(sub.model.predict_coordinates([q.spectrum for q in queries]), dtype=np.float64)
+    predicted = sub.model.predict_coordinates_as([q.spectrum for q in queries], dtype)
     timings["predict_s"] += time.perf_counter() - t0
     t0 = time.perf_counter()
     out: list[np.ndarray | None] = [None] * len(queries)
@@ -168,7 +177,7 @@ def score_queries(queries: Sequence[Query], coordinates: CoordinatesFn, timings:
         else:
             scores = np.einsum("qd,cd->qc", P[members], block)
         for row, i in enumerate(members):
-            out[i] = scores[row]
+            out[i] = scores[row].astype(np.float64)
     timings["score_s"] += time.perf_counter() - t0
     return out  # type: ignore[return-value]
 

@@ -88,6 +88,12 @@ class Model(Component, ABC):
     def predict_coordinates(self, inputs: Sequence[Any]) -> np.ndarray:
         """ndarray of shape (n_inputs, d), float64."""
 
+    def predict_coordinates_as(self, inputs: Sequence[Any], dtype: Any) -> np.ndarray:
+        """:meth:`predict_coordinates` in ``dtype``, shape (n_inputs, d): identification scores with float32
+        (:data:`~molpredict.identification.scoring.SCORING_DTYPE`). A model whose last product can itself run
+        in a narrower type overrides this (it halves that product's time); the base casts the float64 result."""
+        return np.asarray(self.predict_coordinates(inputs), dtype=dtype)
+
     @abstractmethod
     def candidate_coordinates(self, molecules: Sequence[Any]) -> np.ndarray:
         """ndarray of shape (n_molecules, d), float64."""

@@ -110,15 +110,14 @@ FITTED_KERNELS = "fitted_kernels"
 DEFAULT_INPUT_KERNEL = "mkl:kernels=ppk-losses+formula-annotation,weights=uniform"
 DEFAULT_OUTPUT_KERNEL = "tanimoto"
 DEFAULT_INPUT_SKETCH = "subsample:m=4000"
-#: Output landmarks (issue 19): 2000. Every distinct training structure (``subsample:m=5000`` on MassBank, 4,669
-#: positive / 3,225 negative) was measured (docs/benchmarks/output_landmarks.md): validation MRR up in both modes
-#: (positive fine-tuned 0.479 -> 0.482, hit@1 36.0 -> 35.3, hit@10 67.0 -> 69.9; negative ridge 0.543 -> 0.545), on
-#: test positive formula256 spectrum evidence 35.4 -> 36.0 hit@1, 71.0 -> 73.8 hit@10, fused hit@1 39.0 -> 38.9 and
-#: hit@10 79.9 -> 82.7, negative spectrum evidence 28.6 -> 29.5. But identify of all 6,450 test_pos spectra fell
-#: from 1,022 to 417 spectra/s warm (the prediction product and the candidate coordinates are 2.3 times wider, and
-#: validation then keeps the fragmentation second pass), under the >= 500/s goal: an option
-#: (``molpredict train --output-sketch subsample:m=5000``), not the default.
-DEFAULT_OUTPUT_SKETCH = "subsample:m=2000"
+#: Output landmarks (issue 19): 5000, i.e. every distinct training structure of MassBank's train_pos (4,669) and
+#: train_neg (3,225), which makes the output side exact there. Val (benchmarks/dsokr.py --split val --only sisokr,
+#: eval part, formula256; docs/benchmarks/output_landmarks.md), hit@1 / hit@10 / MRR: positive (fine-tuned) 36.0 /
+#: 67.0 / 0.479 at 2000 -> 35.3 / 69.9 / 0.482; negative (ridge) 41.5 / 76.8 / 0.543 -> 41.5 / 77.8 / 0.545: the
+#: selection metric, MRR, rises in both modes. Its cost: training +90 s (positive) and candidate coordinates of
+#: 4,669 values instead of 2,000, which identification affords since its products run in float32
+#: (:data:`~molpredict.identification.scoring.SCORING_DTYPE`; docs/benchmarks/identify_speed_output_landmarks.json).
+DEFAULT_OUTPUT_SKETCH = "subsample:m=5000"
 DEFAULT_LAM = "1e-5|1e-4|1e-3|1e-2"
 #: SISOKR's ranking fine-tune (:mod:`molpredict.models.ranking_finetune`): at most this many epochs, stopped on the
 #: validation ranking metric; it runs only when ``fit`` gets validation candidate sets (0: the ridge solution)
@@ -900,18 +899,24 @@ class _OKRBase(Model):
 
     def predict_coordinates(self, inputs: Sequence[Any]) -> np.ndarray:
         """Coefficients over the m_y sketched training outputs, shape (n_inputs, d), float64 (in blocks)."""
+        return self.predict_coordinates_as(inputs, np.float64)
+
+    def predict_coordinates_as(self, inputs: Sequence[Any], dtype: Any) -> np.ndarray:
+        """:meth:`predict_coordinates` in ``dtype``; with float32 (or a float32 model) the product ``K W`` itself
+        runs in float32 (the kernel rows stay float64 until then)."""
         self._check_fitted()
         inputs = list(inputs)
-        out = np.empty((len(inputs), self.W_.shape[1]), dtype=np.float64)
+        out = np.empty((len(inputs), self.W_.shape[1]), dtype=dtype)
         step = _rows_per_block(self.W_.shape[0])
         if self._predicts_on_torch():
-            device, dtype = self._torch()
-            W = self._weights(device, dtype)
+            device, torch_dtype = self._torch()
+            W = self._weights(device, torch_dtype)
             for start in range(0, len(inputs), step):
                 K = self.input_kernel_.transform(inputs[start:start + step])  # (b, n'_x)
-                out[start:start + K.shape[0]] = (_to_device(K, device, dtype) @ W).to(torch.float64).cpu().numpy()
+                out[start:start + K.shape[0]] = (_to_device(K, device, torch_dtype) @ W).cpu().numpy()
             return out
-        W = self.W_ if str(self.dtype) in ("float64", "double") else self._weights_float32()
+        narrow = np.dtype(dtype) == np.float32 or str(self.dtype) not in ("float64", "double")
+        W = self._weights_float32() if narrow else self.W_
         for start in range(0, len(inputs), step):
             K = self.input_kernel_.transform(inputs[start:start + step])  # (b, n'_x)
             with _one_blas_thread(K.shape[0] <= _FEW_ROWS):
