@@ -123,7 +123,7 @@ def train_default(data: Path, bundle_path: Path, device: str, val_candidates: li
     train = [data / f"train_{m}.mgf" for m in ("pos", "neg") if _nonempty(data / f"train_{m}.mgf")]
     val = [data / f"val_{m}.mgf" for m in ("pos", "neg") if _nonempty(data / f"val_{m}.mgf")]
     _say(f"[2/3] training the default model on {', '.join(p.name for p in train)} (validation: "
-         f"{', '.join(p.name for p in val)}); one model per ion mode, about 10 minutes on 2 CPU cores...")
+         f"{', '.join(p.name for p in val)}); one model per ion mode, about 12 minutes on 2 CPU cores...")
     t0 = time.perf_counter()
     options = TrainOptions(device=device, val_candidates=val_candidates, library=library,
                            calibration_candidates=calibration_candidates)
