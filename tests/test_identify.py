@@ -664,3 +664,42 @@ def test_one_pass_serves_both_variants_second_passes(bundle, library, tmp_path):
                                       np.argsort(-alone.score, kind="stable"))
         checked += n > 3
     assert checked >= 2
+
+
+@pytest.mark.parametrize("needs", [False, True])
+def test_a_block_is_fused_as_its_queries_are_one_at_a_time(bundle, library, needs):
+    """``Evidence.fuse_block`` (one flat fusion and calibration over a block's candidate sets, what identification
+    runs) gives every query exactly what ``Evidence.fuse`` gives it alone: a first pass, a learnt second pass on
+    its top 2, the set's kind as context, a calibrator with and without the rank-1 features."""
+    from molpredict.chem.fragments import FragmentScorer
+    from molpredict.identification.calibration import Calibrator
+    from molpredict.identification.evidence import WITH_PRIOR, ScoringVariant
+    from molpredict.identification.fusion import FIRST_PASS, LearntRanker, Rerank, ScoreFusion
+
+    fused = _with_fusion(bundle, DECOYS[:3])
+    sub = fused.for_mode("positive")
+    sub.fragments = FragmentScorer(max_depth=1).get_params()
+    ranker = LearntRanker((FIRST_PASS, "fragments"), (), (), (), False, np.array([0.4, 1.5]))
+    fusion = ScoreFusion({"spectrum": 1.0, "prior": 0.6}, 1.1, rerank=Rerank(2, ranker, spacing=1.0))
+    calibrator = (Calibrator(coef=[0.8, 0.3, -0.1, 0.5, 0.2, -0.3], intercept=0.1,
+                             features=["top1_logit", "margin", "log_n_candidates", "rank1_known", "rank1_prior",
+                                       "one_formula"])
+                  if needs else Calibrator(coef=[0.8, 0.3, -0.1], intercept=0.2))
+    sub.scoring[WITH_PRIOR] = ScoringVariant(fusion, calibrator).to_dict()
+    queries, _ = synthetic_spectra(n_per=3, seed=21)
+    for by, ppm in (("mass", 5e5), ("formula", 10.0)):
+        options = IdentifyOptions(top_k=50, by=by, ppm=ppm)
+        identifier = Identifier(fused, LibrarySource(library, options), options, cache_root=False)
+        prepared = [q for q in (identifier.prepare(i, s) for i, s in enumerate(queries)) if q is not None]
+        raw = [scores for _, scores in identifier.scored(prepared)]
+        evidence = identifier.evidence
+        terms = evidence.terms(prepared, raw, identifier.timings)
+        evidence._second_pass_terms(prepared, terms, identifier.timings)
+        assert any(len(q.ids) > 2 for q in prepared) and "fragments" in terms[0]
+        block = evidence.fuse_block(prepared, terms)
+        for q, t, together in zip(prepared, terms, block):
+            alone = evidence.fuse(q, t)
+            np.testing.assert_array_equal(together.score, alone.score)
+            # the calibrator's linear map is one product over the block: equal to rounding
+            assert together.probability == pytest.approx(alone.probability, rel=1e-12) and 0 < alone.probability < 1
+            assert set(together.terms) == set(alone.terms)
