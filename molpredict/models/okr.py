@@ -114,9 +114,10 @@ DEFAULT_INPUT_SKETCH = "subsample:m=4000"
 #: train_neg (3,225), which makes the output side exact there. Val (benchmarks/dsokr.py --split val --only sisokr,
 #: eval part, formula256; docs/benchmarks/output_landmarks.md), hit@1 / hit@10 / MRR: positive (fine-tuned) 36.0 /
 #: 67.0 / 0.479 at 2000 -> 35.3 / 69.9 / 0.482; negative (ridge) 41.5 / 76.8 / 0.543 -> 41.5 / 77.8 / 0.545: the
-#: selection metric, MRR, rises in both modes. Its cost: training +90 s (positive) and candidate coordinates of
-#: 4,669 values instead of 2,000, which identification affords since its products run in float32
-#: (:data:`~molpredict.identification.scoring.SCORING_DTYPE`; docs/benchmarks/identify_speed_output_landmarks.json).
+#: selection metric, MRR, rises in both modes. Its cost: train_pos with validation 402 -> 519 s wall on 2 cores
+#: (docs/benchmarks/train_speed_output_landmarks.md) and candidate coordinates of 4,669 values instead of 2,000,
+#: which identification affords since its products run in float32 (:data:`~molpredict.identification.scoring.
+#: SCORING_DTYPE`; 674 spectra/s warm, docs/benchmarks/identify_speed_output_landmarks.json).
 DEFAULT_OUTPUT_SKETCH = "subsample:m=5000"
 DEFAULT_LAM = "1e-5|1e-4|1e-3|1e-2"
 #: SISOKR's ranking fine-tune (:mod:`molpredict.models.ranking_finetune`): at most this many epochs, stopped on the
