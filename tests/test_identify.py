@@ -670,7 +670,8 @@ def test_one_pass_serves_both_variants_second_passes(bundle, library, tmp_path):
 def test_a_block_is_fused_as_its_queries_are_one_at_a_time(bundle, library, needs):
     """``Evidence.fuse_block`` (one flat fusion and calibration over a block's candidate sets, what identification
     runs) gives every query exactly what ``Evidence.fuse`` gives it alone: a first pass, a learnt second pass on
-    its top 2, the set's kind as context, a calibrator with and without the rank-1 features."""
+    its top 2, the set's kind as context, a calibrator with and without the rank-1 features; the second pass's
+    candidates, picked for the whole block at once, are each query's own first-pass top 2."""
     from molpredict.chem.fragments import FragmentScorer
     from molpredict.identification.calibration import Calibrator
     from molpredict.identification.evidence import WITH_PRIOR, ScoringVariant
@@ -696,6 +697,12 @@ def test_a_block_is_fused_as_its_queries_are_one_at_a_time(bundle, library, need
         terms = evidence.terms(prepared, raw, identifier.timings)
         evidence._second_pass_terms(prepared, terms, identifier.timings)
         assert any(len(q.ids) > 2 for q in prepared) and "fragments" in terms[0]
+        first = [{k: v for k, v in t.items() if k != "fragments"} for t in terms]
+        variants = [evidence.variant(prepared[0].sub)]
+        picked = evidence._rerank_candidates(prepared, first, variants)
+        for q, t, chosen in zip(prepared, first, picked):
+            context = {"formula_known": 0.0 if q.window else 1.0}
+            np.testing.assert_array_equal(chosen, np.unique(variants[0].fusion.rerank_candidates(t, context)))
         block = evidence.fuse_block(prepared, terms)
         for q, t, together in zip(prepared, terms, block):
             alone = evidence.fuse(q, t)

@@ -31,7 +31,7 @@ import numpy as np
 from molpredict.errors import ModelFileError
 from molpredict.identification.calibration import (Calibrator, ranking_features, ranking_features_flat,
                                                     top_index_flat)
-from molpredict.identification.fusion import FRAGMENT_MODEL, FRAGMENTS, PRIOR, SPECTRUM, ScoreFusion
+from molpredict.identification.fusion import FRAGMENT_MODEL, FRAGMENTS, PRIOR, SPECTRUM, ScoreFusion, top_k_flat
 
 __all__ = ["ScoringVariant", "QueryScores", "Evidence", "WITH_PRIOR", "WITHOUT_PRIOR", "variant_name", "query_adduct"]
 
@@ -227,12 +227,26 @@ class Evidence:
         scorers = self._scorers(sub, names)
         if not scorers:
             return
-        chosen = []
-        for q, terms in zip(queries, out):
-            context = {"formula_known": 0.0 if getattr(q, "window", "") else 1.0}
-            chosen.append(np.unique(np.concatenate([v.fusion.rerank_candidates(terms, context) for v in variants]))
-                          if len(q.ids) else np.zeros(0, dtype=np.int64))
-        self._candidate_terms(queries, out, scorers, chosen, timings)
+        self._candidate_terms(queries, out, scorers, self._rerank_candidates(queries, out, variants), timings)
+
+    @staticmethod
+    def _rerank_candidates(queries: Sequence[Any], out: Sequence[Mapping[str, np.ndarray]],
+                           variants: Sequence[ScoringVariant]) -> list[np.ndarray]:
+        """Positions (into each query's candidates) that some variant's second pass re-ranks: the union of their
+        first passes' top ``k``, each first pass run once over the block's flat candidate sets (what
+        :meth:`ScoreFusion.rerank_candidates` gives one set at a time). ndarray of int64 per query."""
+        chosen = [np.zeros(0, dtype=np.int64) for _ in queries]
+        filled = [i for i, q in enumerate(queries) if len(q.ids)]
+        if not filled:
+            return chosen
+        offsets = np.concatenate([[0], np.cumsum([len(queries[i].ids) for i in filled])]).astype(np.int64)
+        names = set.intersection(*(set(out[i]) for i in filled))
+        flat = {name: np.concatenate([np.asarray(out[i][name], dtype=np.float64) for i in filled]) for name in names}
+        context = {"formula_known": np.array([0.0 if getattr(queries[i], "window", "") else 1.0 for i in filled])}
+        tops = [top_k_flat(v.fusion.first_pass(flat, offsets, context), offsets, v.fusion.rerank.k) for v in variants]
+        for j, i in enumerate(filled):
+            chosen[i] = np.unique(np.concatenate([keep[kept[j]:kept[j + 1]] - offsets[j] for keep, kept in tops]))
+        return chosen
 
     def _candidate_terms(self, queries: Sequence[Any], out: list[dict[str, np.ndarray]], scorers: Mapping[str, Any],
                          picked: Sequence[np.ndarray], timings: Counter) -> None:
