@@ -16,7 +16,6 @@ moved. Every path is given explicitly (nothing defaults to the shared data).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import time
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bundle_split_args import bundle_split_parser
 
 VIEWS = (("fused", None), ("spectrum evidence (--prior off)", "without_prior"))
 
@@ -68,13 +69,8 @@ def _summary(ranks: dict[str, Any], view: str | None) -> tuple[dict[str, Any], n
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", required=True, type=Path)
-    parser.add_argument("--data", required=True, type=Path)
-    parser.add_argument("--mode", default="pos", choices=("pos", "neg"))
-    parser.add_argument("--split", default="val", choices=("val", "test"))
-    parser.add_argument("--sets", nargs="+", default=["formula256", "formula", "mass"])
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/scoring_precision.json"))
+    parser = bundle_split_parser(__doc__.splitlines()[0], ["formula256", "formula", "mass"],
+                                 "docs/benchmarks/scoring_precision.json")
     args = parser.parse_args(argv)
 
     from molpredict.modelfile import ModelBundle

@@ -123,7 +123,8 @@ def _with_record(spectrum: Any, index: int) -> Any:
 
 def identify_options(*, top_k: int = 10, by: str | None = None, ppm: float = 10.0, precision_window: bool = True,
                      sources: Sequence[str] | None = None, formulas: "PathLike | dict[str, str] | None" = None,
-                     block_queries: int = 512, prior: bool = True, properties: Any = None) -> "IdentifyOptions":
+                     block_queries: int = 512, prior: bool = True, properties: Any = None,
+                     formula_per_candidate: bool = True) -> "IdentifyOptions":
     """The options of an identification run, checked (``formulas``: a ``query_id<TAB>formula`` file or a dict;
     ``properties``: a loaded property model, see :func:`load_properties`)."""
     from molpredict.identification.identify import IdentifyOptions, read_formula_hints
@@ -135,7 +136,7 @@ def identify_options(*, top_k: int = 10, by: str | None = None, ppm: float = 10.
     hints = read_formula_hints(formulas) if isinstance(formulas, (str, os.PathLike)) else formulas
     return IdentifyOptions(by=by, ppm=ppm, precision_window=precision_window, sources=list(sources) if sources else None,
                            top_k=top_k, formulas=hints, block_queries=block_queries,
-                           prior=prior, properties=properties)
+                           prior=prior, properties=properties, formula_per_candidate=formula_per_candidate)
 
 
 def load_properties(model: Any) -> tuple[Any, tuple[str, ...]]:

@@ -710,3 +710,71 @@ def test_a_block_is_fused_as_its_queries_are_one_at_a_time(bundle, library, need
             # the calibrator's linear map is one product over the block: equal to rounding
             assert together.probability == pytest.approx(alone.probability, rel=1e-12) and 0 < alone.probability < 1
             assert set(together.terms) == set(alone.terms)
+
+
+class FormulaReading(FingerprintRidge):
+    """Its prediction depends on the spectrum's FORMULA and adduct (a stand-in for the formula-annotation kernel)."""
+
+    reads_formula = True
+
+    def predict_coordinates(self, inputs):
+        base = super().predict_coordinates(inputs)
+        shift = np.zeros_like(base)
+        for row, spectrum in enumerate(inputs):
+            if spectrum.formula:
+                key = f"{spectrum.formula}|{spectrum.adduct}"
+                shift[row] = np.random.default_rng(sum(map(ord, key))).normal(size=base.shape[1]) * 0.3
+        return base + shift
+
+
+@pytest.mark.parametrize("per_candidate", [True, False])
+def test_a_spectrum_without_a_formula_is_encoded_once_per_candidate_formula(library, per_candidate):
+    """By mass, a spectrum without FORMULA scored by a model that reads formulas: each candidate's score is the
+    model's score of the spectrum given that candidate's formula (and the adduct it was matched with); with
+    ``formula_per_candidate`` off, or with a FORMULA, the spectrum is encoded once as it is."""
+    import dataclasses
+
+    spectra, molecules = synthetic_spectra(n_per=3, seed=0)
+    model = FormulaReading(lam=0.01).fit(spectra, molecules)
+    bundle = ModelBundle({"positive": SubModel(model=model, ion_mode="positive",
+                                               cleaning=CleaningPipeline().to_dict(), adducts=["[M+H]+"])})
+    labelled, _ = synthetic_spectra(n_per=1, seed=8)
+    queries = [dataclasses.replace(q, metadata={k: v for k, v in q.metadata.items() if k != "formula"})
+               for q in labelled]
+    assert all(q.formula for q in labelled) and not any(q.formula for q in queries)
+    options = IdentifyOptions(top_k=50, by="mass", ppm=5e5, formula_per_candidate=per_candidate)
+    identifier = Identifier(bundle, LibrarySource(library, options), options, cache_root=False)
+    rows = list(identifier.run(queries))
+    clean = CleaningPipeline()
+    index = {k: i for i, k in enumerate(library.column("inchikey"))}
+    formulas = library.column("formula")
+    several = 0
+    for s in queries:
+        group = [r for r in rows if r["query_id"] == s.id]
+        cands = library.molecules([index[r["inchikey"]] for r in group])
+        plain = model.score([clean(s)], cands)[0]
+        if per_candidate:
+            expected = [model.score([dataclasses.replace(clean(s), metadata={**s.metadata,
+                                                                                 "formula": formulas[index[r["inchikey"]]]},
+                                                         adduct=r["adduct"])], [c])[0, 0] for r, c in zip(group, cands)]
+            several += len({r["formula"] for r in group}) > 1 and not np.allclose(expected, plain, rtol=1e-3)
+        else:
+            expected = plain
+        np.testing.assert_allclose([r["spectrum_score"] for r in group], expected, rtol=1e-5, atol=1e-6)
+    assert not per_candidate or several >= 3
+    # a FORMULA given: one encoding, as before
+    given = labelled[0]
+    rows = list(Identifier(bundle, LibrarySource(library, options), options, cache_root=False).run([given]))
+    cands = library.molecules([index[r["inchikey"]] for r in rows])
+    np.testing.assert_allclose([r["spectrum_score"] for r in rows], model.score([clean(given)], cands)[0],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_the_default_input_kernel_reads_formulas():
+    from molpredict.registry import create
+
+    spectra, _ = synthetic_spectra(n_per=1, seed=0)
+    mkl = create("input_kernel", "mkl:kernels=ppk-losses+formula-annotation,weights=uniform").fit(spectra)
+    assert mkl.reads_formula and create("input_kernel", "formula-annotation").reads_formula
+    assert not create("input_kernel", "ppk-losses").fit(spectra).reads_formula
+    assert not create("input_kernel", "mkl:kernels=ppk-losses+cosine,weights=uniform").fit(spectra).reads_formula

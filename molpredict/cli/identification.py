@@ -249,11 +249,15 @@ def _load_library(library: str | None, say, progress: bool, cache: bool | None =
                    "median and interval, as prop_<name>, prop_<name>_low, prop_<name>_high columns.")
 @click.option("--ppm-only", is_flag=True,
               help="Mass window of --ppm only, never widened to what the precursor's written precision allows.")
+@click.option("--formula-per-candidate", "formula_per_candidate", type=click.Choice(["on", "off"]), default="on",
+              show_default=True,
+              help="A spectrum without FORMULA (by mass) is encoded once per candidate formula when the model reads "
+                   "formulas, each candidate scored with its own; off: once, without a formula (faster).")
 @_progress_option
 @_quiet_option
 def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sources, formulas, top_k, output, fmt,
              skipped_path, report_path, cache_dir, no_cache, prior, cluster, resume, block_queries, ppm_only,
-             progress, quiet, properties_path=None) -> None:
+             progress, quiet, properties_path=None, formula_per_candidate="on") -> None:
     """Rank candidate structures for each spectrum of SPECTRA (.mgf, .msp, .mzML, .mzXML; stdin MGF when absent or -),
     or for each description given with --text / --text-file (a text model).
 
@@ -318,7 +322,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
         properties, columns = load_properties(properties_path)
         options = identify_options(by=by, ppm=ppm, precision_window=not ppm_only, sources=sources, top_k=top_k,
                                    formulas=hints, block_queries=block_queries, prior=prior == "on",
-                                   properties=properties)
+                                   properties=properties, formula_per_candidate=formula_per_candidate == "on")
         identifier = open_identifier(bundle, lib, options, cache_dir=_cache_root(cache_dir, no_cache), progress=show)
         html = None
         if report_path:
@@ -330,7 +334,8 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
         stdin_name = "-" if spool else None
         if output and output != "-":
             fingerprint = _run_fingerprint(spectra_file, spool, model_path, library, by, ppm, not ppm_only,
-                                           sources, formulas, top_k, prior=prior)
+                                           sources, formulas, top_k, prior=prior,
+                                           formula_per_candidate=formula_per_candidate)
             sink = ResumableOutput(output, out_format, columns, resume=resume, fingerprint=fingerprint)
             if sink.done:
                 _restore(identifier, sink.blocks)

@@ -94,6 +94,11 @@ class CandidateSource:
             memory.move_to_end(key)
         return known
 
+    def formulas(self, ids: np.ndarray) -> np.ndarray:
+        """The molecular formula of each candidate ``ids``, object array of str (from the parsed structures; a
+        source with a formula column reads it instead)."""
+        return np.array([m.formula for m in self.molecules(ids)], dtype=object)
+
     def _shares_one_formula(self, ids: np.ndarray) -> bool:
         """:meth:`one_formula` computed: the candidates' structures parsed (a source with a formula column reads it
         instead)."""
@@ -204,6 +209,10 @@ class LibrarySource(CandidateSource):
 
     def inchikey14(self, ids: np.ndarray) -> np.ndarray:
         return self.library.take("inchikey14", ids)
+
+    def formulas(self, ids: np.ndarray) -> np.ndarray:
+        """From the library's formula column (no parsing)."""
+        return np.asarray(self.library.take("formula", ids), dtype=object)
 
     def _shares_one_formula(self, ids: np.ndarray) -> bool:
         """From the library's formula column (no parsing)."""

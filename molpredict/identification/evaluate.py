@@ -379,7 +379,7 @@ def _kernel_loss(identifier: Identifier, routed: list[tuple[Any, str | None, str
 def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, ModelBundle]],
              sets: dict[str, list[tuple[str, str]]], cache_root: Any = None, n_boot: int = 1000, seed: int = 0,
              kernel_loss: bool = True, progress: bool = False, executor: Executor | None = None,
-             prior: bool = True) -> dict[str, Any]:
+             prior: bool = True, formula_per_candidate: bool = True) -> dict[str, Any]:
     """Evaluate bundles on labelled spectra against candidate sets.
 
     Parameters
@@ -399,6 +399,9 @@ def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, M
         Where the blocks of spectra are scored (default in-process; see :mod:`molpredict.identification.scoring`).
     prior : bool
         ``--prior on|off``: rank by the fusion with the bundle's structure prior (when it has one), or without.
+    formula_per_candidate : bool
+        A spectrum without a formula is encoded once per candidate formula (see
+        :class:`~molpredict.identification.identify.IdentifyOptions`).
 
     Returns
     -------
@@ -416,8 +419,8 @@ def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, M
     results: dict[str, Any] = {}
     for label, bundle in bundles:
         t0 = time.perf_counter()
-        identifier = Identifier(bundle, source, IdentifyOptions(prior=prior), cache_root=cache_root,
-                                progress=progress)
+        identifier = Identifier(bundle, source, IdentifyOptions(prior=prior, formula_per_candidate=formula_per_candidate),
+                                cache_root=cache_root, progress=progress)
         ranks = rank_queries(identifier, queries, executor)
         metrics = summarize_ranks(ranks, n_boot=n_boot, seed=seed)
         calibration = calibration_report(ranks)

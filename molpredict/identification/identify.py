@@ -102,6 +102,9 @@ class IdentifyOptions:
     properties : PropertyBundle or None
         ``--properties MODEL``: add each query's predicted properties (median and interval) to its rows, columns
         :func:`molpredict.properties.pipeline.output_columns`.
+    formula_per_candidate : bool
+        A spectrum without a formula, scored by a model that reads formulas, is encoded once per (candidate
+        formula, adduct) of its candidates, each candidate scored with its own (issue 19).
     """
 
     by: str | None = None
@@ -114,6 +117,7 @@ class IdentifyOptions:
     max_block_candidates: int = 16384
     prior: bool = True
     properties: Any = None
+    formula_per_candidate: bool = True
 
 
 @dataclass
@@ -349,14 +353,20 @@ class Identifier:
         ``dtype``."""
         return self.coordinates(sub, ids, self.timings, dtype)
 
+    @property
+    def candidate_formulas(self) -> Any:
+        """What scoring reads the candidates' formulas with (``formulas(ids)``), so that a spectrum without a
+        formula is encoded once per candidate formula; None with ``formula_per_candidate`` off."""
+        return self.source.formulas if self.options.formula_per_candidate else None
+
     def score_block(self, queries: list[Query]) -> list[np.ndarray]:
         """Raw scores of each query's candidates (aligned with ``query.ids``), for queries of one sub-model."""
-        return score_queries(queries, self.candidate_coordinates, self.timings)
+        return score_queries(queries, self.candidate_coordinates, self.timings, self.candidate_formulas)
 
     def scored(self, queries: Iterable[Query]) -> Iterator[tuple[Query, np.ndarray]]:
         """``(query, raw scores)`` in input order, scoring block by block (grouped by sub-model inside a block)."""
         return scored(queries, self.candidate_coordinates, self.timings, self.options.block_queries,
-                      self.options.max_block_candidates)
+                      self.options.max_block_candidates, self.candidate_formulas)
 
     def fused(self, queries: Iterable[Query]) -> Iterator[tuple[Query, QueryScores]]:
         """``(query, QueryScores)`` in input order: the model's scores with the bundle's other terms (prior,

@@ -22,6 +22,7 @@ block: :class:`InProcessExecutor` (the default) runs them here, one after anothe
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import threading
@@ -133,7 +134,26 @@ class CandidateCoordinates:
         return coords
 
 
-def score_queries(queries: Sequence[Query], coordinates: CoordinatesFn, timings: Counter) -> list[np.ndarray]:
+def _formula_rows(query: Query, candidate_formulas: np.ndarray, inputs: list[Any]) -> np.ndarray:
+    """Encode a spectrum without a formula once per (candidate formula, adduct) of its candidates: the copies are
+    appended to ``inputs``; returns the row of ``inputs`` each candidate is scored with, shape (len(query.ids),)."""
+    adducts = query.adducts if query.adducts is not None else [query.adduct] * len(query.ids)
+    spectrum = query.spectrum
+    index: dict[tuple[Any, Any], int] = {}
+    rows = np.empty(len(query.ids), dtype=np.int64)
+    for c, key in enumerate(zip(candidate_formulas, adducts)):
+        row = index.get(key)
+        if row is None:
+            formula, adduct = key
+            row = index[key] = len(inputs)
+            inputs.append(dataclasses.replace(spectrum, metadata={**spectrum.metadata, "formula": formula},
+                                              adduct=adduct or spectrum.adduct))
+        rows[c] = row
+    return rows
+
+
+def score_queries(queries: Sequence[Query], coordinates: CoordinatesFn, timings: Counter,
+                  formulas: Callable[[np.ndarray], np.ndarray] | None = None) -> list[np.ndarray]:
     """Raw model scores of each query's candidates, for queries of one sub-model.
 
     Parameters
@@ -144,6 +164,10 @@ def score_queries(queries: Sequence[Query], coordinates: CoordinatesFn, timings:
         ``coordinates(sub, ids, dtype=...) -> ndarray (len(ids), d)`` for ascending unique candidate ids.
     timings : Counter
         ``predict_s`` and ``score_s`` are added to it.
+    formulas : callable, optional
+        ``formulas(ids) -> object array of str``, the candidates' molecular formulas. Given, and the model
+        :attr:`~molpredict.models.base.Model.reads_formula`, a query whose spectrum has no formula is encoded once
+        per (candidate formula, adduct) and each candidate scored with its own formula's encoding.
 
     Returns
     -------
@@ -155,13 +179,33 @@ def score_queries(queries: Sequence[Query], coordinates: CoordinatesFn, timings:
     dtype = SCORING_DTYPE if sub.model.dot_product_scores else np.float64
     union = np.unique(np.concatenate([q.ids for q in queries]))
     coords = coordinates(sub, union, dtype=dtype)
+    per_formula = formulas is not None and sub.model.reads_formula
+    inputs: list[Any] = []
+    rows: list[Any] = []  # per query: its row of inputs, or one row per candidate
+    for q in queries:
+        if per_formula and not q.spectrum.formula and len(q.ids):
+            rows.append(_formula_rows(q, formulas(q.ids), inputs))
+        else:
+            rows.append(len(inputs))
+            inputs.append(q.spectrum)
     t0 = time.perf_counter()
-    predicted = sub.model.predict_coordinates_as([q.spectrum for q in queries], dtype)
+    predicted = sub.model.predict_coordinates_as(inputs, dtype)
     timings["predict_s"] += time.perf_counter() - t0
     t0 = time.perf_counter()
     out: list[np.ndarray | None] = [None] * len(queries)
     groups: dict[bytes, list[int]] = {}
     for i, q in enumerate(queries):
+        if not isinstance(rows[i], int):  # each candidate against its own formula's encoding
+            block = coords[np.searchsorted(union, q.ids)]
+            if sub.model.dot_product_scores:
+                scores = np.einsum("cd,cd->c", predicted[rows[i]], block)
+            else:
+                scores = np.empty(len(q.ids), dtype=np.float64)
+                for row in np.unique(rows[i]):
+                    mine = np.flatnonzero(rows[i] == row)
+                    scores[mine] = sub.model.score_coordinates(predicted[row:row + 1], block[mine])[0]
+            out[i] = scores.astype(np.float64)
+            continue
         groups.setdefault(q.ids.tobytes(), []).append(i)
     # The products are small (a few queries x a few candidates: by formula in a 2M-structure pool the median query
     # has 3) and run in numpy, outside BLAS: einsum's own loop on one thread. A threaded BLAS call per query waits
@@ -172,10 +216,11 @@ def score_queries(queries: Sequence[Query], coordinates: CoordinatesFn, timings:
     for members in groups.values():
         ids = queries[members[0]].ids
         block = coords[np.searchsorted(union, ids)]
+        own = [rows[i] for i in members]
         if not sub.model.dot_product_scores:
-            scores = sub.model.score_coordinates(P[members], block)
+            scores = sub.model.score_coordinates(P[own], block)
         else:
-            scores = np.einsum("qd,cd->qc", P[members], block)
+            scores = np.einsum("qd,cd->qc", P[own], block)
         for row, i in enumerate(members):
             out[i] = scores[row].astype(np.float64)
     timings["score_s"] += time.perf_counter() - t0
@@ -199,7 +244,8 @@ def query_blocks(queries: Iterable[Query], block_queries: int, max_block_candida
 
 
 def scored(queries: Iterable[Query], coordinates: CoordinatesFn, timings: Counter, block_queries: int = 512,
-           max_block_candidates: int = 16384) -> Iterator[tuple[Query, np.ndarray]]:
+           max_block_candidates: int = 16384, formulas: Callable[[np.ndarray], np.ndarray] | None = None
+           ) -> Iterator[tuple[Query, np.ndarray]]:
     """``(query, raw model scores aligned with query.ids)`` in input order, block by block (grouped by
     sub-model inside a block; see :func:`score_queries`)."""
     for block in query_blocks(queries, block_queries, max_block_candidates):
@@ -208,7 +254,8 @@ def scored(queries: Iterable[Query], coordinates: CoordinatesFn, timings: Counte
             by_mode.setdefault(q.mode, []).append(i)
         results: list[np.ndarray | None] = [None] * len(block)
         for members in by_mode.values():
-            for i, scores in zip(members, score_queries([block[i] for i in members], coordinates, timings)):
+            for i, scores in zip(members, score_queries([block[i] for i in members], coordinates, timings,
+                                                        formulas)):
                 results[i] = scores
         yield from zip(block, results)  # type: ignore[misc]
 

@@ -421,9 +421,13 @@ def _registration(kernel: "Kernel") -> tuple[str, str]:
 
 
 class InputKernel(Kernel, ABC):
-    """A kernel on inputs: ``Spectrum`` records (or strings for text kernels)."""
+    """A kernel on inputs: ``Spectrum`` records (or strings for text kernels).
+
+    ``reads_formula``: whether its features depend on the spectrum's molecular formula (the ``formula`` metadata);
+    identification then encodes a spectrum that has none once per candidate formula."""
 
     input_type: ClassVar[str] = "spectrum"
+    reads_formula: ClassVar[bool] = False
 
 
 class OutputKernel(Kernel, ABC):

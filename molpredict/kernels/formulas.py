@@ -217,6 +217,8 @@ class FormulaAnnotationKernel(InputKernel):
         smallest mass error.
     """
 
+    reads_formula = True
+
     def __init__(self, ppm: float = 10.0, mz_tolerance: float = 0.005, intensity_power: float = 0.5,
                  loss_weight: float = 0.5, explanations: str = "all") -> None:
         self.ppm = ppm

@@ -179,6 +179,11 @@ class MKLKernel(InputKernel):
     def psd(self) -> bool:  # type: ignore[override]
         return all(getattr(k, "psd", True) for k in getattr(self, "subkernels_", []))
 
+    @property
+    def reads_formula(self) -> bool:  # type: ignore[override]
+        """Whether one of the fitted kernels reads the spectrum's formula."""
+        return any(getattr(k, "reads_formula", False) for k in getattr(self, "subkernels_", []))
+
     # -- fitting -----------------------------------------------------------------------------------------
     def fit(self, objects: Sequence[Any]) -> "MKLKernel":
         from molpredict.registry import create

@@ -88,6 +88,12 @@ class Model(Component, ABC):
     def predict_coordinates(self, inputs: Sequence[Any]) -> np.ndarray:
         """ndarray of shape (n_inputs, d), float64."""
 
+    @property
+    def reads_formula(self) -> bool:
+        """Whether the prediction of a spectrum depends on its molecular formula (an input kernel that reads it):
+        identification then encodes a spectrum without one once per candidate formula."""
+        return False
+
     def predict_coordinates_as(self, inputs: Sequence[Any], dtype: Any) -> np.ndarray:
         """:meth:`predict_coordinates` in ``dtype``, shape (n_inputs, d): identification scores with float32
         (:data:`~molpredict.identification.scoring.SCORING_DTYPE`). A model whose last product can itself run

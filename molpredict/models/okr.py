@@ -898,6 +898,10 @@ class _OKRBase(Model):
         """
         return str(getattr(self, "device", "cpu")).strip().lower().startswith("cuda")
 
+    @property
+    def reads_formula(self) -> bool:
+        return bool(getattr(getattr(self, "input_kernel_", None), "reads_formula", False))
+
     def predict_coordinates(self, inputs: Sequence[Any]) -> np.ndarray:
         """Coefficients over the m_y sketched training outputs, shape (n_inputs, d), float64 (in blocks)."""
         return self.predict_coordinates_as(inputs, np.float64)
