@@ -195,16 +195,14 @@ def score_queries(queries: Sequence[Query], coordinates: CoordinatesFn, timings:
     out: list[np.ndarray | None] = [None] * len(queries)
     groups: dict[bytes, list[int]] = {}
     for i, q in enumerate(queries):
-        if not isinstance(rows[i], int):  # each candidate against its own formula's encoding
+        if not isinstance(rows[i], int):  # each candidate against its own formula's encoding, encoding by encoding
             block = coords[np.searchsorted(union, q.ids)]
-            if sub.model.dot_product_scores:
-                scores = np.einsum("cd,cd->c", predicted[rows[i]], block)
-            else:
-                scores = np.empty(len(q.ids), dtype=np.float64)
-                for row in np.unique(rows[i]):
-                    mine = np.flatnonzero(rows[i] == row)
-                    scores[mine] = sub.model.score_coordinates(predicted[row:row + 1], block[mine])[0]
-            out[i] = scores.astype(np.float64)
+            scores = np.empty(len(q.ids), dtype=np.float64)
+            for row in np.unique(rows[i]):
+                mine = np.flatnonzero(rows[i] == row)
+                scores[mine] = (np.einsum("cd,d->c", block[mine], predicted[row]) if sub.model.dot_product_scores
+                                else sub.model.score_coordinates(predicted[row:row + 1], block[mine])[0])
+            out[i] = scores
             continue
         groups.setdefault(q.ids.tobytes(), []).append(i)
     # The products are small (a few queries x a few candidates: by formula in a 2M-structure pool the median query
