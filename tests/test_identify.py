@@ -778,3 +778,16 @@ def test_the_default_input_kernel_reads_formulas():
     assert mkl.reads_formula and create("input_kernel", "formula-annotation").reads_formula
     assert not create("input_kernel", "ppk-losses").fit(spectra).reads_formula
     assert not create("input_kernel", "mkl:kernels=ppk-losses+cosine,weights=uniform").fit(spectra).reads_formula
+
+
+def test_a_set_source_parses_each_candidates_formula_once(monkeypatch):
+    """``CandidateSource.formulas`` from parsed structures: each id parsed once however many queries ask (the
+    spectra of one structure share its set), None for a structure RDKit cannot parse."""
+    source = SetSource({"QQQQ": [("AAAA", "CCO"), ("BBBB", "C1CC"), ("CCCC", "c1ccccc1")]})
+    ids = source.set_ids("QQQQ")
+    parsed = []
+    original = source.molecules
+    monkeypatch.setattr(source, "molecules", lambda some: parsed.append(len(some)) or original(some))
+    assert list(source.formulas(ids)) == ["C2H6O", None, "C6H6"]
+    assert list(source.formulas(ids[::-1])) == ["C6H6", None, "C2H6O"]
+    assert parsed == [3]

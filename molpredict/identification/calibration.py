@@ -60,8 +60,7 @@ from molpredict.identification.fusion import set_index, softmax_within_sets
 __all__ = ["FEATURES", "ALL_FEATURES", "EXTRA_FEATURES", "METHODS", "WEIGHTINGS", "FDR_Z", "ranking_features",
            "ranking_features_flat", "top_index_flat", "grouped_folds", "structure_weights", "Calibrator",
            "expected_calibration_error", "log_loss", "fdr_estimates", "confident_at_fdr", "bootstrap_observed_fdr",
-           "reliability_curve", "log_loss_excess", "NEAR_TIE_SE",
-           "MIN_STRATUM"]
+           "reliability_curve", "log_loss_excess", "NEAR_TIE_SE", "MIN_STRATUM"]
 
 #: the features of the original Platt calibrator (bundles without a ``features`` list read these)
 FEATURES = ("top1_logit", "margin", "log_n_candidates")

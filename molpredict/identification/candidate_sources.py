@@ -95,9 +95,17 @@ class CandidateSource:
         return known
 
     def formulas(self, ids: np.ndarray) -> np.ndarray:
-        """The molecular formula of each candidate ``ids``, object array of str (from the parsed structures; a
+        """The molecular formula of each candidate ``ids``, object array of str, None for a structure RDKit cannot
+        parse (from the parsed structures, each id parsed once: the spectra of one structure share its set; a
         source with a formula column reads it instead)."""
-        return np.array([m.formula for m in self.molecules(ids)], dtype=object)
+        known: dict[int, str | None] = self.__dict__.setdefault("_formula_of", {})
+        missing = [int(i) for i in np.unique(ids) if int(i) not in known]
+        for i, molecule in zip(missing, self.molecules(np.asarray(missing, dtype=np.int64)) if missing else []):
+            try:
+                known[i] = molecule.formula
+            except (InputError, ValueError, RuntimeError):
+                known[i] = None
+        return np.array([known[int(i)] for i in ids], dtype=object)
 
     def _shares_one_formula(self, ids: np.ndarray) -> bool:
         """:meth:`one_formula` computed: the candidates' structures parsed (a source with a formula column reads it

@@ -24,7 +24,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -239,10 +239,7 @@ class Evidence:
         filled = [i for i, q in enumerate(queries) if len(q.ids)]
         if not filled:
             return chosen
-        offsets = np.concatenate([[0], np.cumsum([len(queries[i].ids) for i in filled])]).astype(np.int64)
-        names = set.intersection(*(set(out[i]) for i in filled))
-        flat = {name: np.concatenate([np.asarray(out[i][name], dtype=np.float64) for i in filled]) for name in names}
-        context = {"formula_known": np.array([0.0 if getattr(queries[i], "window", "") else 1.0 for i in filled])}
+        offsets, flat, context = _flat_sets(queries, out, filled, set.intersection(*(set(out[i]) for i in filled)))
         tops = [top_k_flat(v.fusion.first_pass(flat, offsets, context), offsets, v.fusion.rerank.k) for v in variants]
         for j, i in enumerate(filled):
             chosen[i] = np.unique(np.concatenate([keep[kept[j]:kept[j + 1]] - offsets[j] for keep, kept in tops]))
@@ -315,7 +312,7 @@ class Evidence:
         if variant is None:
             return QueryScores(np.asarray(terms[SPECTRUM], dtype=np.float64), dict(terms))
         # the set's kind, for a learnt ranker: candidates by formula, or from a mass window
-        fused = variant.fusion.combine(terms, {"formula_known": 0.0 if getattr(query, "window", "") else 1.0})
+        fused = variant.fusion.combine(terms, {"formula_known": _formula_known(query)})
         probability = math.nan
         if variant.calibrator is not None and len(fused):
             calibrator = variant.calibrator
@@ -376,11 +373,7 @@ class Evidence:
                                          for i in range(len(queries))]
         if not batched:
             return out  # type: ignore[return-value]
-        sizes = np.array([len(terms[i][SPECTRUM]) for i in batched], dtype=np.int64)
-        offsets = np.concatenate([[0], np.cumsum(sizes)])
-        flat = {name: np.concatenate([np.asarray(terms[i][name], dtype=np.float64) for i in batched])
-                for name in names}
-        context = {"formula_known": np.array([0.0 if getattr(queries[i], "window", "") else 1.0 for i in batched])}
+        offsets, flat, context = _flat_sets(queries, terms, batched, names)
         fused = variant.fusion.combine_flat(flat, offsets, context)
         probability = np.full(len(batched), math.nan)
         calibrator = variant.calibrator
@@ -395,6 +388,20 @@ class Evidence:
         for j, i in enumerate(batched):
             out[i] = QueryScores(fused[offsets[j]:offsets[j + 1]].copy(), dict(terms[i]), float(probability[j]))
         return out  # type: ignore[return-value]
+
+
+def _formula_known(query: Any) -> float:
+    """The set's kind a learnt ranker reads: 1 for candidates selected by formula, 0 for a mass window."""
+    return 0.0 if getattr(query, "window", "") else 1.0
+
+
+def _flat_sets(queries: Sequence[Any], terms: Sequence[Mapping[str, np.ndarray]], members: Sequence[int],
+               names: Iterable[str]) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The candidate sets of ``queries[members]`` as the flat arrays the fusion reads: ``(offsets (n_sets + 1,),
+    term name -> (n_total,) for ``names``, {"formula_known": (n_sets,)})``; every member has candidates."""
+    offsets = np.concatenate([[0], np.cumsum([len(queries[i].ids) for i in members])]).astype(np.int64)
+    flat = {name: np.concatenate([np.asarray(terms[i][name], dtype=np.float64) for i in members]) for name in names}
+    return offsets, flat, {"formula_known": np.array([_formula_known(queries[i]) for i in members])}
 
 
 def _memory_room(scorers: Mapping[str, Any]) -> int:
