@@ -250,6 +250,26 @@ def test_unique_output_side_equals_the_naive_one_with_duplicates(data):
         assert rel_err(model.score(list(Xte), list(C)), naive) < 1e-6
 
 
+def test_input_landmarks_spread_over_the_structures_and_match_the_naive_formula(data):
+    """``subsample:probs=groups`` on the input side: SISOKR hands the sketch each input's structure, so 60
+    landmarks cover the 60 structures (a uniform draw of 60 of the 240 inputs covers ~40); the model equals the
+    naive formula with that R_x."""
+    X, Y, Xte, C = data
+    spec = "subsample:m=60,probs=groups"
+    model = SISOKR(input_kernel=IN, output_kernel=OUT, input_sketch=spec, output_sketch="subsample:m=30",
+                   lam=1e-3, device="cpu").fit(list(X), list(Y))
+    _, structure = distinct_positions(list(Y))
+    drawn = make_sketch(spec, seed=0).fit(len(X), create("input_kernel", IN).fit(list(X)), groups=structure)
+    assert len(set(structure[drawn.used_])) == 60
+    landmarks = np.array(model.input_landmarks_)
+    np.testing.assert_array_equal(landmarks, X[drawn.used_])
+    _, Ry = dense_sketches(model, X, Y, seed=0)
+    naive = naive_sisokr_scores(X, Y, Xte, C, 1e-3, drawn.matrix(), Ry)
+    assert rel_err(model.score(list(Xte), list(C)), naive) < 1e-6
+    uniform = make_sketch("subsample:m=60", seed=0).fit(len(X)).used_
+    assert len(set(structure[uniform])) < 55
+
+
 def test_duplicate_inputs_in_the_sub_sample_do_not_break_anything():
     X, Y, _, A = make_data(n=150, n_structures=40, seed=3)
     X[75:] = X[:75]  # every input twice: K~_x is singular for any sub-sample holding both copies
@@ -501,7 +521,7 @@ def test_models_are_components_with_json_parameters():
         assert isinstance(model, cls)
         assert all(v is None or isinstance(v, (bool, int, float, str)) for v in model.get_params().values())
     assert "input_sketch" not in IOKR.param_names() and "output_sketch" not in SIOKR.param_names()
-    assert SISOKR().input_sketch == "subsample:m=4000"
+    assert SISOKR().input_sketch == "subsample:m=4000,probs=groups"
     assert SISOKR().output_sketch == "subsample:m=5000"
 
 

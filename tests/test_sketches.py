@@ -11,7 +11,8 @@ from molpredict.errors import ResourceError, SpecError
 from molpredict.registry import create, get_registry
 from molpredict.engine.sketches import (AccumulationSketch, AdaptiveSketch, GaussianSketch, IdentitySketch,
                                  PSparsifiedGaussianSketch, PSparsifiedRademacherSketch, Sketch, SubsampleSketch,
-                                 bernoulli_positions, leverage_scores, make_sketch)
+                                 bernoulli_positions, group_spread_draw, leverage_scores,
+                                 make_sketch)
 from molpredict.engine.linalg import truncated_eigh as pinv_factor
 from molpredict.testing import check_sketch
 from molpredict.testing.sketches import RBFKernel
@@ -267,3 +268,62 @@ def test_sketches_are_components_with_json_parameters():
         assert isinstance(sketch, Sketch)
         assert all(v is None or isinstance(v, (bool, int, float, str)) for v in sketch.get_params().values())
         assert str(sketch.to_spec()).startswith(name)
+
+
+# -- sub-sampling spread over groups --------------------------------------------------------------------------
+_GROUPS = np.repeat(np.arange(8), [1, 1, 2, 3, 4, 6, 9, 14])  # n = 40 points in 8 groups of unequal sizes
+
+
+class _FixedGroupsSketch(SubsampleSketch):
+    """``probs=groups`` fitted with :data:`_GROUPS` (check_sketch fits with n and the kernel only)."""
+
+    def fit(self, n, kernel=None, groups=None):
+        return super().fit(n, kernel, groups=_GROUPS)
+
+
+@pytest.mark.parametrize("m", [5, 13])  # fewer draws than groups, and more
+def test_check_sketch_on_group_spread_subsample(m):
+    check_sketch(lambda seed: _FixedGroupsSketch(m=m, probs="groups", seed=seed), n=40, n_draws=300)
+
+
+def test_group_spread_covers_every_group_before_any_gets_a_second():
+    for seed in range(20):
+        used = SubsampleSketch(m=13, probs="groups", seed=seed).fit(40, groups=_GROUPS).used_
+        assert len(used) == 13 and len(np.unique(used)) == 13
+        assert set(_GROUPS[used]) == set(range(8))  # all 8 groups, then 5 more anywhere
+        used = SubsampleSketch(m=5, probs="groups", seed=seed).fit(40, groups=_GROUPS).used_
+        assert len(np.unique(_GROUPS[used])) == 5  # 5 distinct groups
+
+
+def _hand_inclusion(m: int) -> np.ndarray:
+    """P(point i drawn) by hand for _GROUPS (8 groups, n = 40): (m / 8) / s_i under 8 draws, else one per group
+    plus (m - 8) uniform draws among the 32 points left."""
+    sizes = np.bincount(_GROUPS)[_GROUPS].astype(float)
+    return (m / 8) / sizes if m < 8 else 1 / sizes + (1 - 1 / sizes) * (m - 8) / (40 - 8)
+
+
+@pytest.mark.parametrize("m", [5, 13])
+def test_group_spread_inclusion_probabilities_match_their_frequencies(m):
+    p = _hand_inclusion(m)
+    assert np.isclose(p.sum(), m)
+    n_draws = 4000
+    counts = np.zeros(40)
+    for seed in range(n_draws):
+        used, inclusion = group_spread_draw(_GROUPS, m, np.random.default_rng(seed))
+        np.testing.assert_allclose(inclusion, p[used], rtol=1e-12)
+        counts[used] += 1
+    se = np.sqrt(p * (1 - p) / n_draws)  # binomial standard error of each point's frequency
+    assert np.all(np.abs(counts / n_draws - p) <= 5 * se)
+
+
+def test_group_spread_without_groups_is_a_uniform_draw():
+    sketch = SubsampleSketch(m=15, probs="groups", seed=3).fit(100)
+    assert len(sketch.used_) == 15
+    np.testing.assert_allclose(sketch.A_.diagonal(), math.sqrt(100 / 15))
+
+
+def test_groups_of_the_wrong_shape_are_refused():
+    with pytest.raises(ValueError, match="groups must have shape"):
+        SubsampleSketch(m=5, probs="groups", seed=0).fit(40, groups=_GROUPS[:30])
+    with pytest.raises(SpecError, match="probs must be"):
+        SubsampleSketch(m=5, probs="strata", seed=0).fit(40)

@@ -241,7 +241,7 @@ class Nystrom:
         return make_sketch(spec, seed=self.seed)
 
     def fit(self, objects: Sequence[Any], device: torch.device | None = None, dtype: torch.dtype | None = None,
-            stage: Callable[..., Any] | None = None) -> "Nystrom":
+            stage: Callable[..., Any] | None = None, groups: np.ndarray | None = None) -> "Nystrom":
         """Choose the landmarks among ``objects`` (length n) and build the map.
 
         Parameters
@@ -254,6 +254,9 @@ class Nystrom:
             ``stage(name, shape=None, kind="gemm")`` returning a context manager that times a step
             (the IOKR engine's profile); names: kernel_fit, sketch_fit, sketch_rows, landmark_kernel_fit, eigh,
             whiten.
+        groups : ndarray of shape (n,), optional
+            A label per object (e.g. its structure), for sketches that spread their draw over groups
+            (``subsample:probs=groups``); the others ignore it.
         """
         objects = list(objects)
         if not objects:
@@ -270,7 +273,7 @@ class Nystrom:
             with stage("kernel_fit"):
                 kernel = create_component(self.kernel_kind, self.kernel).fit(objects)
             with stage("sketch_fit"):
-                sketch.fit(n, kernel)
+                sketch.fit(n, kernel, groups=groups)
             if self.whiten:
                 with stage("sketch_rows"):
                     B = sketch.sketch_rows(kernel)  # (m, n) = R K
@@ -278,7 +281,7 @@ class Nystrom:
             if sketch.needs_kernel:
                 raise SpecError(f"Nystrom features on the landmarks only need a sketch that draws without the "
                                 f"kernel, not {sketch.to_spec()}")
-            sketch.fit(n)
+            sketch.fit(n, groups=groups)
             kernel = None
         used = np.asarray(sketch.used_, dtype=np.int64)
         self.landmark_index_ = used

@@ -10,6 +10,7 @@ name                        R                                                   
 =========================== ======================================================== ================
 ``subsample``               m rows of I_n, scaled sqrt(n/m) (uniform, no replacement)  yes
                             or 1/sqrt(m p_i) (approximate ridge leverage scores)
+                            or 1/sqrt(P_i) (one member of every group first)
 ``gaussian``                R_ij ~ N(0, 1/m)                                          yes
 ``p-sparsified-rademacher`` R_ij = B_ij G_ij / sqrt(m p), B ~ Bernoulli(p), G = +-1      yes
 ``p-sparsified-gaussian``   the same with G ~ N(0, 1)                                 yes
@@ -51,6 +52,7 @@ __all__ = [
     "make_sketch",
     "bernoulli_positions",
     "leverage_scores",
+    "group_spread_draw",
 ]
 
 #: bytes of kernel rows held at once by :meth:`Sketch.sketch_rows` / :meth:`Sketch.sketch_gram`
@@ -125,6 +127,47 @@ def leverage_scores(kernel: Kernel, lam: float, n_landmarks: int, rng: np.random
     return np.clip(np.einsum("ij,ji->i", features, solved), 0.0, 1.0)
 
 
+def group_spread_draw(groups: np.ndarray, m: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Draw ``m`` distinct indices spread over groups: one random member of every group first (the groups in
+    random order, so with fewer draws than groups a random subset of them), then the rest uniformly without
+    replacement among the members not yet drawn.
+
+    Parameters
+    ----------
+    groups : ndarray of shape (n,)
+        Any hashable labels (e.g. the structure of each training spectrum); ``m < n``.
+    m : int
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    used : ndarray of shape (m,), int64, sorted
+    inclusion : ndarray of shape (m,), float64
+        The probability that each drawn index is drawn: ``m / G / s_i`` with ``m < G`` groups, else
+        ``1 / s_i + (1 - 1 / s_i) (m - G) / (n - G)`` (``s_i`` its group's size).
+    """
+    n = len(groups)
+    _, label, sizes = np.unique(np.asarray(groups), return_inverse=True, return_counts=True)
+    label = label.reshape(-1)
+    n_groups = len(sizes)
+    order = rng.permutation(n)
+    _, first = np.unique(label[order], return_index=True)  # a uniform random member of every group
+    picks = order[first]
+    rng.shuffle(picks)
+    if m <= n_groups:
+        used = picks[:m]
+    else:
+        rest = np.setdiff1d(np.arange(n), picks, assume_unique=True)
+        used = np.concatenate([picks, rng.choice(rest, size=m - n_groups, replace=False)])
+    used = np.sort(used).astype(np.int64)
+    size = sizes[label[used]].astype(np.float64)
+    if m <= n_groups:
+        inclusion = (m / n_groups) / size
+    else:
+        inclusion = 1.0 / size + (1.0 - 1.0 / size) * (m - n_groups) / (n - n_groups)
+    return used, inclusion
+
+
 def _memory_check(n_bytes: float, max_memory_gb: float, what: str) -> None:
     if max_memory_gb is not None and n_bytes > float(max_memory_gb) * 2**30:
         raise ResourceError(f"{what} needs {n_bytes / 2**30:.1f} GB, over the budget max_memory_gb="
@@ -165,6 +208,8 @@ class Sketch(Component, ABC):
     needs_kernel: ClassVar[bool] = False
     #: R is the identity (models skip the products)
     is_identity: ClassVar[bool] = False
+    #: the draw reads the groups of the n points (``fit(n, groups=...)``); the others ignore them
+    uses_groups: ClassVar[bool] = False
 
     def __init__(self, m: int = 100, seed: int | None = None) -> None:
         self.m = m
@@ -177,7 +222,7 @@ class Sketch(Component, ABC):
         """Return (used, A) for n columns."""
 
     # -- provided ----------------------------------------------------------------------------------------
-    def fit(self, n: int, kernel: Kernel | None = None) -> "Sketch":
+    def fit(self, n: int, kernel: Kernel | None = None, groups: np.ndarray | None = None) -> "Sketch":
         """Draw R for ``n`` columns.
 
         Parameters
@@ -186,17 +231,23 @@ class Sketch(Component, ABC):
             Number of training points (columns of R).
         kernel : Kernel, optional
             The kernel fitted on those n points; required by data-adaptive sketches (``needs_kernel``).
+        groups : ndarray of shape (n,), optional
+            A label per point (e.g. the structure of each training spectrum), read by the sketches that
+            ``uses_groups``; without it every point is its own group.
         """
         n = int(n)
         if n < 1:
             raise ValueError(f"{type(self).__name__}.fit: n must be positive, got {n}")
+        if groups is not None and np.shape(groups) != (n,):
+            raise ValueError(f"{type(self).__name__}.fit: groups must have shape ({n},), got {np.shape(groups)}")
         if self.needs_kernel:
             if kernel is None:
                 raise ValueError(f"{type(self).__name__}.fit needs the fitted kernel (fit(n, kernel))")
             self._check_kernel(kernel, n)
         if not self.is_identity and (self.m is None or int(self.m) < 1):
             raise SpecError(f"{type(self).__name__}: m must be a positive integer, got {self.m!r}")
-        used, A = self._draw(n, np.random.default_rng(self.seed), kernel)
+        rng = np.random.default_rng(self.seed)
+        used, A = (self._draw(n, rng, kernel, groups) if self.uses_groups else self._draw(n, rng, kernel))
         used = np.asarray(used, dtype=np.int64)
         if sp.issparse(A):
             A = sp.csr_matrix(A, dtype=np.float64)
@@ -383,13 +434,18 @@ class SubsampleSketch(Sketch):
     replacement) with probabilities p_i proportional to approximate ridge leverage scores (Alaoui & Mahoney,
     2015; computed from a uniform Nystrom approximation on m points, so the fit needs the kernel), row j
     scaled 1/sqrt(m p_{i_j}); E[R^T R] = I_n again, and an index drawn twice gives two identical rows
-    (``used_`` lists it once). The scaling does not change SISOKR's estimator (only the row space of R matters)
-    but it does change DSOKR's basis. With ``m >= n`` the sketch keeps all n columns, unscaled.
+    (``used_`` lists it once). ``probs="groups"``: m distinct indices spread over the groups given to ``fit``
+    (:func:`group_spread_draw`: one member of every group before any group gets a second), row j scaled
+    1/sqrt(P_{i_j}) by its inclusion probability, so E[R^T R] = I_n; without groups it is the uniform draw.
+    SISOKR's input side passes the structure of each training spectrum: a landmark per training structure
+    instead of landmarks crowded on the structures with many spectra (docs/benchmarks/input_landmarks.md).
+    The scaling does not change SISOKR's estimator (only the row space of R matters) but it does change DSOKR's
+    basis. With ``m >= n`` the sketch keeps all n columns, unscaled.
 
     Parameters
     ----------
     m : int
-    probs : {"uniform", "leverage"}
+    probs : {"uniform", "leverage", "groups"}
     leverage_lam : float
         The ridge of the leverage scores (the scores use n * leverage_lam).
     seed : int or None
@@ -406,12 +462,19 @@ class SubsampleSketch(Sketch):
     def needs_kernel(self) -> bool:  # type: ignore[override]
         return self.probs == "leverage"
 
-    def _draw(self, n, rng, kernel):
-        if self.probs not in ("uniform", "leverage"):
-            raise SpecError(f"subsample: probs must be 'uniform' or 'leverage', got {self.probs!r}")
+    @property
+    def uses_groups(self) -> bool:  # type: ignore[override]
+        return self.probs == "groups"
+
+    def _draw(self, n, rng, kernel, groups=None):
+        if self.probs not in ("uniform", "leverage", "groups"):
+            raise SpecError(f"subsample: probs must be 'uniform', 'leverage' or 'groups', got {self.probs!r}")
         m = int(self.m)
         if m >= n:
             return np.arange(n, dtype=np.int64), sp.identity(n, format="csr", dtype=np.float64)
+        if self.probs == "groups":
+            used, inclusion = group_spread_draw(np.arange(n) if groups is None else groups, m, rng)
+            return used, sp.diags(1.0 / np.sqrt(inclusion), format="csr")
         if self.probs == "uniform":
             used = np.sort(rng.choice(n, size=m, replace=False)).astype(np.int64)
             return used, sp.diags(np.full(m, math.sqrt(n / m)), format="csr")
