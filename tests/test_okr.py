@@ -156,10 +156,16 @@ def naive_iokr_scores(X, Y, Xte, C, lam):
     return k(Xte, X, GX) @ np.linalg.solve(k(X, X, GX) + n * lam * np.eye(n), k(Y, C, GY))
 
 
-def naive_sisokr_scores(X, Y, Xte, C, lam, Rx, Ry):
-    """Omega = K~_y^+ R_y K_y K_x R_x^T (R_x K_x^2 R_x^T + n lam K~_x)^+ with dense n x n matrices."""
+def naive_sisokr_scores(X, Y, Xte, C, lam, Rx, Ry, weights=None):
+    """Omega = K~_y^+ R_y K_y V K_x R_x^T (R_x K_x V K_x R_x^T + n lam K~_x)^+ with dense n x n matrices, V the
+    objects' weights in the square loss (default the identity)."""
     n = len(X)
     Kx, Ky = k(X, X, GX), k(Y, Y, GY)
+    if weights is not None:
+        V = np.diag(weights)
+        right = Kx @ Rx.T @ pinv(Rx @ Kx @ V @ Kx @ Rx.T + n * lam * Rx @ Kx @ Rx.T)
+        omega = pinv(Ry @ Ky @ Ry.T) @ Ry @ Ky @ V @ right
+        return k(Xte, X, GX) @ Rx.T @ omega.T @ Ry @ k(Y, C, GY)
     if np.array_equal(Rx, np.eye(n)):
         # K_x (K_x^2 + n lam K_x)^+ = (K_x + n lam I)^-1 for an invertible K_x; the squared form loses half
         # the digits to cond(K_x)^2 in a dense pseudo-inverse
@@ -268,6 +274,39 @@ def test_input_landmarks_spread_over_the_structures_and_match_the_naive_formula(
     assert rel_err(model.score(list(Xte), list(C)), naive) < 1e-6
     uniform = make_sketch("subsample:m=60", seed=0).fit(len(X)).used_
     assert len(set(structure[uniform])) < 55
+
+
+def test_structure_weights_by_hand():
+    from molpredict.models.okr import structure_weights
+    # counts 1 and 4: count^-0.5 = 1 and 1/2, scaled so the 5 objects' weights sum to 5 (raw sum 1 + 4/2 = 3)
+    np.testing.assert_allclose(structure_weights(np.array([0, 1, 1, 1, 1]), 0.5), [5 / 3, 5 / 6], rtol=1e-12)
+    np.testing.assert_allclose(structure_weights(np.array([0, 1, 1, 1, 1]), 1.0), [2.5, 2.5 / 4], rtol=1e-12)
+    np.testing.assert_allclose(structure_weights(np.array([2, 0, 1, 1]), 0.0), [1, 1, 1], rtol=1e-12)
+
+
+def test_structure_balance_equals_the_naive_weighted_formula(data):
+    """``structure_balance``: the ridge's square loss weights each object count^-balance (its structure's count);
+    the model equals the naive weighted formula, balance 0 is the plain ridge bit for bit, and an exact input side
+    refuses it."""
+    from molpredict.models.okr import structure_weights
+    X, Y, Xte, C = data
+    params = dict(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=70",
+                  output_sketch="subsample:m=30", lam=1e-3, device="cpu")
+    model = SISOKR(structure_balance=0.5, **params).fit(list(X), list(Y))
+    _, structure = distinct_positions(list(Y))
+    weights = structure_weights(structure, 0.5)[structure]
+    assert weights.std() > 0.1  # the structures have different counts here
+    Rx, Ry = dense_sketches(model, X, Y, seed=0)
+    naive = naive_sisokr_scores(X, Y, Xte, C, 1e-3, Rx, Ry, weights)
+    scores = model.score(list(Xte), list(C))
+    assert rel_err(scores, naive) < 1e-6
+    assert rel_err(scores, naive_sisokr_scores(X, Y, Xte, C, 1e-3, Rx, Ry)) > 1e-3  # the weights change it
+    plain, zero = (SISOKR(**params).fit(list(X), list(Y)),
+                   SISOKR(structure_balance=0.0, **params).fit(list(X), list(Y)))
+    np.testing.assert_array_equal(plain.W_, zero.W_)
+    assert _roundtrip(model).structure_balance == 0.5
+    with pytest.raises(SpecError, match="structure_balance needs a sketched input side"):
+        SISOKR(structure_balance=0.5, **dict(params, input_sketch="none")).fit(list(X), list(Y))
 
 
 def test_duplicate_inputs_in_the_sub_sample_do_not_break_anything():
@@ -521,7 +560,7 @@ def test_models_are_components_with_json_parameters():
         assert isinstance(model, cls)
         assert all(v is None or isinstance(v, (bool, int, float, str)) for v in model.get_params().values())
     assert "input_sketch" not in IOKR.param_names() and "output_sketch" not in SIOKR.param_names()
-    assert SISOKR().input_sketch == "subsample:m=4000,probs=groups"
+    assert SISOKR().input_sketch == "subsample:m=4000"
     assert SISOKR().output_sketch == "subsample:m=5000"
 
 

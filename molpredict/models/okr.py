@@ -109,13 +109,12 @@ FITTED_KERNELS = "fitted_kernels"
 #: 38.3 / 75.5 / 0.516.
 DEFAULT_INPUT_KERNEL = "mkl:kernels=ppk-losses+formula-annotation,weights=uniform"
 DEFAULT_OUTPUT_KERNEL = "tanimoto"
-#: Input landmarks (issue 19): 4000 spectra spread over the training structures (``probs=groups``: SISOKR passes
-#: each training spectrum's distinct output as its group, so one spectrum of each structure is drawn before any
-#: structure gets a second; a uniform draw covers ~2,130 of train_pos's 4,669 structures). Val (benchmarks/dsokr.py
-#: --split val --only sisokr, eval part, formula256; docs/benchmarks/input_landmarks.md), hit@1 / hit@10 / MRR:
-#: positive ridge 31.8 / 67.0 / 0.449 -> 34.0 / 67.0 / 0.462, fine-tuned 35.3 / 69.9 / 0.482 -> 35.8 / 70.2 /
-#: 0.487; negative ridge (shipped) 41.5 / 77.8 / 0.545 -> 43.7 / 77.2 / 0.563. Same size, same cost.
-DEFAULT_INPUT_SKETCH = "subsample:m=4000,probs=groups"
+#: Input landmarks drawn uniformly over the training spectra. Spreading them over the structures
+#: (``subsample:m=4000,probs=groups``, a uniform draw covers ~2,130 of train_pos's 4,669) raised the spectrum model's
+#: MRR on val_formula256's held-out part (positive fine-tuned 0.482 -> 0.487, negative ridge 0.545 -> 0.563) but not
+#: the product's validation figures over all val sets (negative spectrum MRR 0.676 -> 0.670, fused out of fold 0.700 ->
+#: 0.697; positive fused 0.678 -> 0.674): an option, not the default (docs/benchmarks/input_landmarks.md).
+DEFAULT_INPUT_SKETCH = "subsample:m=4000"
 #: Output landmarks (issue 19): 5000, i.e. every distinct training structure of MassBank's train_pos (4,669) and
 #: train_neg (3,225), which makes the output side exact there. Val (benchmarks/dsokr.py --split val --only sisokr,
 #: eval part, formula256; docs/benchmarks/output_landmarks.md), hit@1 / hit@10 / MRR: positive (fine-tuned) 36.0 /
@@ -126,6 +125,9 @@ DEFAULT_INPUT_SKETCH = "subsample:m=4000,probs=groups"
 #: SCORING_DTYPE`; 674 spectra/s warm, docs/benchmarks/identify_speed_output_landmarks.json).
 DEFAULT_OUTPUT_SKETCH = "subsample:m=5000"
 DEFAULT_LAM = "1e-5|1e-4|1e-3|1e-2"
+#: SISOKR's ridge weights each training spectrum by its structure's spectrum count to this power, negated
+#: (:func:`structure_weights`; 0: the plain ridge)
+DEFAULT_STRUCTURE_BALANCE = 0.0
 #: SISOKR's ranking fine-tune (:mod:`molpredict.models.ranking_finetune`): at most this many epochs, stopped on the
 #: validation ranking metric; it runs only when ``fit`` gets validation candidate sets (0: the ridge solution)
 DEFAULT_RANK_EPOCHS = 3
@@ -168,8 +170,15 @@ def lam_grid(lam: "float | str | Sequence[float]") -> list[float]:
     return out
 
 
-def gram_rows(Z: torch.Tensor) -> torch.Tensor:
-    """Z Z^T for a wide Z (r x n); on the CPU through BLAS syrk (half the flops of a GEMM)."""
+def gram_rows(Z: torch.Tensor, weights: torch.Tensor | None = None, block: int = 8192) -> torch.Tensor:
+    """Z Z^T for a wide Z (r x n), or Z diag(weights) Z^T; on the CPU through BLAS syrk (half the flops of a GEMM).
+    Weighted, the columns are scaled by sqrt(weights) ``block`` at a time (no second r x n matrix)."""
+    if weights is not None:
+        root = torch.sqrt(weights.to(Z.dtype))
+        out = torch.zeros((Z.shape[0], Z.shape[0]), dtype=Z.dtype, device=Z.device)
+        for start in range(0, Z.shape[1], block):
+            out += gram_rows(Z[:, start:start + block] * root[None, start:start + block])
+        return out
     if Z.device.type == "cpu" and Z.dtype in (torch.float64, torch.float32) and Z.shape[1] > 0:
         from scipy.linalg import blas
         syrk = blas.dsyrk if Z.dtype == torch.float64 else blas.ssyrk
@@ -187,6 +196,26 @@ def _group_sum(Z: torch.Tensor, index: torch.Tensor, n_groups: int) -> torch.Ten
     """Column sums of Z (r x n) per group: (r x n_groups)."""
     out = torch.zeros((Z.shape[0], n_groups), dtype=Z.dtype, device=Z.device)
     return out.index_add_(1, index, Z)
+
+
+def structure_weights(index: np.ndarray, balance: float) -> np.ndarray:
+    """The square loss's weight of each distinct output's training objects: ``count^-balance``, scaled so that
+    the n objects' weights average 1 (0: every object once, the plain ridge; 1: every structure once).
+
+    Parameters
+    ----------
+    index : ndarray of shape (n,), int
+        The distinct output of each training object.
+    balance : float
+        In [0, 1].
+
+    Returns
+    -------
+    ndarray of shape (n_distinct,), float64
+    """
+    counts = np.bincount(np.asarray(index, dtype=np.int64)).astype(np.float64)
+    weights = np.where(counts > 0, np.maximum(counts, 1.0) ** -float(balance), 0.0)
+    return weights * (counts.sum() / float(weights @ counts))
 
 
 #: up to this many inputs, the prediction's product runs on one BLAS thread: it reads W once either way, and
@@ -406,11 +435,12 @@ class _OutputSide:
 
 
 class _WhitenedInput:
-    """A sketched input side: Z_x = P_x R_x K_x; ridge on the eigenbasis of Z_x Z_x^T (one eigh for all lam)."""
+    """A sketched input side: Z_x = P_x R_x K_x; ridge on the eigenbasis of Z_x V Z_x^T (one eigh for all lam),
+    V = diag(the objects' weights) (``weights_u``: one per distinct output; None: the identity)."""
 
     def __init__(self, spec: Any, sketch_spec: Any, seed: int, objects: list[Any], index: torch.Tensor, n_u: int,
                  device: torch.device, dtype: torch.dtype, rtol: float, profile: _Profile,
-                 keep_features: bool = False) -> None:
+                 keep_features: bool = False, weights_u: np.ndarray | None = None) -> None:
         # the structure of each training object: a groups-spreading sketch draws landmarks over the structures
         side = _nystrom_side("input_kernel", spec, sketch_spec, seed, objects, device, dtype, rtol, profile,
                              keep_rows=True, groups=index.cpu().numpy())
@@ -424,8 +454,9 @@ class _WhitenedInput:
         m = B.shape[0]
         # Z_x Z_x^T = P (B B^T) P^T: one syrk over n of width m, then two order-m products, where forming Z_x
         # first costs an (r x m x n) product more (half the fit's linear algebra at n = 46k, m = 4000)
+        wu = None if weights_u is None else torch.as_tensor(weights_u, dtype=B.dtype, device=B.device)
         with profile.stage("input_gram_features", (m, B.shape[1], m), kind="syrk"):
-            C = (self.P @ gram_rows(B) @ self.P.T).to(torch.float64)
+            C = (self.P @ gram_rows(B, None if wu is None else wu[index]) @ self.P.T).to(torch.float64)
             C = (C + C.T) / 2
         with profile.stage("input_eigh_gram"):
             lam_eig, Q = symmetric_eigh(C)
@@ -434,6 +465,8 @@ class _WhitenedInput:
         self.Q = Q.to(dtype)
         with profile.stage("input_group_sum"):
             ZE = self.P @ _group_sum(B, index, n_u)  # (r, n_u): Z_x E = P (B E)
+            if wu is not None:  # Z_x V E: one weight per distinct output
+                ZE = ZE * wu[None, :]
         #: Z_x^T (n, r), float32, for the ranking fine-tune (None unless ``keep_features``): built in column blocks
         #: so that no second float64 n x r matrix is held beside B
         self.Z: torch.Tensor | None = None
@@ -751,7 +784,14 @@ class _OKRBase(Model):
         # the ranking fine-tune needs whitened features on both sides and validation sets to stop on
         finetune = (int(getattr(self, "rank_epochs", 0)) > 0 and ranking is not None and val is not None and build
                     and input_cls is _WhitenedInput and not make_sketch(self._output_sketch_spec()).is_identity)
-        extra = {"keep_features": True} if finetune else {}
+        extra: dict[str, Any] = {"keep_features": True} if finetune else {}
+        balance = float(getattr(self, "structure_balance", 0.0))
+        if balance:
+            if input_cls is not _WhitenedInput:
+                raise SpecError("structure_balance needs a sketched input side (input_sketch is none)")
+            if not 0.0 <= balance <= 1.0:
+                raise SpecError(f"structure_balance must be in [0, 1], got {balance}")
+            extra["weights_u"] = structure_weights(index, balance)
 
         outputs = []
         for spec in out_specs:
@@ -1155,6 +1195,9 @@ class SISOKR(_OKRBase):
         Adam's learning rate of the fine-tune.
     rank_min_gain : float
         The tuned map replaces the ridge solution only if its validation metric is at least this much higher.
+    structure_balance : float
+        The ridge's square loss weights each training object by its structure's object count to the power
+        ``-structure_balance`` (:func:`structure_weights`): 0 every spectrum once, 1 every structure once.
     """
 
     def __init__(self, input_kernel: str = DEFAULT_INPUT_KERNEL, output_kernel: str = DEFAULT_OUTPUT_KERNEL,
@@ -1163,10 +1206,12 @@ class SISOKR(_OKRBase):
                  val_fraction: float = 0.1, device: str = "auto", dtype: str = "float64", seed: int = 0,
                  max_memory_gb: float = 4.0, pinv_rtol: float = 1e-10, select_by: str = "mrr",
                  rank_epochs: int = DEFAULT_RANK_EPOCHS, rank_lr: float = DEFAULT_RANK_LR,
-                 rank_min_gain: float = DEFAULT_RANK_MIN_GAIN) -> None:
+                 rank_min_gain: float = DEFAULT_RANK_MIN_GAIN,
+                 structure_balance: float = DEFAULT_STRUCTURE_BALANCE) -> None:
         super().__init__(input_kernel=input_kernel, output_kernel=output_kernel, input_sketch=input_sketch,
                          output_sketch=output_sketch, lam=lam, val_fraction=val_fraction, device=device,
                          dtype=dtype, seed=seed, max_memory_gb=max_memory_gb, pinv_rtol=pinv_rtol, select_by=select_by)
         self.rank_epochs = rank_epochs
         self.rank_lr = rank_lr
         self.rank_min_gain = rank_min_gain
+        self.structure_balance = structure_balance
