@@ -437,8 +437,9 @@ class SubsampleSketch(Sketch):
     (``used_`` lists it once). ``probs="groups"``: m distinct indices spread over the groups given to ``fit``
     (:func:`group_spread_draw`: one member of every group before any group gets a second), row j scaled
     1/sqrt(P_{i_j}) by its inclusion probability, so E[R^T R] = I_n; without groups it is the uniform draw.
-    SISOKR's input side passes the structure of each training spectrum: a landmark per training structure
-    instead of landmarks crowded on the structures with many spectra (docs/benchmarks/input_landmarks.md).
+    SISOKR's input side passes the structure of each training spectrum, so ``input_sketch="subsample:m=4000,
+    probs=groups"`` draws a landmark per training structure instead of crowding them on the structures with many
+    spectra (an option: docs/benchmarks/input_landmarks.md).
     The scaling does not change SISOKR's estimator (only the row space of R matters) but it does change DSOKR's
     basis. With ``m >= n`` the sketch keeps all n columns, unscaled.
 
