@@ -305,6 +305,8 @@ def test_structure_balance_equals_the_naive_weighted_formula(data):
                    SISOKR(structure_balance=0.0, **params).fit(list(X), list(Y)))
     np.testing.assert_array_equal(plain.W_, zero.W_)
     assert _roundtrip(model).structure_balance == 0.5
+    with pytest.raises(SpecError, match="structure_balance must be a number in"):
+        SISOKR(structure_balance=2.0)
     with pytest.raises(SpecError, match="structure_balance needs a sketched input side"):
         SISOKR(structure_balance=0.5, **dict(params, input_sketch="none")).fit(list(X), list(Y))
 

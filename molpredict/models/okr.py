@@ -789,8 +789,6 @@ class _OKRBase(Model):
         if balance:
             if input_cls is not _WhitenedInput:
                 raise SpecError("structure_balance needs a sketched input side (input_sketch is none)")
-            if not 0.0 <= balance <= 1.0:
-                raise SpecError(f"structure_balance must be in [0, 1], got {balance}")
             extra["weights_u"] = structure_weights(index, balance)
 
         outputs = []
@@ -1215,3 +1213,6 @@ class SISOKR(_OKRBase):
         self.rank_lr = rank_lr
         self.rank_min_gain = rank_min_gain
         self.structure_balance = structure_balance
+        if isinstance(structure_balance, bool) or not isinstance(structure_balance, (int, float)) \
+                or not 0.0 <= float(structure_balance) <= 1.0:
+            raise SpecError(f"structure_balance must be a number in [0, 1], got {structure_balance!r}")
