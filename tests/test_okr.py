@@ -276,25 +276,25 @@ def test_input_landmarks_spread_over_the_structures_and_match_the_naive_formula(
     assert len(set(structure[uniform])) < 55
 
 
-def test_structure_weights_by_hand():
-    from molpredict.models.okr import structure_weights
+def test_ridge_structure_weights_by_hand():
+    from molpredict.models.okr import ridge_structure_weights
     # counts 1 and 4: count^-0.5 = 1 and 1/2, scaled so the 5 objects' weights sum to 5 (raw sum 1 + 4/2 = 3)
-    np.testing.assert_allclose(structure_weights(np.array([0, 1, 1, 1, 1]), 0.5), [5 / 3, 5 / 6], rtol=1e-12)
-    np.testing.assert_allclose(structure_weights(np.array([0, 1, 1, 1, 1]), 1.0), [2.5, 2.5 / 4], rtol=1e-12)
-    np.testing.assert_allclose(structure_weights(np.array([2, 0, 1, 1]), 0.0), [1, 1, 1], rtol=1e-12)
+    np.testing.assert_allclose(ridge_structure_weights(np.array([0, 1, 1, 1, 1]), 0.5), [5 / 3, 5 / 6], rtol=1e-12)
+    np.testing.assert_allclose(ridge_structure_weights(np.array([0, 1, 1, 1, 1]), 1.0), [2.5, 2.5 / 4], rtol=1e-12)
+    np.testing.assert_allclose(ridge_structure_weights(np.array([2, 0, 1, 1]), 0.0), [1, 1, 1], rtol=1e-12)
 
 
 def test_structure_balance_equals_the_naive_weighted_formula(data):
     """``structure_balance``: the ridge's square loss weights each object count^-balance (its structure's count);
     the model equals the naive weighted formula, balance 0 is the plain ridge bit for bit, and an exact input side
     refuses it."""
-    from molpredict.models.okr import structure_weights
+    from molpredict.models.okr import ridge_structure_weights
     X, Y, Xte, C = data
     params = dict(input_kernel=IN, output_kernel=OUT, input_sketch="subsample:m=70",
                   output_sketch="subsample:m=30", lam=1e-3, device="cpu")
     model = SISOKR(structure_balance=0.5, **params).fit(list(X), list(Y))
     _, structure = distinct_positions(list(Y))
-    weights = structure_weights(structure, 0.5)[structure]
+    weights = ridge_structure_weights(structure, 0.5)[structure]
     assert weights.std() > 0.1  # the structures have different counts here
     Rx, Ry = dense_sketches(model, X, Y, seed=0)
     naive = naive_sisokr_scores(X, Y, Xte, C, 1e-3, Rx, Ry, weights)

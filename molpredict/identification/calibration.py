@@ -229,9 +229,10 @@ def structure_weights(groups: Sequence[str], power: float = 1.0) -> np.ndarray:
     -------
     ndarray of shape (n_queries,), float64
     """
-    _, inverse, counts = np.unique(np.asarray(list(groups), dtype=object).astype(str), return_inverse=True,
-                                   return_counts=True)
-    return (1.0 / counts[inverse].astype(np.float64)) ** float(power)
+    from molpredict.models.distinct import group_size_weights
+
+    _, inverse = np.unique(np.asarray(list(groups), dtype=object).astype(str), return_inverse=True)
+    return group_size_weights(inverse, power)
 
 
 def _logistic(x: np.ndarray, y: np.ndarray, w: np.ndarray, c: float) -> tuple[np.ndarray, float]:

@@ -10,7 +10,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["output_key", "structure_key", "distinct_positions", "distinct_objects", "split_by_structure"]
+__all__ = ["output_key", "structure_key", "distinct_positions", "distinct_objects", "split_by_structure",
+           "group_size_weights"]
 
 
 def output_key(obj: Any) -> Any:
@@ -109,3 +110,21 @@ def split_by_structure(molecules: Sequence[Any], fraction: float, seed: int,
     chosen = np.random.default_rng(seed).permutation(n_u)[:n_out]
     mask = np.isin(index, chosen)
     return np.flatnonzero(~mask).astype(np.int64), np.flatnonzero(mask).astype(np.int64)
+
+
+def group_size_weights(index: np.ndarray, power: float = 1.0) -> np.ndarray:
+    """(1 / size of the object's group) ** ``power`` per object: 1 weighs every group 1 in total, 0 every object 1.
+
+    Parameters
+    ----------
+    index : ndarray of shape (n,), int
+        The group of each object, in 0 .. n_groups - 1 (e.g. :func:`distinct_positions`' index).
+    power : float
+
+    Returns
+    -------
+    ndarray of shape (n,), float64
+    """
+    index = np.asarray(index, dtype=np.int64).reshape(-1)
+    counts = np.bincount(index)
+    return (1.0 / counts[index].astype(np.float64)) ** float(power)

@@ -79,7 +79,7 @@ from molpredict.kernels.base import Kernel, StateNotSaveable
 from molpredict.engine.sketches import Sketch, make_sketch
 from molpredict.specs import ComponentSpec, Grid, parse_spec, parse_values
 from molpredict.models.base import Model, check_pairs
-from molpredict.models.distinct import distinct_positions, split_by_structure
+from molpredict.models.distinct import distinct_positions, group_size_weights, split_by_structure
 
 torch = lazy_module("torch")  # fitting and GPU paths only: not imported to predict
 
@@ -126,7 +126,7 @@ DEFAULT_INPUT_SKETCH = "subsample:m=4000"
 DEFAULT_OUTPUT_SKETCH = "subsample:m=5000"
 DEFAULT_LAM = "1e-5|1e-4|1e-3|1e-2"
 #: SISOKR's ridge weights each training spectrum by its structure's spectrum count to this power, negated
-#: (:func:`structure_weights`; 0: the plain ridge)
+#: (:func:`ridge_structure_weights`; 0: the plain ridge)
 DEFAULT_STRUCTURE_BALANCE = 0.0
 #: SISOKR's ranking fine-tune (:mod:`molpredict.models.ranking_finetune`): at most this many epochs, stopped on the
 #: validation ranking metric; it runs only when ``fit`` gets validation candidate sets (0: the ridge solution)
@@ -198,9 +198,10 @@ def _group_sum(Z: torch.Tensor, index: torch.Tensor, n_groups: int) -> torch.Ten
     return out.index_add_(1, index, Z)
 
 
-def structure_weights(index: np.ndarray, balance: float) -> np.ndarray:
-    """The square loss's weight of each distinct output's training objects: ``count^-balance``, scaled so that
-    the n objects' weights average 1 (0: every object once, the plain ridge; 1: every structure once).
+def ridge_structure_weights(index: np.ndarray, balance: float) -> np.ndarray:
+    """The square loss's weight of each distinct output's training objects: ``count^-balance``
+    (:func:`~molpredict.models.distinct.group_size_weights`), scaled so that the n objects' weights average 1
+    (0: every object once, the plain ridge; 1: every structure once).
 
     Parameters
     ----------
@@ -213,9 +214,10 @@ def structure_weights(index: np.ndarray, balance: float) -> np.ndarray:
     -------
     ndarray of shape (n_distinct,), float64
     """
-    counts = np.bincount(np.asarray(index, dtype=np.int64)).astype(np.float64)
-    weights = np.where(counts > 0, np.maximum(counts, 1.0) ** -float(balance), 0.0)
-    return weights * (counts.sum() / float(weights @ counts))
+    per_object = group_size_weights(index, balance)
+    out = np.zeros(int(np.max(index)) + 1, dtype=np.float64)
+    out[np.asarray(index, dtype=np.int64)] = per_object * (len(per_object) / float(per_object.sum()))
+    return out
 
 
 #: up to this many inputs, the prediction's product runs on one BLAS thread: it reads W once either way, and
@@ -789,7 +791,7 @@ class _OKRBase(Model):
         if balance:
             if input_cls is not _WhitenedInput:
                 raise SpecError("structure_balance needs a sketched input side (input_sketch is none)")
-            extra["weights_u"] = structure_weights(index, balance)
+            extra["weights_u"] = ridge_structure_weights(index, balance)
 
         outputs = []
         for spec in out_specs:
@@ -1195,7 +1197,7 @@ class SISOKR(_OKRBase):
         The tuned map replaces the ridge solution only if its validation metric is at least this much higher.
     structure_balance : float
         The ridge's square loss weights each training object by its structure's object count to the power
-        ``-structure_balance`` (:func:`structure_weights`): 0 every spectrum once, 1 every structure once.
+        ``-structure_balance`` (:func:`ridge_structure_weights`): 0 every spectrum once, 1 every structure once.
     """
 
     def __init__(self, input_kernel: str = DEFAULT_INPUT_KERNEL, output_kernel: str = DEFAULT_OUTPUT_KERNEL,
