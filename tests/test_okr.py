@@ -161,18 +161,14 @@ def naive_sisokr_scores(X, Y, Xte, C, lam, Rx, Ry, weights=None):
     objects' weights in the square loss (default the identity)."""
     n = len(X)
     Kx, Ky = k(X, X, GX), k(Y, Y, GY)
-    if weights is not None:
-        V = np.diag(weights)
-        right = Kx @ Rx.T @ pinv(Rx @ Kx @ V @ Kx @ Rx.T + n * lam * Rx @ Kx @ Rx.T)
-        omega = pinv(Ry @ Ky @ Ry.T) @ Ry @ Ky @ V @ right
-        return k(Xte, X, GX) @ Rx.T @ omega.T @ Ry @ k(Y, C, GY)
-    if np.array_equal(Rx, np.eye(n)):
+    V = np.eye(n) if weights is None else np.diag(weights)
+    if weights is None and np.array_equal(Rx, np.eye(n)):
         # K_x (K_x^2 + n lam K_x)^+ = (K_x + n lam I)^-1 for an invertible K_x; the squared form loses half
         # the digits to cond(K_x)^2 in a dense pseudo-inverse
         right = np.linalg.inv(Kx + n * lam * np.eye(n))
     else:
-        right = Kx @ Rx.T @ pinv(Rx @ Kx @ Kx @ Rx.T + n * lam * Rx @ Kx @ Rx.T)
-    omega = pinv(Ry @ Ky @ Ry.T) @ Ry @ Ky @ right
+        right = Kx @ Rx.T @ pinv(Rx @ Kx @ V @ Kx @ Rx.T + n * lam * Rx @ Kx @ Rx.T)
+    omega = pinv(Ry @ Ky @ Ry.T) @ Ry @ Ky @ V @ right
     return k(Xte, X, GX) @ Rx.T @ omega.T @ Ry @ k(Y, C, GY)
 
 
