@@ -5,8 +5,13 @@ Run as::
 
     python benchmarks/train_speed.py --data DIR --val-candidates A.json --val-candidates B.json \
         [--reference /path/to/old/tree] [--out docs/benchmarks/train_speed]
+    python benchmarks/train_speed.py ... --device cuda --reference-device cpu   # GPU against CPU, this tree
 
 Each tree is timed in its own child process (``PYTHONPATH`` set to the tree), so the two never share caches.
+With ``--reference-device`` (and no ``--reference``) the reference is this tree trained on that device, so a GPU
+run is read beside the same machine's CPU run. On CUDA every stage boundary synchronises the device, so the
+time of queued kernels is charged to the stage that launched them.
+
 Stages are attributed by wrapping the functions that do the work (exclusive time: a stage nested in another,
 e.g. the input kernel rows computed while scoring validation spectra, counts for the inner one; the nesting is
 kept in ``paths``). Stages:
@@ -20,9 +25,11 @@ kept in ``paths``). Stages:
 - ``eigendecompositions``: every eigh;
 - ``lam grid``: ranking the validation candidate sets at each grid point;
 - ``model linear algebra``: the rest of the fit (products, whitening, weights);
+- ``ranking fine-tune``: the chosen core fine-tuned with the ranking loss (torch: the part a GPU speeds most);
 - ``validation scoring``: scoring the validation candidate sets with the chosen model for the fusion (outside
   the kernel rows);
 - ``prior``: fitting the structure prior and scoring candidates with it (outside the kernel rows);
+- ``fragment model``: fitting the learnt fragmentation model on the training spectra;
 - ``fusion``, ``calibration``: fitting the fusion weights, the calibrator and their report;
 - ``other``: the rest.
 """
@@ -41,7 +48,8 @@ import time
 from pathlib import Path
 
 STAGES = ["reading", "labelling", "cleaning", "input kernel rows", "output kernel rows", "eigendecompositions",
-          "lam grid", "model linear algebra", "validation scoring", "prior", "fusion", "calibration", "other"]
+          "lam grid", "model linear algebra", "ranking fine-tune", "validation scoring", "prior", "fragment model",
+          "fusion", "calibration", "other"]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -57,25 +65,38 @@ class _Clock:
         self.calls: dict[str, int] = {}
         self.peak_kb: dict[str, int] = {}
         self._mark = (time.process_time(), time.perf_counter())
+        self.synchronize = None  # torch.cuda.synchronize when training on a GPU
+        self._start = time.perf_counter()
+        self.entered: list[float] = []
 
     def _charge(self) -> None:
+        if self.synchronize is not None:
+            self.synchronize()
         cpu, wall = time.process_time(), time.perf_counter()
         key = tuple(self.stack) or ("other",)
         self.cpu[key] = self.cpu.get(key, 0.0) + cpu - self._mark[0]
         self.wall[key] = self.wall.get(key, 0.0) + wall - self._mark[1]
         self._mark = (cpu, wall)
 
+    def _trace(self, stage: str, entered: float) -> None:
+        now = time.perf_counter()
+        if os.environ.get("TRAIN_SPEED_TRACE") and now - entered >= 1.0:  # a run cut short still tells where
+            print(f"[trace {now - self._start:8.1f} s] {'/'.join(self.stack + [stage])}: {now - entered:.1f} s",
+                  file=sys.stderr, flush=True)
+
     def enter(self, stage: str) -> bool:
         if self.stack and self.stack[-1] == stage:  # recursion into the same stage: no new level
             return False
         self._charge()
         self.stack.append(stage)
+        self.entered.append(time.perf_counter())
         self.calls[stage] = self.calls.get(stage, 0) + 1
         return True
 
     def leave(self, stage: str) -> None:
         self._charge()
         self.stack.pop()
+        self._trace(stage, self.entered.pop())
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         self.peak_kb[stage] = max(self.peak_kb.get(stage, 0), rss)
 
@@ -194,6 +215,10 @@ def _instrument() -> list[str]:
                        "calibration"), "Calibrator.fit")
     need(_patch_function(["molpredict.training.pipeline", "molpredict.training"], "_fit_prior", "prior"),
          "_fit_prior")
+    for attr in ("finetune_core", "fit_ranking"):
+        need(_patch_function(["molpredict.models.ranking_finetune"], attr, "ranking fine-tune"), attr)
+    need(_patch_method(["molpredict.chem.fragment_model"], "FragmentModel", "fit", "fragment model"),
+         "FragmentModel.fit")
     for attr in ("fit", "candidate_coordinates"):
         need(_patch_method(["molpredict.models.baselines"], "PriorBaseline", attr, "prior"), f"PriorBaseline.{attr}")
     return missing
@@ -202,6 +227,7 @@ def _instrument() -> list[str]:
 def child(args: argparse.Namespace) -> None:
     import warnings
 
+    import torch
 
     missing = _instrument()
     pipeline = _module("molpredict.training.pipeline", "molpredict.training")
@@ -211,8 +237,17 @@ def child(args: argparse.Namespace) -> None:
     known = pipeline.TrainOptions.__dataclass_fields__
     calibration = {"calibration_candidates": list(args.calibration_candidates)} \
         if args.calibration_candidates and "calibration_candidates" in known else {}
+    chosen = {"device": args.device} if args.device else {}
+    if args.model:
+        chosen["model"] = args.model
+    if args.no_fragments:
+        chosen["fragments"] = False
     options = pipeline.TrainOptions(ion_modes=["positive"], val_candidates=list(args.val_candidates),
-                                    extra_params=json.loads(args.extra) if args.extra else {}, **calibration)
+                                    extra_params=json.loads(args.extra) if args.extra else {}, **calibration,
+                                    **chosen)
+    resolved = _module("molpredict.engine.device").resolve_device(args.device or "auto")
+    if resolved.type == "cuda":
+        CLOCK.synchronize = torch.cuda.synchronize
     started = (time.process_time(), time.perf_counter())
     CLOCK._mark = started
     bundle, summary = pipeline.train_bundle([data / "train_pos.mgf"], options, val_paths=[data / "val_pos.mgf"],
@@ -250,7 +285,10 @@ def child(args: argparse.Namespace) -> None:
         "n_spectra": model_info.get("n_spectra"), "n_structures": model_info.get("n_structures"),
         "summary_timings": summary.get("timings"),
         "uninstrumented": missing,
-        "threads": {"torch": __import__("torch").get_num_threads()},
+        "threads": {"torch": torch.get_num_threads()},
+        "device": str(resolved),
+        "device_name": torch.cuda.get_device_name(resolved) if resolved.type == "cuda" else None,
+        "torch_version": torch.__version__,
     }
     Path(args.json_out).write_text(json.dumps(out, indent=1, default=float))
 
@@ -258,7 +296,7 @@ def child(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------------------------------------
 # the parent: before and after back to back
 # ------------------------------------------------------------------------------------------------------------
-def _run_tree(tree: Path, args: argparse.Namespace, label: str) -> dict:
+def _run_tree(tree: Path, args: argparse.Namespace, label: str, device: str | None) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "profile.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--json-out", str(out), "--data", args.data]
@@ -268,9 +306,17 @@ def _run_tree(tree: Path, args: argparse.Namespace, label: str) -> dict:
             cmd += ["--calibration-candidates", v]
         if args.extra:
             cmd += ["--extra", args.extra]
-        env = dict(os.environ, PYTHONPATH=str(tree), MOLPREDICT_HOME=tmp)
+        if device:
+            cmd += ["--device", device]
+        if args.model:
+            cmd += ["--model", args.model]
+        if args.no_fragments:
+            cmd += ["--no-fragments"]
+        # the tree first, so it wins over an installed copy; any further path (packages put there) kept after it
+        path = [str(tree)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(path), MOLPREDICT_HOME=tmp)
         load_before = os.getloadavg()
-        print(f"[{label}] training with {tree} (load {load_before[0]:.2f})", file=sys.stderr, flush=True)
+        print(f"[{label}] training with {tree} on {device or 'auto'} (load {load_before[0]:.2f})", file=sys.stderr, flush=True)
         subprocess.run(cmd, env=env, check=True)
         result = json.loads(out.read_text())
     result["tree"] = str(tree)
@@ -304,13 +350,14 @@ def markdown(report: dict) -> str:
     for l in labels:
         cells += [f"**{runs[l]['total_cpu_s']:.1f}**", f"**{runs[l]['total_wall_s']:.1f}**", "100%"]
     lines.append("| total | " + " | ".join(cells) + " |")
-    lines += ["", "| run | peak RSS MB | load before / after | val hit@1 (fused) | val MRR (fused) | chosen lam |",
-              "|---|---:|---|---:|---:|---:|"]
+    lines += ["", "| run | device | peak RSS MB | load before / after | val hit@1 (fused) | val MRR (fused) | "
+              "chosen lam |", "|---|---|---:|---|---:|---:|---:|"]
     for l in labels:
         r = runs[l]
         hit, mrr = _metric_row(r)
-        lines.append(f"| {l} | {r['peak_rss_mb']:.0f} | {r['load_before'][0]:.2f} / {r['load_after'][0]:.2f} | "
-                     f"{100 * hit:.2f}% | {mrr:.4f} | {r['chosen_lam']} |")
+        device = r.get("device_name") or r.get("device", "cpu")
+        lines.append(f"| {l} | {device} | {r['peak_rss_mb']:.0f} | {r['load_before'][0]:.2f} / "
+                     f"{r['load_after'][0]:.2f} | {100 * hit:.2f}% | {mrr:.4f} | {r['chosen_lam']} |")
     lines += ["", "Where the time is, nested (exclusive CPU seconds per path of stages, the largest):", ""]
     for l in labels:
         top = [f"{'/'.join(p['path'])} {p['cpu_s']:.1f}" for p in runs[l]["paths"][:8]]
@@ -333,6 +380,14 @@ def main(argv=None) -> int:
     parser.add_argument("--tree", default=str(Path(__file__).resolve().parents[1]), help="tree timed as after")
     parser.add_argument("--out", default=None, help="write OUT.json and OUT.md")
     parser.add_argument("--extra", default=None, help="JSON of extra model parameters (experiments)")
+    parser.add_argument("--device", default=None, help="auto, cpu or cuda for the timed tree (default: auto)")
+    parser.add_argument("--reference-device", default=None,
+                        help="time this tree on this device as the reference (before), e.g. cpu against --device "
+                             "cuda; with --reference, the device of the reference tree")
+    parser.add_argument("--model", default=None, help="model spec instead of the default (e.g. dsokr)")
+    parser.add_argument("--no-fragments", action="store_true",
+                        help="train without the fragmentation terms (their fit and scoring are CPU-only RDKit work, "
+                             "the same on any device)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -340,11 +395,12 @@ def main(argv=None) -> int:
         child(args)
         return 0
     runs = {}
-    if args.reference:
-        runs["before"] = _run_tree(Path(args.reference), args, "before")
-    runs["after"] = _run_tree(Path(args.tree), args, "after")
+    if args.reference or args.reference_device:
+        runs["before"] = _run_tree(Path(args.reference or args.tree), args, "before", args.reference_device)
+    runs["after"] = _run_tree(Path(args.tree), args, "after", args.device)
+    gpus = sorted({r["device_name"] for r in runs.values() if r.get("device_name")})
     report = {"command": " ".join(["benchmarks/train_speed.py"] + (argv or sys.argv[1:])),
-              "machine": f"{os.cpu_count()} cores", "runs": runs}
+              "machine": f"{os.cpu_count()} cores" + "".join(f", {g}" for g in gpus), "runs": runs}
     if "before" in runs:
         b, a = runs["before"], runs["after"]
         bh, bm = _metric_row(b)

@@ -97,7 +97,7 @@ class TrainOptions:
         on validation; :class:`~molpredict.identification.fusion.Rerank`): only those candidates are fragmented.
         Both stay out when validation ranks no better with them (and without validation sets). On by default:
         on val_pos the second pass adds 2.2 points of hit@1 out of fold (formula256 and formula sets), for about
-        5 minutes more training of train_pos on 2 cores (390 s in all on an idle machine, 113 s without).
+        3 minutes more training of train_pos on 2 cores (519 s in all, 348 s without).
     fragment_model_structures : int
         Training structures (a seeded sample) the fragmentation model is fitted on.
     """
