@@ -38,6 +38,13 @@ def load_benchmark(name: str):
     return module
 
 
+def child_pythonpath(first: Path = PROJECT_ROOT) -> str:
+    """``PYTHONPATH`` for a child Python process: ``first`` (the checkout) ahead of the caller's own entries, so that
+    packages put on ``PYTHONPATH`` rather than installed (a device machine's carried wheels) stay importable there."""
+    rest = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
+    return os.pathsep.join([str(first), *rest])
+
+
 def require_shared(*relative: str) -> Path:
     """Path under ../shared/data; skips when absent locally, fails when CI=true (CI always has it)."""
     path = SHARED_DATA.joinpath(*relative)

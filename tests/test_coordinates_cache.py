@@ -11,6 +11,7 @@ import pytest
 
 from molpredict.identification.coordinates_cache import CoordinatesCache, decode, encode, molecule_key
 from molpredict.chem.molecules import Molecule
+from conftest import child_pythonpath
 
 
 class Featurizer:
@@ -295,6 +296,6 @@ def test_a_warm_local_read_imports_neither_zarr_nor_fsspec(tmp_path):
             f"assert np.allclose(cache.read(cache.rows(['b', 'a'])), 1.0)\n"
             f"print(sorted(m for m in ('zarr', 'fsspec') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                          env={**os.environ, "PYTHONPATH": child_pythonpath()})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from conftest import require_shared
+from conftest import child_pythonpath, require_shared
 from molpredict.cli import cli
 
 N_TRAIN, N_VAL, N_TEST = 600, 100, 60
@@ -340,7 +340,7 @@ def test_identify_imports_only_what_it_uses(workspace, trained, home, tmp_path):
     heavy packages."""
     import os
     root, files, _ = workspace
-    env = {**os.environ, "MOLPREDICT_HOME": str(home), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "MOLPREDICT_HOME": str(home), "PYTHONPATH": child_pythonpath()}
     argv = ["identify", str(files["test"]), "--model", str(trained[0]), "--library", str(root / "library.tsv"),
             "-o", str(tmp_path / "ids.tsv"), "--no-progress", "-q"]
     _imported_after(argv, env)  # warms the store

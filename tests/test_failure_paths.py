@@ -13,6 +13,7 @@ from molpredict.identification.coordinates_cache import CoordinatesCache
 from molpredict.errors import InputError, ModelFileError, MolpredictError, SpecError
 from molpredict.identification.evaluate import summarize_ranks
 from molpredict.chem.molecules import Molecule
+from conftest import child_pythonpath
 
 
 # -- DSOKR: early stopping that really stops, with the best weights restored -------------------------------------
@@ -136,7 +137,7 @@ def test_two_processes_writing_at_once(tmp_path):
 
     from conftest import PROJECT_ROOT
 
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    env = {**os.environ, "PYTHONPATH": child_pythonpath(PROJECT_ROOT)}
     writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(offset), "30", str(seed)], env=env)
                for offset, seed in ((0, 1), (15, 2))]  # keys 0-29 and 15-44: 15 shared
     for p in writers:

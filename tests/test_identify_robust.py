@@ -30,7 +30,7 @@ from molpredict.spectra.record import Spectrum
 from molpredict.io import read_spectra, write_mgf
 from molpredict.training.pipeline import build_model
 
-from conftest import FIXTURES
+from conftest import FIXTURES, child_pythonpath
 
 TESTS = Path(__file__).resolve().parent
 MELLEIN = Molecule.from_smiles("CC1Cc2cccc(O)c2C(=O)O1")  # 178.062994; SMILES[0] in the helpers
@@ -334,7 +334,7 @@ cli(sys.argv[1:])
 
 def test_identify_resume_after_a_real_kill(bundle, library, tmp_path, monkeypatch):
     model, lib, mgf = _setup_cli(bundle, library, tmp_path, n_queries=72)
-    env = {**os.environ, "MOLPREDICT_HOME": str(tmp_path / "home"), "PYTHONPATH": str(TESTS.parent)}
+    env = {**os.environ, "MOLPREDICT_HOME": str(tmp_path / "home"), "PYTHONPATH": child_pythonpath(TESTS.parent)}
     script = tmp_path / "slow_cli.py"
     script.write_text(SLOW_CLI.format(tests=str(TESTS)))
     args = ["identify", str(mgf), "--model", str(model), "--library", str(lib), "--block-queries", "6",

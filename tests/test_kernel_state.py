@@ -16,6 +16,7 @@ from molpredict.kernels.base import Kernel, StateNotSaveable, decode_fitted, enc
 from molpredict.chem.molecules import Molecule
 from molpredict.registry import get_registry
 from test_conformance import CONFORMANCE_SMILES, conformance_spectra
+from conftest import child_pythonpath
 
 ROOT = Path(__file__).resolve().parents[1]
 MKL = "mkl:kernels=ppk-losses+formula-annotation+cosine,weights=uniform"
@@ -51,7 +52,7 @@ def test_mkl_state_rebuilds_in_a_fresh_process(tmp_path):
             f"kernel = Kernel.from_fitted_state(arrays, json.loads(open({str(tmp_path / 'state.json')!r}).read()))\n"
             f"assert np.array_equal(kernel.gram(), np.load({str(tmp_path / 'expected.npy')!r}))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "MOLPREDICT_LOAD_PLUGINS": ""})
+                          env={"PYTHONPATH": child_pythonpath(ROOT), "PATH": "/usr/bin:/bin", "MOLPREDICT_LOAD_PLUGINS": ""})
     assert done.returncode == 0, done.stderr
 
 
