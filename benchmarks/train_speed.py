@@ -242,6 +242,7 @@ def child(args: argparse.Namespace) -> None:
         chosen["model"] = args.model
     if args.no_fragments:
         chosen["fragments"] = False
+    chosen = {k: v for k, v in chosen.items() if k in known}  # an older --reference tree may lack an option
     options = pipeline.TrainOptions(ion_modes=["positive"], val_candidates=list(args.val_candidates),
                                     extra_params=json.loads(args.extra) if args.extra else {}, **calibration,
                                     **chosen)
