@@ -9,6 +9,7 @@ from molpredict.hookspecs import Register, hookimpl
 INPUT_KERNELS = {
     "ppk": "molpredict.kernels.spectra:PPKernel",
     "ppk-losses": "molpredict.kernels.spectra:PPKLossesKernel",
+    "ppk-pairs": "molpredict.kernels.spectra:PPKPairsKernel",
     "cosine": "molpredict.kernels.spectra:CosineKernel",
     "formula-annotation": "molpredict.kernels.formulas:FormulaAnnotationKernel",
     "mkl": "molpredict.kernels.mkl:MKLKernel",

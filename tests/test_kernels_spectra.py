@@ -16,7 +16,9 @@ from molpredict.kernels.spectra import (
     CosineKernel,
     PPKernel,
     PPKLossesKernel,
+    PPKPairsKernel,
     estimate_mz_precision,
+    pair_difference_set,
     peak_set,
     ppk_cross,
 )
@@ -346,6 +348,75 @@ def test_ppk_losses_hand_values():
 def test_ppk_losses_rejects_bad_weight():
     with pytest.raises(SpecError):
         PPKLossesKernel(loss_weight=1.5)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# PPK on fragment-to-fragment differences
+# ---------------------------------------------------------------------------------------------------------
+def naive_pairs(s: Spectrum, top: int, lo: float, hi: float) -> list[tuple[float, float]]:
+    """(difference, sqrt(I_i I_j)) for every two of the ``top`` most intense peaks, by explicit loops."""
+    mz, rel = _clean(s)
+    strongest = sorted(range(mz.size), key=lambda i: (-rel[i], i))[:top]
+    out = []
+    for a, b in itertools.combinations(strongest, 2):
+        d = abs(mz[a] - mz[b])
+        if lo <= d <= hi:
+            out.append((d, math.sqrt(rel[a] * rel[b])))
+    return out
+
+
+def test_pair_differences_of_hand_annotated_peaks():
+    # 100 (I 4), 118.0106 (I 1: 100 + H2O), 300 (I 2); relative intensities 1, 0.25, 0.5
+    s = Spectrum("hand", [100.0, 118.0106, 300.0], [4.0, 1.0, 2.0], precursor_mz=320.0)
+    p = pair_difference_set([s])
+    np.testing.assert_allclose(p.mz, [18.0106, 181.9894, 200.0], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(p.rel_int, [math.sqrt(0.25), math.sqrt(0.125), math.sqrt(0.5)], rtol=1e-12)
+    np.testing.assert_allclose(p.scale, [118.0106, 300.0, 300.0])
+    # the two strongest peaks only (100 and 300), and the range's ends are kept
+    only = pair_difference_set([s], top=2)
+    np.testing.assert_allclose(only.mz, [200.0])
+    assert pair_difference_set([s], min_diff=20.0, max_diff=199.0).mz.tolist() == [pytest.approx(181.9894)]
+    # one peak, or none: no difference
+    assert pair_difference_set([Spectrum("one", [100.0], [1.0])]).offsets.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("params", [dict(), dict(top=4, min_diff=5.0, max_diff=120.0, intensity_power=0.5)])
+def test_ppk_pairs_matches_naive(params):
+    spectra = _spectra(5)
+    top = params.get("top", 30)
+    lo, hi = params.get("min_diff", 12.0), params.get("max_diff", 200.0)
+    power, sigma = params.get("intensity_power", 1.0), 0.007
+    pairs = {s.id: naive_pairs(s, top, lo, hi) for s in spectra}
+
+    def raw(a, b):
+        return sum(wa ** power * wb ** power * math.exp(-(da - db) ** 2 / (4 * sigma * sigma))
+                   for da, wa in pairs[a.id] for db, wb in pairs[b.id])
+
+    want = naive_normalized(raw, spectra, spectra)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateObjectWarning)  # spectra with fewer than two peaks in range
+        got = PPKPairsKernel(**params).fit(spectra).gram()
+    np.fill_diagonal(want, np.diag(got))  # degenerate objects: the base class's own diagonal convention
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=PRUNE_ATOL)
+
+
+def test_ppk_pairs_reads_steps_that_do_not_move_with_the_whole_spectrum():
+    """A spectrum and its copy shifted by 22 Da (the same fragments as another adduct) share no peak, yet the
+    same steps between fragments: ``ppk`` sees nothing in common, ``ppk-pairs`` sees the same spectrum."""
+    a = Spectrum("h", [91.054, 119.049, 137.060, 165.055], [3.0, 10.0, 4.0, 6.0], precursor_mz=183.07)
+    b = Spectrum("na", a.mz + 21.982, a.intensities, precursor_mz=205.05)
+    assert PPKernel().fit([a, b]).gram()[0, 1] < 1e-12
+    assert PPKPairsKernel().fit([a, b]).gram()[0, 1] == pytest.approx(1.0, abs=1e-12)
+    # and another set of steps between the same kind of fragments is told apart
+    c = Spectrum("other", [91.054, 105.070, 137.060, 151.076], [3.0, 10.0, 4.0, 6.0], precursor_mz=183.07)
+    assert PPKPairsKernel().fit([a, c]).gram()[0, 1] < 0.5
+
+
+@pytest.mark.parametrize("bad", [dict(top=1), dict(top=2.5), dict(min_diff=0), dict(min_diff=50, max_diff=20),
+                                 dict(mz_sigma=-1)])
+def test_ppk_pairs_rejects_bad_parameters(bad):
+    with pytest.raises(SpecError):
+        PPKPairsKernel(**bad)
 
 
 # ---------------------------------------------------------------------------------------------------------
