@@ -17,7 +17,7 @@ from molpredict.testing import check_kernel
 SPECTRUM_KERNELS = ["ppk", "ppk-losses", "cosine", "ppk:mz_sigma=auto,ppm=10,int_sigma=0.3",
                     "ppk-losses:loss_weight=0.2,intensity_power=0", "formula-annotation",
                     "mkl:kernels=ppk-losses+formula-annotation+cosine,weights=uniform",
-                    "ppk-pairs", "ppk-pairs:top=5,min_diff=1,ppm=10",
+                    "ppk-pairs", "ppk-pairs:bin_width=none,top=5,min_diff=1,ppm=10",
                     "precursor", "precursor:width=none,defect_width=0.05", "mass-defect", "mass-defect:gamma=0.5",
                     "mkl:kernels=cosine+precursor+mass-defect:gamma=0.5+precursor:width=none&defect_width=0.05"]
 MOLECULE_KERNELS = ["tanimoto", "gaussian-tanimoto", "tanimoto:counts=true,size=512",

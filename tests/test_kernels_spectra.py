@@ -17,6 +17,7 @@ from molpredict.kernels.spectra import (
     PPKernel,
     PPKLossesKernel,
     PPKPairsKernel,
+    binned_differences,
     estimate_mz_precision,
     pair_difference_set,
     peak_set,
@@ -380,7 +381,8 @@ def test_pair_differences_of_hand_annotated_peaks():
     assert pair_difference_set([Spectrum("one", [100.0], [1.0])]).offsets.tolist() == [0, 0]
 
 
-@pytest.mark.parametrize("params", [dict(), dict(top=4, min_diff=5.0, max_diff=120.0, intensity_power=0.5)])
+@pytest.mark.parametrize("params", [dict(bin_width=None),
+                                    dict(bin_width=None, top=4, min_diff=5.0, max_diff=120.0, intensity_power=0.5)])
 def test_ppk_pairs_matches_naive(params):
     spectra = _spectra(5)
     top = params.get("top", 30)
@@ -400,20 +402,60 @@ def test_ppk_pairs_matches_naive(params):
     np.testing.assert_allclose(got, want, rtol=1e-10, atol=PRUNE_ATOL)
 
 
-def test_ppk_pairs_reads_steps_that_do_not_move_with_the_whole_spectrum():
+def test_binned_differences_split_each_weight_between_two_bins():
+    s = Spectrum("hand", [100.0, 118.0106, 300.0], [4.0, 1.0, 2.0])
+    m = binned_differences(pair_difference_set([s]), 0.01, 12.0, 200.0).toarray()[0]
+    assert m.shape == (18802,)
+    # 18.0106 Da is (18.0106 - 12) / 0.01 = 601.06 bins up: 94% of its weight 0.5 in bin 601, 6% in bin 602
+    assert m[601] == pytest.approx(0.5 * 0.94) and m[602] == pytest.approx(0.5 * 0.06)
+    # 200 Da, the range's end, lands on bin 18800 exactly (its right neighbour gets nothing)
+    assert m[18800] == pytest.approx(math.sqrt(0.5)) and m[18801] == pytest.approx(0.0, abs=1e-9)
+    assert m.sum() == pytest.approx(0.5 + math.sqrt(0.125) + math.sqrt(0.5))
+
+
+@pytest.mark.parametrize("params", [dict(), dict(top=4, min_diff=5.0, max_diff=120.0, intensity_power=0.5,
+                                             bin_width=0.02)])
+def test_binned_ppk_pairs_matches_naive(params):
+    spectra = _spectra(6)
+    top, width = params.get("top", 30), params.get("bin_width", 0.01)
+    lo, hi = params.get("min_diff", 12.0), params.get("max_diff", 200.0)
+    power = params.get("intensity_power", 1.0)
+
+    def vector(s):
+        v = {}
+        for d, w in naive_pairs(s, top, lo, hi):
+            x = (d - lo) / width
+            b = math.floor(x)
+            v[b] = v.get(b, 0.0) + w ** power * (1 - (x - b))
+            v[b + 1] = v.get(b + 1, 0.0) + w ** power * (x - b)
+        return v
+
+    vectors = {s.id: vector(s) for s in spectra}
+    want = naive_normalized(lambda a, b: sum(w * vectors[b.id].get(k, 0.0) for k, w in vectors[a.id].items()),
+                            spectra, spectra)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateObjectWarning)
+        got = PPKPairsKernel(**params).fit(spectra).gram()
+    np.fill_diagonal(want, np.diag(got))
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("bin_width", [0.01, None])
+def test_ppk_pairs_reads_steps_that_do_not_move_with_the_whole_spectrum(bin_width):
     """A spectrum and its copy shifted by 22 Da (the same fragments as another adduct) share no peak, yet the
     same steps between fragments: ``ppk`` sees nothing in common, ``ppk-pairs`` sees the same spectrum."""
     a = Spectrum("h", [91.054, 119.049, 137.060, 165.055], [3.0, 10.0, 4.0, 6.0], precursor_mz=183.07)
     b = Spectrum("na", a.mz + 21.982, a.intensities, precursor_mz=205.05)
     assert PPKernel().fit([a, b]).gram()[0, 1] < 1e-12
-    assert PPKPairsKernel().fit([a, b]).gram()[0, 1] == pytest.approx(1.0, abs=1e-12)
+    # (the binned map puts the shifted differences a rounding error apart in the same two bins)
+    assert PPKPairsKernel(bin_width=bin_width).fit([a, b]).gram()[0, 1] == pytest.approx(1.0, abs=1e-9)
     # and another set of steps between the same kind of fragments is told apart
     c = Spectrum("other", [91.054, 105.070, 137.060, 151.076], [3.0, 10.0, 4.0, 6.0], precursor_mz=183.07)
-    assert PPKPairsKernel().fit([a, c]).gram()[0, 1] < 0.5
+    assert PPKPairsKernel(bin_width=bin_width).fit([a, c]).gram()[0, 1] < 0.5
 
 
 @pytest.mark.parametrize("bad", [dict(top=1), dict(top=2.5), dict(min_diff=0), dict(min_diff=50, max_diff=20),
-                                 dict(mz_sigma=-1)])
+                                 dict(mz_sigma=-1), dict(bin_width=0), dict(bin_width="wide")])
 def test_ppk_pairs_rejects_bad_parameters(bad):
     with pytest.raises(SpecError):
         PPKPairsKernel(**bad)
