@@ -223,12 +223,18 @@ def peak_set(spectra: Sequence[Spectrum], intensity_power: float = 0.5, kind: st
         mzs.append(mz)
         ints.append(inten)
         scales.append(scale)
-    offsets = np.zeros(len(spectra) + 1, dtype=np.int64)
+    return _flat_peak_set(mzs, ints, scales, intensity_power)
+
+
+def _flat_peak_set(mzs: list[np.ndarray], ints: list[np.ndarray], scales: list[np.ndarray],
+                   intensity_power: float) -> PeakSet:
+    """One :class:`PeakSet` of per-spectrum arrays (positions, relative intensities, width scales)."""
+    offsets = np.zeros(len(mzs) + 1, dtype=np.int64)
     np.cumsum([m.size for m in mzs], out=offsets[1:])
-    cat = (lambda arrays: np.concatenate(arrays) if arrays else np.empty(0))
+    cat = (lambda arrays: np.concatenate(arrays).astype(np.float64) if arrays else np.empty(0))
     mz, rel_int, scale = cat(mzs), cat(ints), cat(scales)
     weight = np.ones_like(rel_int) if intensity_power == 0 else rel_int ** float(intensity_power)
-    return PeakSet(mz.astype(np.float64), rel_int, weight, scale.astype(np.float64), offsets)
+    return PeakSet(mz, rel_int, weight, scale, offsets)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -510,12 +516,7 @@ def pair_difference_set(spectra: Sequence[Spectrum], top: int = DEFAULT_PAIR_TOP
         mzs.append(diff)
         ints.append(rel)
         scales.append(scale)
-    offsets = np.zeros(len(mzs) + 1, dtype=np.int64)
-    np.cumsum([m.size for m in mzs], out=offsets[1:])
-    cat = (lambda arrays: np.concatenate(arrays).astype(np.float64) if arrays else np.empty(0))
-    mz, rel_int, scale = cat(mzs), cat(ints), cat(scales)
-    weight = np.ones_like(rel_int) if intensity_power == 0 else rel_int ** float(intensity_power)
-    return PeakSet(mz, rel_int, weight, scale, offsets)
+    return _flat_peak_set(mzs, ints, scales, intensity_power)
 
 
 def binned_differences(p: PeakSet, bin_width: float, min_diff: float, max_diff: float) -> sp.csr_matrix:
