@@ -474,7 +474,7 @@ def pair_differences(mz: np.ndarray, rel_int: np.ndarray, top: int, min_diff: fl
     Parameters
     ----------
     mz, rel_int : ndarray of shape (k,)
-        Clean peaks (finite, positive), intensities relative to the largest.
+        Clean peaks (finite, positive, ascending in m/z), intensities relative to the largest.
     top : int
     min_diff, max_diff : float
         Differences kept: ``min_diff <= mz_j - mz_i <= max_diff``.
@@ -491,12 +491,12 @@ def pair_differences(mz: np.ndarray, rel_int: np.ndarray, top: int, min_diff: fl
     if mz.size > top:
         keep = np.sort(np.argsort(-rel_int, kind="stable")[:top])
         mz, rel_int = mz[keep], rel_int[keep]
-    i, j = np.triu_indices(mz.size, k=1)
-    diff = np.abs(mz[j] - mz[i])
+    i, j = np.triu_indices(mz.size, k=1)  # i < j: mz[j] >= mz[i] (the kept peaks stay in m/z order)
+    diff = mz[j] - mz[i]
     kept = (diff >= min_diff) & (diff <= max_diff)
     i, j, diff = i[kept], j[kept], diff[kept]
     order = np.argsort(diff, kind="stable")
-    return diff[order], np.sqrt(rel_int[i] * rel_int[j])[order], np.maximum(mz[i], mz[j])[order]
+    return diff[order], np.sqrt(rel_int[i] * rel_int[j])[order], mz[j][order]
 
 
 def pair_difference_set(spectra: Sequence[Spectrum], top: int = DEFAULT_PAIR_TOP,
@@ -780,15 +780,10 @@ class PPKPairsKernel(_PPKMixin, InputKernel):
         return _Binned(binned_differences(pairs, float(self.bin_width), float(self.min_diff), float(self.max_diff)))
 
     def pairwise(self, fa: Any, fb: Any) -> np.ndarray:
-        if self.bin_width is None:
-            return self._cross(fa, fb)
-        return np.asarray((fa.matrix @ fb.matrix.T).toarray(), dtype=np.float64)
+        return self._cross(fa, fb) if self.bin_width is None else fa.dots(fb)
 
     def self_similarity(self, features: Any) -> np.ndarray:
-        if self.bin_width is None:
-            return self._self(features)
-        m = features.matrix
-        return np.asarray(m.multiply(m).sum(axis=1), dtype=np.float64).ravel()
+        return self._self(features) if self.bin_width is None else features.squared_norms()
 
 
 @saveable
@@ -803,6 +798,15 @@ class _Binned:
 
     def __getitem__(self, index: np.ndarray | slice) -> "_Binned":
         return _Binned(self.matrix[index])
+
+    def dots(self, other: "_Binned") -> np.ndarray:
+        """Inner products of every row with every row of ``other``, shape (n, other's n), float64."""
+        a, b = _same_width(self.matrix, other.matrix)
+        return np.asarray((a @ b.T).toarray(), dtype=np.float64)
+
+    def squared_norms(self) -> np.ndarray:
+        """Each row's squared norm, shape (n,), float64."""
+        return np.asarray(self.matrix.multiply(self.matrix).sum(axis=1), dtype=np.float64).ravel()
 
 
 class CosineKernel(InputKernel):
@@ -845,12 +849,10 @@ class CosineKernel(InputKernel):
 
     def pairwise(self, fa: Any, fb: Any) -> np.ndarray:
         if self.matching == "binned":
-            a, b = _same_width(fa.matrix, fb.matrix)
-            return np.asarray((a @ b.T).toarray(), dtype=np.float64)
+            return fa.dots(fb)
         return greedy_cosine_cross(fa, fb, self.tolerance)
 
     def self_similarity(self, features: Any) -> np.ndarray:
         if self.matching == "binned":
-            m = features.matrix
-            return np.asarray(m.multiply(m).sum(axis=1), dtype=np.float64).ravel()
+            return features.squared_norms()
         return np.bincount(features.spec, weights=features.weight ** 2, minlength=features.n)
