@@ -151,7 +151,7 @@ class MKLKernel(InputKernel):
         Centered alignment of each sub-kernel with the target (when learnt).
     """
 
-    def __init__(self, kernels: str = "ppk-losses+formula-annotation", weights: Any = "uniform",
+    def __init__(self, kernels: str = "ppk-losses+formula-annotation+ppk-pairs", weights: Any = "uniform",
                  target: str = "gaussian-tanimoto", n_align: int = 1000, seed: int = 0) -> None:
         self.kernels = kernels
         self.weights = weights

@@ -726,8 +726,8 @@ class PPKPairsKernel(_PPKMixin, InputKernel):
     ``bin_width=None``, like peaks by the probability product kernel's Gaussian windows. Either way it is
     cosine-normalised and PSD. It reads the steps between fragments, which neither the peaks nor the losses from the
     precursor show. Beside the default kernels on validation it adds about 1.6 points of hit@1 to the spectrum
-    model (docs/benchmarks/spectrum_terms_refused.md, "Round four"); it is opt-in until it is measured as the
-    default: ``mkl:kernels=ppk-losses+formula-annotation+ppk-pairs``.
+    model (docs/benchmarks/spectrum_terms_refused.md, "Round four"), and it is part of the default input kernel,
+    ``mkl:kernels=ppk-losses+formula-annotation+ppk-pairs``.
 
     Parameters
     ----------

@@ -107,7 +107,12 @@ FITTED_KERNELS = "fitted_kernels"
 #: mode: ppk-losses / Gaussian-Tanimoto 30.8 / 65.5 / 0.430, the default below 32.9 / 66.1 / 0.445 (fit 409 s
 #: on 2 shared cores, the formula bags of 47k spectra take 5 CPU s); negative mode 36.8 / 75.0 / 0.505 and
 #: 38.3 / 75.5 / 0.516.
-DEFAULT_INPUT_KERNEL = "mkl:kernels=ppk-losses+formula-annotation,weights=uniform"
+#: The mass differences between fragments (``ppk-pairs``, issue 19 round four, docs/benchmarks/
+#: spectrum_terms_refused.md) joined the sum after validation through the whole pipeline (`molpredict train` as
+#: `make demo`, val_formula256 + val_formula, spectrum alone / fused hit@1): positive 54.6 -> 56.6 / 55.8 -> 57.4,
+#: negative 54.7 -> 55.3 / 57.2 -> 57.7, for +0.11 ms of kernel rows per spectrum. On test (docs/benchmarks/
+#: evidence.md, formula256 hit@1): spectrum evidence positive 36.0 -> 38.0, negative 29.5 -> 29.9.
+DEFAULT_INPUT_KERNEL = "mkl:kernels=ppk-losses+formula-annotation+ppk-pairs,weights=uniform"
 DEFAULT_OUTPUT_KERNEL = "tanimoto"
 #: Input landmarks drawn uniformly over the training spectra. Spreading them over the structures
 #: (``subsample:m=4000,probs=groups``, a uniform draw covers ~2,130 of train_pos's 4,669) raised the spectrum model's
