@@ -176,6 +176,47 @@ def test_remembered_fingerprints_parse_each_record_once(monkeypatch):
     assert records[0].fingerprint(size=512).sum() == expected[0].sum()  # the record's own cache still works
 
 
+def test_fingerprints_on_cores_are_the_ones_the_kernel_then_reads(monkeypatch):
+    """Training fingerprints its validation candidates on worker processes first: inside the block the records
+    then carry exactly the rows of an inline featurisation, parsed in the workers, and the kernel's own
+    featurisation parses nothing more; the training's helper does the same from a model's output kernel spec and
+    leaves other output kernels alone."""
+    import molpredict.chem.molecules as molecules
+    import molpredict.kernels.fingerprints as fingerprints
+    from molpredict.kernels.fingerprints import TanimotoKernel
+    from molpredict.training.pipeline import _fingerprint_on_cores
+
+    smiles = [CAFFEINE, "CCO", "c1ccccc1O", "C", "CC(=O)Nc1ccc(O)cc1"]
+    expected = fingerprint_matrix(smiles, size=512)
+    key = molecules._fp_key("morgan", 2, 512, False)
+    monkeypatch.setattr(fingerprints, "_ON_CORES_BLOCK", 4)  # two blocks
+    parses = []
+    original = molecules._parse_smiles
+    monkeypatch.setattr(molecules, "_parse_smiles", lambda s: parses.append(s) or original(s))
+    records = [Molecule(s) for s in smiles]
+    kernel = TanimotoKernel(size=512)
+    with molecules.remembered_fingerprints(records):
+        kernel.fingerprint_on_cores(records, n_jobs=2, chunk_size=2)
+        assert parses == smiles[4:]  # the first block on 2 processes, the last one (one record) inline
+        np.testing.assert_array_equal(np.stack([m._fps[key] for m in records]), expected)
+        np.testing.assert_array_equal(kernel.featurize(records).matrix, expected)
+        assert parses == smiles[4:]
+    assert all(m._fps is None for m in records)
+
+    class Model:  # what the helper reads of a model: its output kernel spec
+        output_kernel = "tanimoto:size=512"
+
+    fresh = [Molecule(s) for s in smiles]
+    other = Molecule("CCN")
+    with molecules.remembered_fingerprints(fresh + [other]):
+        _fingerprint_on_cores(Model(), fresh)
+        np.testing.assert_array_equal(np.stack([m._fps[key] for m in fresh]), expected)
+        for spec in ("wl-subtree", "tanimoto|gaussian-tanimoto", "not-a-kernel"):  # left to featurise as before
+            Model.output_kernel = spec
+            _fingerprint_on_cores(Model(), [other])
+        assert other._fps is None
+
+
 def test_fingerprint_matrix_survives_invalid_smiles():
     smiles = ["CCO", "C1CC", "c1ccccc1", "", "xyz"]
     with pytest.warns(RuntimeWarning, match="3 of 5"):

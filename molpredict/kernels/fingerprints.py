@@ -251,6 +251,10 @@ class _Fingerprints:
         return self.cached("f32", lambda: np.asarray(self.matrix, dtype=np.float32))
 
 
+#: structures per call of :meth:`_FingerprintKernel.fingerprint_on_cores` (a 2048-bit block is 128 MB)
+_ON_CORES_BLOCK = 65536
+
+
 class _FingerprintKernel(OutputKernel):
     """An output kernel on one fingerprint setting of the molecules (the parameters and featurisation that
     ``tanimoto``, ``gaussian-tanimoto`` and ``fingerprint-cosine`` share)."""
@@ -276,6 +280,21 @@ class _FingerprintKernel(OutputKernel):
         """Features from a fingerprint matrix (n, size) as :meth:`featurize` computes it (e.g. stored in a model
         file), for :meth:`fit_features`."""
         return _Fingerprints(np.asarray(matrix))
+
+    def fingerprint_on_cores(self, objects: Sequence[Molecule], n_jobs: int = -1, chunk_size: int = 2000) -> None:
+        """Compute the fingerprints this kernel reads for ``objects`` on ``n_jobs`` worker processes, for records
+        that keep them (inside :func:`~molpredict.chem.molecules.remembered_fingerprints`): the kernel's own
+        featurisation, and any other reader of the same setting, then take them from the records. ``chunk_size``:
+        SMILES per worker task (:func:`~molpredict.chem.molecules.fingerprint_matrix`).
+
+        Training's validation candidates (about 0.1-0.4 million transient structures) were parsed and
+        fingerprinted on one core, the largest single-threaded stage of a GPU training
+        (docs/benchmarks/train_speed_gpu.md)."""
+        objects = list(objects)
+        for start in range(0, len(objects), _ON_CORES_BLOCK):  # blocks: the matrices are dropped as they go
+            fingerprint_matrix(objects[start:start + _ON_CORES_BLOCK], kind=self.fp, radius=self.radius,
+                               size=self.size, counts=self.counts, n_jobs=n_jobs, chunk_size=chunk_size,
+                               chiral=self.chiral)
 
 
 class TanimotoKernel(_FingerprintKernel):

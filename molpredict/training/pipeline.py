@@ -346,6 +346,8 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
                                      and val_pair.candidates is not None else ()):
             n_struct = train.n_structures(mode)
             model = build_model(options.model, options.component_params("spectrum", len(spectra), n_struct))
+            if val_pair is not None and val_pair.candidates is not None:
+                _fingerprint_on_cores(model, val_pair.candidates.molecules)
             if model.input_type != "spectrum":
                 raise SpecError(f"model {options.model} takes {model.input_type} input, not spectra")
             say(f"training {model.registry_name or type(model).__name__} on {len(spectra)} {mode} spectra "
@@ -477,6 +479,24 @@ def _validation_sets(options: TrainOptions, val: LabelledSet, modes: Sequence[st
     say("no validation candidate sets (--val-candidates, --library or a configured library): grid points are "
         "chosen by the kernel loss, and the bundle has no fusion with the prior and no probability")
     return None
+
+
+def _fingerprint_on_cores(model: Any, molecules: Sequence[Any]) -> None:
+    """Fingerprint the validation candidates on every core with the model's output kernel setting (Morgan bits by
+    default, also the prior's), inside their ``remembered_fingerprints`` block, so that the model's and the
+    prior's kernel rows read them instead of parsing each SMILES on one core. An output kernel that is no single
+    fingerprint setting (a graph kernel, a grid of kernels) is left to featurise as before."""
+    from molpredict.registry import create
+
+    spec = getattr(model, "output_kernel", None)
+    if not isinstance(spec, str) or "|" in spec:
+        return
+    try:
+        kernel = create("output_kernel", spec)
+    except SpecError:
+        return
+    if hasattr(kernel, "fingerprint_on_cores"):
+        kernel.fingerprint_on_cores(molecules)
 
 
 def _fit_prior(options: TrainOptions, spectra: Sequence[Any], molecules: Sequence[Any]) -> Any:
