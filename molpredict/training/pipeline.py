@@ -346,10 +346,10 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
                                      and val_pair.candidates is not None else ()):
             n_struct = train.n_structures(mode)
             model = build_model(options.model, options.component_params("spectrum", len(spectra), n_struct))
-            if val_pair is not None and val_pair.candidates is not None:
-                _fingerprint_on_cores(model, val_pair.candidates.molecules)
             if model.input_type != "spectrum":
                 raise SpecError(f"model {options.model} takes {model.input_type} input, not spectra")
+            if val_pair is not None and val_pair.candidates is not None:
+                _fingerprint_on_cores(model, val_pair.candidates.molecules)
             say(f"training {model.registry_name or type(model).__name__} on {len(spectra)} {mode} spectra "
                 f"({n_struct} structures)" + (f", selecting on {len(val_pair[0])} validation spectra" if val_pair
                                                else ""))
