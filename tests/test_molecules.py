@@ -203,15 +203,16 @@ def test_fingerprints_on_cores_are_the_ones_the_kernel_then_reads(monkeypatch):
         assert parses == smiles[4:]
     assert all(m._fps is None for m in records)
 
-    class Model:  # what the helper reads of a model: its output kernel spec
-        output_kernel = "tanimoto:size=512"
+    class Model:  # what the helper reads of a model: its output kernel spec, nested as a model parameter
+        output_kernel = "tanimoto:size=512;radius=2"
 
     fresh = [Molecule(s) for s in smiles]
     other = Molecule("CCN")
     with molecules.remembered_fingerprints(fresh + [other]):
         _fingerprint_on_cores(Model(), fresh)
         np.testing.assert_array_equal(np.stack([m._fps[key] for m in fresh]), expected)
-        for spec in ("wl-subtree", "tanimoto|gaussian-tanimoto", "not-a-kernel"):  # left to featurise as before
+        for spec in ("wl-subtree", "tanimoto:size=512|1024", "tanimoto|gaussian-tanimoto", "not-a-kernel"):
+            # left to featurise as before
             Model.output_kernel = spec
             _fingerprint_on_cores(Model(), [other])
         assert other._fps is None

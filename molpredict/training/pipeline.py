@@ -487,12 +487,16 @@ def _fingerprint_on_cores(model: Any, molecules: Sequence[Any]) -> None:
     prior's kernel rows read them instead of parsing each SMILES on one core. An output kernel that is no single
     fingerprint setting (a graph kernel, a grid of kernels) is left to featurise as before."""
     from molpredict.registry import create
+    from molpredict.specs import nested_spec
 
     spec = getattr(model, "output_kernel", None)
-    if not isinstance(spec, str) or "|" in spec:
+    if not isinstance(spec, str):
         return
     try:
-        kernel = create("output_kernel", spec)
+        parsed = parse_spec(nested_spec(spec))  # as the models read it (a nested spec writes ';' for ',')
+        if parsed.is_grid:
+            return
+        kernel = create("output_kernel", parsed)
     except SpecError:
         return
     if hasattr(kernel, "fingerprint_on_cores"):
