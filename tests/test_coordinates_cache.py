@@ -299,3 +299,41 @@ def test_a_warm_local_read_imports_neither_zarr_nor_fsspec(tmp_path):
                           env={**os.environ, "PYTHONPATH": child_pythonpath()})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("encoding", ["int8", "float16", "float64"])
+@pytest.mark.parametrize("in_memory", [True, False])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_rows_from_several_segments_in_any_order_are_each_rows_own_decoding(tmp_path, monkeypatch, encoding,
+                                                                            in_memory, dtype):
+    """A read gathers the codes of every segment in the order asked (repeats included) and decodes them once: each
+    row equals the naive reference, that row encoded alone and decoded alone, bit for bit."""
+    import molpredict.identification.coordinates_cache as cc
+
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(23, 7)) * rng.uniform(0.01, 100, size=(23, 1))
+    keys = [f"m{i}" for i in range(23)]
+    writer = CoordinatesCache(tmp_path, "s", encoding=encoding)
+    for start in range(0, 23, 5):  # five segments, the last one short
+        writer.append(keys[start:start + 5], x[start:start + 5])
+    if not in_memory:
+        monkeypatch.setattr(cc, "MEMORY_BUDGET_BYTES", 0)  # rows read from the store, segment by segment
+    cache = CoordinatesCache(tmp_path, "s")
+    assert len(cache._segments) == 5
+    order = np.concatenate([rng.permutation(23), [4, 4, 22, 0]])
+    got = cache.read(cache.rows([keys[i] for i in order]), dtype)
+    assert got.dtype == dtype and got.shape == (len(order), 7)
+    for position, i in enumerate(order):
+        codes, scale = encode(x[i:i + 1], encoding)
+        naive = codes.astype(dtype) * scale.astype(dtype)[:, None]
+        np.testing.assert_array_equal(got[position], naive[0])
+    assert bool(cache._loaded) == in_memory
+
+
+def test_decode_into_a_given_array_is_the_cast_then_scaled_codes():
+    codes = np.array([[-127, 0, 5], [127, -3, 1]], dtype=np.int8)
+    scale = np.array([0.5, 3.25], dtype=np.float32)
+    out = np.full((2, 3), np.nan, dtype=np.float32)
+    assert decode(codes, scale, np.float32, out=out) is out
+    np.testing.assert_array_equal(out, [[-63.5, 0.0, 2.5], [412.75, -9.75, 3.25]])
+    np.testing.assert_array_equal(decode(codes, scale), codes.astype(np.float64) * scale.astype(np.float64)[:, None])

@@ -791,3 +791,36 @@ def test_a_set_source_parses_each_candidates_formula_once(monkeypatch):
     assert list(source.formulas(ids)) == ["C2H6O", None, "C6H6"]
     assert list(source.formulas(ids[::-1])) == ["C6H6", None, "C2H6O"]
     assert parsed == [3]
+
+
+def test_a_block_reads_its_candidates_columns_once_and_ranks_as_without_prefetching(bundle, library, tmp_path,
+                                                                                   monkeypatch):
+    """identify_block prefetches the block's candidate rows (one take per column); ranking then reads no row from
+    the table, and the output equals that of a source that never prefetches."""
+    queries, _ = synthetic_spectra(n_per=2, seed=5)
+    taken = []
+    original_take = CandidateLibrary.take
+
+    def counting_take(self, name, indices):
+        taken.append((name, len(indices)))
+        return original_take(self, name, indices)
+
+    monkeypatch.setattr(CandidateLibrary, "take", counting_take)
+    rows, _ = run(bundle, library, queries, tmp_path / "a", top_k=4)
+    # one block: one take per column the library has (the cache keys too come from it), nothing per query
+    assert taken == [("inchikey", 15), ("smiles", 15), ("formula", 15), ("name", 15)]
+    monkeypatch.setattr(LibrarySource, "prefetch", lambda self, ids: None)
+    taken.clear()
+    plain, _ = run(bundle, library, queries, tmp_path / "b", top_k=4)
+    assert len(taken) >= 3 * len(queries)  # without it, several takes per query
+    assert same_rows(rows, plain, rel=0)
+
+    source = LibrarySource(library, IdentifyOptions())
+    monkeypatch.undo()
+    source.prefetch(np.array([3, 1, 3, 0]))
+    for ids in (np.array([1, 0, 3, 3]), np.array([2, 1]), np.array([], dtype=np.int64)):  # 2 was not prefetched
+        assert list(source.tie_keys(ids)) == list(library.take("inchikey", ids))
+        fields = source.fields(ids)
+        for name in ("smiles", "inchikey", "formula", "name"):
+            assert list(fields[name]) == list(library.take(name, ids))
+        assert list(fields["id"]) == [None] * len(ids)  # the library has no id column

@@ -2,6 +2,7 @@
 enumeration, dictionary bags, explicit weighted sums, a grid search for ALIGNF, element-wise fingerprint sums."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import itertools
@@ -370,3 +371,41 @@ def test_sisokr_with_mkl_and_multi_fingerprint_round_trips():
     reloaded = SISOKR.from_state(arrays, json.loads(json.dumps(meta)))
     np.testing.assert_allclose(reloaded.predict_coordinates(spectra), model.predict_coordinates(spectra), atol=1e-8)
     assert "weights=" in reloaded.input_kernel_spec_ and "alignf" not in reloaded.input_kernel_spec_
+
+
+def test_mkl_cleans_each_spectrum_once_and_its_rows_are_those_cleaned_per_kernel(monkeypatch):
+    """The default kernel's three sub-kernels read the same spectra: MKL featurisation cleans each once (the memo of
+    ``peaks_cleaned_once``), and the rows equal those computed with a fresh cleaning per sub-kernel."""
+    import molpredict.kernels.spectra as spectra_module
+
+    spectra = formula_spectra()
+    # an unsorted spectrum with a zero and a NaN peak: cleaning changes its arrays, so the memo must give the cleaned
+    unsorted = Spectrum("u", np.array([150.0, 60.0, 91.05, 120.0]), np.array([5.0, 0.0, 20.0, np.nan]),
+                        precursor_mz=195.087, ion_mode="positive", adduct="[M+H]+",
+                        metadata={"formula": "C8H10N4O2"})
+    spectra.append(unsorted)
+    kernel = MKLKernel("ppk-losses+formula-annotation+ppk-pairs")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DegenerateObjectWarning)
+        kernel.fit(spectra[:4])
+        calls = []
+        original = spectra_module._cleaned
+        monkeypatch.setattr(spectra_module, "_cleaned", lambda s: calls.append(s.id) or original(s))
+        shared = kernel.transform(spectra)
+        assert sorted(calls) == sorted(s.id for s in spectra)  # once each (four times each without the memo)
+        monkeypatch.setattr(spectra_module, "peaks_cleaned_once", contextlib.nullcontext)
+        monkeypatch.setattr("molpredict.kernels.mkl.peaks_cleaned_once", contextlib.nullcontext)
+        calls.clear()
+        separate = kernel.transform(spectra)
+        assert len(calls) >= 3 * len(spectra)  # peaks, losses, pairs (and the formula bags of those with one)
+    np.testing.assert_array_equal(shared, separate)
+    # the memo lives for the block only, and knows a spectrum by its arrays: new arrays are cleaned anew
+    monkeypatch.undo()
+    assert spectra_module._CLEANING.memo is None
+    with spectra_module.peaks_cleaned_once():
+        first = spectra_module._clean_peaks(unsorted)
+        np.testing.assert_array_equal(first[0], [91.05, 150.0])
+        np.testing.assert_array_equal(first[1], [1.0, 0.25])
+        assert spectra_module._clean_peaks(unsorted)[0] is first[0]
+        unsorted.mz = np.array([10.0, 20.0, 30.0, 40.0])
+        np.testing.assert_array_equal(spectra_module._clean_peaks(unsorted)[0], [10.0, 30.0])

@@ -113,9 +113,14 @@ def encode(coordinates: np.ndarray, encoding: str) -> tuple[np.ndarray, np.ndarr
     return x.astype(encoding), np.ones(len(x), dtype=np.float32)
 
 
-def decode(codes: np.ndarray, scale: np.ndarray, dtype: Any = np.float64) -> np.ndarray:
-    """Coordinates (n, d) in ``dtype`` (float64 by default) from :func:`encode`'s output."""
-    return codes.astype(dtype) * scale.astype(dtype)[:, None]
+def decode(codes: np.ndarray, scale: np.ndarray, dtype: Any = np.float64, out: np.ndarray | None = None
+           ) -> np.ndarray:
+    """Coordinates (n, d) in ``dtype`` (float64 by default) from :func:`encode`'s output, written into ``out``
+    (shape (n, d), ``dtype``) when given.
+
+    One pass: the codes are cast inside the product (no float copy of them first); the values are those of
+    ``codes.astype(dtype) * scale.astype(dtype)[:, None]``."""
+    return np.multiply(codes, np.asarray(scale).astype(dtype)[:, None], out=out, dtype=dtype)
 
 
 class CorruptedSegment(Exception):
@@ -326,15 +331,24 @@ class CoordinatesCache:
                                 np.asarray(self._row_local, dtype=np.int64))
         segment = self._row_arrays[0][rows]
         local = self._row_arrays[1][rows]
+        # The codes of every segment are gathered into one array in the order of ``rows`` (1 byte a value for int8)
+        # and decoded once into ``out``: decoding segment by segment, then scattering the floats, moved the block's
+        # coordinates through memory four times.
+        codes_in_order: np.ndarray | None = None
+        scale_in_order = np.empty(len(rows), dtype=np.float32)
         for seg in np.unique(segment):
             at = np.flatnonzero(segment == seg)
             name = self._segments[int(seg)]
-            wanted, inverse = np.unique(local[at], return_inverse=True)
             try:
                 codes_array, scale = self._open_segment(name)
                 whole = self._segment_codes(name, codes_array)
-                codes = whole[wanted] if whole is not None else \
-                    np.asarray(codes_array.get_orthogonal_selection((wanted, slice(None))))
+                if whole is not None:
+                    wanted = local[at]
+                    codes = whole[wanted]
+                else:  # rows read from the store: an orthogonal selection takes sorted unique indices
+                    wanted, inverse = np.unique(local[at], return_inverse=True)
+                    codes = np.asarray(codes_array.get_orthogonal_selection((wanted, slice(None))))[inverse]
+                    wanted = wanted[inverse]
                 bad = (codes == -128).any() if codes.dtype == np.int8 else np.isnan(codes).any()
                 bad = bad or not np.isfinite(scale[wanted]).all()
             except (ValueError, OSError, KeyError, RuntimeError, IndexError):
@@ -343,8 +357,14 @@ class CoordinatesCache:
             if bad:
                 self._drop(int(seg))
                 raise CorruptedSegment(f"{self.directory}: segment {name} is damaged; dropped")
-            out[at] = decode(codes, scale[wanted], dtype)[inverse]
-        return out
+            if codes_in_order is None:
+                codes_in_order = np.empty((len(rows), codes.shape[1]), dtype=codes.dtype)
+            elif codes.dtype != codes_in_order.dtype:  # segments stored with other encodings: widen
+                codes_in_order = codes_in_order.astype(np.result_type(codes_in_order.dtype, codes.dtype))
+            codes_in_order[at] = codes
+            scale_in_order[at] = scale[wanted]
+        assert codes_in_order is not None
+        return decode(codes_in_order, scale_in_order, dtype, out=out)
 
     def _drop(self, seg: int) -> None:
         """Forget a damaged segment here and in the store (its molecules will be recomputed)."""

@@ -549,6 +549,8 @@ def identify_block(identifier: Identifier, block: Sequence[tuple[int, Any]]) -> 
     :mod:`molpredict.identification.scoring`), then :func:`rank_rows`. Leaves ``identifier``'s own accounting untouched."""
     worker = identifier.fresh()
     queries = [q for q in (worker.prepare(position, spectrum) for position, spectrum in block) if q is not None]
+    if queries:
+        worker.source.prefetch(np.concatenate([q.ids for q in queries]))
     rows: list[dict[str, Any]] = []
     n_candidates: list[int] = []
     for query, scores in worker.fused(queries):

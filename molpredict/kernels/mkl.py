@@ -43,6 +43,7 @@ from molpredict.component import frozen_spec
 from molpredict.errors import InputError, SpecError
 from molpredict.specs import format_value
 from molpredict.kernels.base import DegenerateObjectWarning, InputKernel, _warn_degenerate, normalize_block, saveable
+from molpredict.kernels.spectra import peaks_cleaned_once
 
 __all__ = ["split_kernel_list", "centered_gram", "centered_alignment", "alignf_weights", "MKLKernel"]
 
@@ -247,7 +248,8 @@ class MKLKernel(InputKernel):
     def featurize(self, objects: Sequence[Any]) -> _MKLFeatures:
         self._check_fitted()
         objects = list(objects)
-        parts = [k.featurize(objects) for k in self.subkernels_]
+        with peaks_cleaned_once():  # the sub-kernels read the same spectra: each is cleaned once
+            parts = [k.featurize(objects) for k in self.subkernels_]
         diags = [np.asarray(k.self_similarity(p), dtype=np.float64) for k, p in zip(self.subkernels_, parts)]
         return _MKLFeatures(parts, diags)
 

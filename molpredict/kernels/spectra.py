@@ -56,8 +56,10 @@ a high-resolution width; a low-resolution data set gets a low-resolution width).
 from __future__ import annotations
 
 import math
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -178,8 +180,43 @@ def estimate_mz_precision(mz: np.ndarray, max_decimals: int = 6) -> float:
     return 10.0 ** -max_decimals
 
 
+#: per thread: the memo of :func:`peaks_cleaned_once` while one is open, else None
+_CLEANING = threading.local()
+
+
+@contextmanager
+def peaks_cleaned_once() -> Iterator[None]:
+    """Within this block (on this thread), :func:`_clean_peaks` cleans each spectrum object once.
+
+    The sub-kernels of a combined kernel (``mkl``) featurise the same spectra and each cleaned them again: the
+    default input kernel cleaned every spectrum four times. A spectrum is known by its object and its peak arrays'
+    objects, and the memo is dropped when the outermost block ends. Callers never write into the arrays it returns
+    (without the block they may be the spectrum's own arrays)."""
+    outer = getattr(_CLEANING, "memo", None)
+    if outer is None:
+        _CLEANING.memo = {}
+    try:
+        yield
+    finally:
+        if outer is None:
+            _CLEANING.memo = None
+
+
 def _clean_peaks(spectrum: Spectrum) -> tuple[np.ndarray, np.ndarray]:
-    """Finite, positive-intensity peaks sorted by m/z, intensities divided by the largest."""
+    """Finite, positive-intensity peaks sorted by m/z, intensities divided by the largest (remembered inside
+    :func:`peaks_cleaned_once`)."""
+    memo = getattr(_CLEANING, "memo", None)
+    if memo is None:
+        return _cleaned(spectrum)
+    known = memo.get(id(spectrum))
+    if known is not None and known[0] is spectrum and known[1] is spectrum.mz and known[2] is spectrum.intensities:
+        return known[3], known[4]
+    mz, inten = _cleaned(spectrum)
+    memo[id(spectrum)] = (spectrum, spectrum.mz, spectrum.intensities, mz, inten)  # holds the spectrum: ids stay
+    return mz, inten
+
+
+def _cleaned(spectrum: Spectrum) -> tuple[np.ndarray, np.ndarray]:
     mz = np.asarray(spectrum.mz, dtype=np.float64)
     inten = np.asarray(spectrum.intensities, dtype=np.float64)
     keep = np.isfinite(mz) & np.isfinite(inten) & (inten > 0)
