@@ -824,3 +824,41 @@ def test_a_block_reads_its_candidates_columns_once_and_ranks_as_without_prefetch
         for name in ("smiles", "inchikey", "formula", "name"):
             assert list(fields[name]) == list(library.take(name, ids))
         assert list(fields["id"]) == [None] * len(ids)  # the library has no id column
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_candidate_coordinates_come_in_the_order_asked_with_repeats(bundle, library, tmp_path, cached):
+    """CandidateCoordinates answers ids in any order, repeats included (score_queries asks for each distinct
+    candidate list of a block in turn): row for row what the model computes, each distinct id computed once."""
+    from collections import Counter
+
+    from molpredict.identification.scoring import CandidateCoordinates
+
+    model = bundle.models["positive"].model
+    source = LibrarySource(library, IdentifyOptions())
+    coordinates = CandidateCoordinates(source, tmp_path / "store" if cached else False)
+    asked = []
+    original = type(model).candidate_coordinates
+
+    def counting(self, molecules):
+        asked.extend(m.inchikey for m in molecules)
+        return original(self, molecules)
+
+    type(model).candidate_coordinates = counting
+    try:
+        ids = np.array([5, 2, 2, 9, 0, 5, 1], dtype=np.int64)
+        timings = Counter()
+        got = coordinates.of_model(model, ids, timings)
+        naive = np.vstack([original(model, source.molecules(np.array([i]))) for i in ids])
+        # stored: int8 codes with a float32 scale, exact for these rows' equal non-zero values up to that scale
+        np.testing.assert_allclose(got, naive, rtol=1e-6 if cached else 1e-12, atol=1e-12)
+        assert sorted(asked) == sorted(library.take("inchikey", np.unique(ids)))  # each distinct id once
+        if cached:  # again, from the store: the int8 codes in the order asked, rows equal to the first read's
+            asked.clear()
+            again = coordinates.of_model(model, ids[::-1], timings, np.float32)
+            assert asked == [] and timings["cache_read_s"] > 0
+            reference = coordinates.of_model(model, np.unique(ids), timings)
+            np.testing.assert_array_equal(again, reference[np.searchsorted(np.unique(ids), ids[::-1])]
+                                          .astype(np.float32))
+    finally:
+        type(model).candidate_coordinates = original

@@ -63,6 +63,14 @@ def ion_formula(formula: str, adduct: str | Adduct) -> dict[str, int] | None:
     InputError
         An unparsable formula or adduct.
     """
+    ion = _ion_formula(formula, adduct)
+    return None if ion is None else dict(ion)  # a copy: the remembered counts stay as computed
+
+
+@lru_cache(maxsize=65536)
+def _ion_formula(formula: str, adduct: str | Adduct) -> tuple[tuple[str, int], ...] | None:
+    """:func:`ion_formula` as a tuple of items, remembered (a batch of spectra repeats a few (formula, adduct)
+    pairs: every spectrum of a structure, every featurisation of a spectrum)."""
     counts, _ = parse_formula(formula)
     multiplier, changes, _ = adduct_composition(adduct)
     ion = {e: n * multiplier for e, n in counts.items()}
@@ -70,8 +78,7 @@ def ion_formula(formula: str, adduct: str | Adduct) -> dict[str, int] | None:
         ion[element] = ion.get(element, 0) + n
     if any(n < 0 for n in ion.values()):
         return None
-    ion = {e: n for e, n in ion.items() if n}
-    return ion or None
+    return tuple((e, n) for e, n in ion.items() if n) or None
 
 
 def _adduct_of(spectrum: Any, formula: str) -> Adduct | None:

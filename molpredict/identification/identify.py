@@ -349,8 +349,8 @@ class Identifier:
 
     # -- scoring (see molpredict.identification.scoring) ------------------------------------------------------------------
     def candidate_coordinates(self, sub: SubModel, ids: np.ndarray, dtype: Any = np.float64) -> np.ndarray:
-        """Coordinates of candidates ``ids`` (ascending, unique) for ``sub``'s model, shape (len(ids), d), in
-        ``dtype``."""
+        """Coordinates of candidates ``ids`` (in any order, repeats allowed) for ``sub``'s model, shape (len(ids), d),
+        in ``dtype``, rows in the order of ``ids``."""
         return self.coordinates(sub, ids, self.timings, dtype)
 
     @property

@@ -5,8 +5,8 @@ Identification, evaluation and library precompute share one shape: a stream of b
 that needs the same loaded state (a model bundle, a candidate source, the coordinates cache). So they share one
 seam:
 
-* :func:`score_queries` scores a block of queries of one sub-model: the coordinates of the union of the block's
-  candidates are fetched once (:class:`CandidateCoordinates`, through the on-disk cache), the queries'
+* :func:`score_queries` scores a block of queries of one sub-model: the coordinates of each distinct candidate list
+  of the block are fetched once (:class:`CandidateCoordinates`, through the on-disk cache), the queries'
   coordinates are predicted together, and each group of queries sharing one candidate list is scored with one
   matrix product, so memory stays bounded by the block, never ``n_queries x n_library``. :func:`scored` cuts a
   stream of queries into such blocks and yields, per query in input order, the **raw model score vector**
@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from molpredict.identification.coordinates_cache import CoordinatesCache
+from molpredict.identification.coordinates_cache import CoordinatesCache, CorruptedSegment
 from molpredict.errors import InputError
 from molpredict.modelfile import ModelBundle, SubModel
 
@@ -43,7 +43,8 @@ __all__ = ["Query", "CandidateCoordinates", "score_queries", "query_blocks", "sc
            "content_token", "WorkerState", "Executor", "InProcessExecutor", "DaskExecutor", "executor_for",
            "chunked", "SCORING_DTYPE"]
 
-#: ``coordinates(sub, ids, dtype=np.float64) -> ndarray (len(ids), d)``: candidate coordinates of ascending unique ids
+#: ``coordinates(sub, ids, dtype=np.float64) -> ndarray (len(ids), d)``: candidate coordinates of ``ids`` in their order
+#: (repeats allowed)
 CoordinatesFn = Callable[..., np.ndarray]
 
 #: The precision of the query-candidate products of a dot-product model. The stored candidate coordinates are int8
@@ -113,23 +114,35 @@ class CandidateCoordinates:
         return self._caches[key][1]
 
     def __call__(self, sub: SubModel, ids: np.ndarray, timings: Counter, dtype: Any = np.float64) -> np.ndarray:
-        """Coordinates of candidates ``ids`` (ascending, unique) for ``sub``'s model, ndarray of shape
-        (len(ids), d), in ``dtype`` (float64 by default). Time spent is added to ``timings`` (``featurize_s``,
-        ``cache_read_s``)."""
+        """Coordinates of candidates ``ids`` (in any order, repeats allowed) for ``sub``'s model, ndarray of shape
+        (len(ids), d), in ``dtype`` (float64 by default), rows in the order of ``ids``. Each distinct id is computed
+        or read once. Time spent is added to ``timings`` (``featurize_s``, ``cache_read_s``)."""
         return self.of_model(sub.model, ids, timings, dtype)
 
     def of_model(self, model: Any, ids: np.ndarray, timings: Counter, dtype: Any = np.float64) -> np.ndarray:
         """Like :meth:`__call__` for any fitted model with ``candidate_coordinates``."""
         cache = self.model_cache(model)
         t0 = time.perf_counter()
+        ids = np.asarray(ids, dtype=np.int64)
+        distinct, inverse = np.unique(ids, return_inverse=True)
+        in_order = distinct.size == ids.size and bool((distinct == ids).all())
         if cache is None:
-            coords = np.asarray(model.candidate_coordinates(self.source.molecules(ids)), dtype=dtype)
+            coords = np.asarray(model.candidate_coordinates(self.source.molecules(distinct)), dtype=dtype)
             timings["featurize_s"] += time.perf_counter() - t0
-            return coords
-        keys = self.source.keys(ids)
-        computing = bool((cache.rows(keys) < 0).any())
-        coords = cache.coordinates(keys, lambda positions: self.source.molecules(ids[positions]),
-                                   model.candidate_coordinates, dtype=dtype)
+            return coords if in_order else coords[inverse]
+        keys = self.source.keys(distinct)
+        rows = cache.rows(keys)
+        computing = bool((rows < 0).any())
+        coords = None
+        if not computing and not in_order:
+            try:  # the stored codes are gathered in the order asked and decoded once (no float copy to reorder)
+                coords = cache.read(rows[inverse], dtype)
+            except CorruptedSegment:  # dropped: recomputed below
+                coords = None
+        if coords is None:
+            coords = cache.coordinates(keys, lambda positions: self.source.molecules(distinct[positions]),
+                                       model.candidate_coordinates, dtype=dtype)
+            coords = coords if in_order else coords[inverse]
         timings["featurize_s" if computing else "cache_read_s"] += time.perf_counter() - t0
         return coords
 
@@ -161,7 +174,8 @@ def score_queries(queries: Sequence[Query], coordinates: CoordinatesFn, timings:
     queries : sequence of Query, length n
         All of the same sub-model.
     coordinates : callable
-        ``coordinates(sub, ids, dtype=...) -> ndarray (len(ids), d)`` for ascending unique candidate ids.
+        ``coordinates(sub, ids, dtype=...) -> ndarray (len(ids), d)``, rows in the order of ``ids`` (the block's
+        distinct candidate lists one after another: repeats across lists are possible).
     timings : Counter
         ``predict_s`` and ``score_s`` are added to it.
     formulas : callable, optional
@@ -177,8 +191,6 @@ def score_queries(queries: Sequence[Query], coordinates: CoordinatesFn, timings:
     """
     sub = queries[0].sub
     dtype = SCORING_DTYPE if sub.model.dot_product_scores else np.float64
-    union = np.unique(np.concatenate([q.ids for q in queries]))
-    coords = coordinates(sub, union, dtype=dtype)
     per_formula = formulas is not None and sub.model.reads_formula
     inputs: list[Any] = []
     rows: list[Any] = []  # per query: its row of inputs, or one row per candidate
@@ -188,32 +200,40 @@ def score_queries(queries: Sequence[Query], coordinates: CoordinatesFn, timings:
         else:
             rows.append(len(inputs))
             inputs.append(q.spectrum)
+    groups: dict[bytes, list[int]] = {}  # queries sharing one candidate list, scored with one product
+    for i, q in enumerate(queries):
+        if isinstance(rows[i], int):
+            groups.setdefault(q.ids.tobytes(), []).append(i)
+    # Each distinct candidate list once, one after another: its coordinates are then one contiguous slice (the store
+    # decodes straight into that order; gathering float rows per list from a sorted union copied them again).
+    lists = [queries[members[0]].ids for members in groups.values()] + \
+        [q.ids for q, r in zip(queries, rows) if not isinstance(r, int)]
+    starts = np.concatenate([[0], np.cumsum([len(ids) for ids in lists])]).astype(np.int64)
+    coords = coordinates(sub, np.concatenate(lists) if lists else np.empty(0, np.int64), dtype=dtype)
     t0 = time.perf_counter()
     predicted = sub.model.predict_coordinates_as(inputs, dtype)
     timings["predict_s"] += time.perf_counter() - t0
     t0 = time.perf_counter()
     out: list[np.ndarray | None] = [None] * len(queries)
-    groups: dict[bytes, list[int]] = {}
+    next_list = len(groups)
     for i, q in enumerate(queries):
         if not isinstance(rows[i], int):  # each candidate against its own formula's encoding, encoding by encoding
-            block = coords[np.searchsorted(union, q.ids)]
+            block = coords[starts[next_list]:starts[next_list + 1]]
+            next_list += 1
             scores = np.empty(len(q.ids), dtype=np.float64)
             for row in np.unique(rows[i]):
                 mine = np.flatnonzero(rows[i] == row)
                 scores[mine] = (np.einsum("cd,d->c", block[mine], predicted[row]) if sub.model.dot_product_scores
                                 else sub.model.score_coordinates(predicted[row:row + 1], block[mine])[0])
             out[i] = scores
-            continue
-        groups.setdefault(q.ids.tobytes(), []).append(i)
     # The products are small (a few queries x a few candidates: by formula in a 2M-structure pool the median query
     # has 3) and run in numpy, outside BLAS: einsum's own loop on one thread. A threaded BLAS call per query waits
     # for its worker threads, 10-20x slower than one thread on a busy machine; and every row is one dot product
     # with one summation order, so candidates with equal coordinates get exactly equal scores (ties then go by
     # InChIKey, as documented; a blocked BLAS kernel may round rows differently by their position).
     P = np.ascontiguousarray(predicted)
-    for members in groups.values():
-        ids = queries[members[0]].ids
-        block = coords[np.searchsorted(union, ids)]
+    for g, members in enumerate(groups.values()):
+        block = coords[starts[g]:starts[g + 1]]
         own = [rows[i] for i in members]
         if not sub.model.dot_product_scores:
             scores = sub.model.score_coordinates(P[own], block)
