@@ -409,3 +409,23 @@ def test_mkl_cleans_each_spectrum_once_and_its_rows_are_those_cleaned_per_kernel
         assert spectra_module._clean_peaks(unsorted)[0] is first[0]
         unsorted.mz = np.array([10.0, 20.0, 30.0, 40.0])
         np.testing.assert_array_equal(spectra_module._clean_peaks(unsorted)[0], [10.0, 30.0])
+
+
+@pytest.mark.parametrize("explanations", ["all", "closest"])
+def test_formula_bags_of_a_batch_are_each_spectrums_own_bags(explanations):
+    """formula_bags explains the spectra of one ion formula in one call (here the same formulas come back
+    interleaved with others, and one spectrum has no formula): each spectrum's bags equal those of the spectrum
+    alone, bit for bit."""
+    from molpredict.kernels.formulas import formula_bags
+
+    spectra = formula_spectra(seed=3)
+    order = np.random.default_rng(5).permutation(len(spectra))
+    batch = [spectra[i] for i in order]
+    fragments, losses = formula_bags(batch, explanations=explanations)
+    for row, spectrum in enumerate(batch):
+        alone_fragments, alone_losses = formula_bags([spectrum], explanations=explanations)
+        for together, alone in ((fragments, alone_fragments), (losses, alone_losses)):
+            lo, hi = together.offsets[row], together.offsets[row + 1]
+            np.testing.assert_array_equal(together.keys[lo:hi], alone.keys)
+            np.testing.assert_array_equal(together.values[lo:hi], alone.values)
+    assert fragments.offsets[-1] > 0 and losses.offsets[-1] > 0

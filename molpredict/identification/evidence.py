@@ -339,15 +339,28 @@ class Evidence:
     def _rank1_features(self, query: Any, fused: np.ndarray, terms: Mapping[str, np.ndarray],
                         needs: Sequence[str]) -> dict[str, float]:
         """The calibration features of the rank-1 candidate (``rank1_known``, ``rank1_prior``) and of the set
-        (``one_formula``)."""
-        top = int(top_index_flat(fused, np.array([0, len(fused)]))[0])
-        out: dict[str, float] = {}
+        (``one_formula``) of one query."""
+        block = self._rank1_features_flat([query], fused, np.array([0, len(fused)]), [terms], needs)
+        return {name: float(values[0]) for name, values in block.items()}
+
+    def _rank1_features_flat(self, queries: Sequence[Any], fused: np.ndarray, offsets: np.ndarray,
+                             terms: Sequence[Mapping[str, np.ndarray]], needs: Sequence[str]
+                             ) -> dict[str, np.ndarray]:
+        """:meth:`_rank1_features` of queries of one sub-model at once, each an ndarray of shape (n_queries,),
+        from their flat fused scores (``offsets``: (n_queries + 1,)). Whether the rank-1 structures are known is
+        asked once for the block (a prior featurises its unseen candidates together, not one by one)."""
+        tops = top_index_flat(fused, offsets) - np.asarray(offsets[:-1], dtype=np.int64)
+        out: dict[str, np.ndarray] = {}
         if "rank1_known" in needs:
-            out["rank1_known"] = float(self.known(query.sub, query.ids[top:top + 1])[0])
+            top_ids = np.array([q.ids[t] for q, t in zip(queries, tops)], dtype=np.int64)
+            out["rank1_known"] = self.known(queries[0].sub, top_ids).astype(np.float64) if len(queries) \
+                else np.zeros(0)
         if "rank1_prior" in needs:
-            out["rank1_prior"] = float(terms[PRIOR][top]) if PRIOR in terms else 0.0
+            out["rank1_prior"] = np.array([float(t[PRIOR][top]) if PRIOR in t else 0.0 for t, top in zip(terms, tops)],
+                                          dtype=np.float64)
         if "one_formula" in needs:
-            out["one_formula"] = float(self.coordinates.source.one_formula(query.ids))
+            out["one_formula"] = np.array([float(self.coordinates.source.one_formula(q.ids)) for q in queries],
+                                          dtype=np.float64)
         return out
 
     def scores(self, queries: Sequence[Any], raw: Sequence[np.ndarray], timings: Counter) -> list[QueryScores]:
@@ -380,9 +393,8 @@ class Evidence:
         if calibrator is not None:
             extra = None
             if calibrator.needs:
-                rows = [self._rank1_features(queries[i], fused[offsets[j]:offsets[j + 1]], terms[i], calibrator.needs)
-                        for j, i in enumerate(batched)]
-                extra = {name: np.array([row[name] for row in rows], dtype=np.float64) for name in calibrator.needs}
+                extra = self._rank1_features_flat([queries[i] for i in batched], fused, offsets,
+                                                  [terms[i] for i in batched], calibrator.needs)
             features = ranking_features_flat(fused, offsets, variant.fusion.temperature, calibrator.features, extra)
             probability = np.asarray(calibrator.predict(features), dtype=np.float64)
         for j, i in enumerate(batched):

@@ -128,7 +128,10 @@ def formula_bags(spectra: Sequence[Spectrum], *, ppm: float = 10.0, mz_tolerance
     -------
     fragments, losses : FormulaBags with n spectra each
     """
-    f_rows, f_keys, f_vals, l_rows, l_keys, l_vals = [], [], [], [], [], []
+    # The spectra of one ion formula (a structure's spectra, mostly adjacent) are explained in one call: the search
+    # is per mass, so each spectrum gets what a call of its own gives, without a call's overhead per spectrum.
+    prepared: list[tuple[int, np.ndarray, np.ndarray, Any, np.ndarray, np.ndarray]] = []
+    by_table: dict[int, list[int]] = {}
     for s, spectrum in enumerate(spectra):
         ion = precursor_ion_formula(spectrum)
         if ion is None:
@@ -142,7 +145,21 @@ def formula_bags(spectra: Sequence[Spectrum], *, ppm: float = 10.0, mz_tolerance
         # m/z deposited with few decimals (0.1 Da steps for some instruments) are only that precise
         floor = max(mz_tolerance, 0.5 * _precision_of(spectrum)) if spectrum.mz_precision else mz_tolerance
         tolerance = np.maximum(floor, ppm * 1e-6 * mz)
-        peak, key, error = explain_masses(table, masses, tolerance, min_rdbe)
+        by_table.setdefault(id(table), []).append(len(prepared))
+        prepared.append((s, mz, rel, table, masses, tolerance))
+    explained: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * len(prepared)
+    for members in by_table.values():
+        table = prepared[members[0]][3]
+        sizes = [prepared[i][1].size for i in members]
+        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        peak, key, error = explain_masses(table, np.concatenate([prepared[i][4] for i in members]),
+                                          np.concatenate([prepared[i][5] for i in members]), min_rdbe)
+        bounds = np.searchsorted(peak, starts)  # ``peak`` ascends: each spectrum's explanations are one run
+        for j, i in enumerate(members):
+            lo, hi = bounds[j], bounds[j + 1]
+            explained[i] = (peak[lo:hi] - starts[j], key[lo:hi], error[lo:hi])
+    f_rows, f_keys, f_vals, l_rows, l_keys, l_vals = [], [], [], [], [], []
+    for (s, mz, rel, table, _, _), (peak, key, error) in zip(prepared, explained):  # type: ignore[misc]
         if peak.size == 0:
             continue
         weight = rel ** intensity_power if intensity_power else np.ones_like(rel)
