@@ -387,10 +387,12 @@ def test_mkl_cleans_each_spectrum_once_and_its_rows_are_those_cleaned_per_kernel
     kernel = MKLKernel("ppk-losses+formula-annotation+ppk-pairs")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DegenerateObjectWarning)
-        kernel.fit(spectra[:4])
         calls = []
         original = spectra_module._cleaned
         monkeypatch.setattr(spectra_module, "_cleaned", lambda s: calls.append(s.id) or original(s))
+        kernel.fit(spectra[:4])  # the fit too: each landmark cleaned once
+        assert sorted(calls) == sorted(s.id for s in spectra[:4])
+        calls.clear()
         shared = kernel.transform(spectra)
         assert sorted(calls) == sorted(s.id for s in spectra)  # once each (four times each without the memo)
         monkeypatch.setattr(spectra_module, "peaks_cleaned_once", contextlib.nullcontext)

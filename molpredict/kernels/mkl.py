@@ -191,12 +191,13 @@ class MKLKernel(InputKernel):
 
         objects = list(objects)
         self.subkernels_ = []
-        for spec in self._specs:
-            kernel = create("input_kernel", spec)
-            with warnings.catch_warnings():  # reported once below, for the combination
-                warnings.simplefilter("ignore", DegenerateObjectWarning)
-                kernel.fit(objects)
-            self.subkernels_.append(kernel)
+        with peaks_cleaned_once():  # the sub-kernels featurise the same spectra: each is cleaned once
+            for spec in self._specs:
+                kernel = create("input_kernel", spec)
+                with warnings.catch_warnings():  # reported once below, for the combination
+                    warnings.simplefilter("ignore", DegenerateObjectWarning)
+                    kernel.fit(objects)
+                self.subkernels_.append(kernel)
         self.kernels_ = "+".join(_nested(frozen_spec(k)) for k in self.subkernels_)
         self.alignments_ = None
         w = self._fixed if self._fixed is not None else self._learn_weights(objects)
