@@ -337,3 +337,16 @@ def test_decode_into_a_given_array_is_the_cast_then_scaled_codes():
     assert decode(codes, scale, np.float32, out=out) is out
     np.testing.assert_array_equal(out, [[-63.5, 0.0, 2.5], [412.75, -9.75, 3.25]])
     np.testing.assert_array_equal(decode(codes, scale), codes.astype(np.float64) * scale.astype(np.float64)[:, None])
+
+
+def test_coordinates_in_a_given_order_are_the_rows_of_those_keys(tmp_path):
+    """``order`` returns the rows of ``keys[order]`` (repeats included), computing each missing key once."""
+    molecules = mols(5)
+    keys = [molecule_key(m) for m in molecules]
+    f = Featurizer()
+    cache = CoordinatesCache(tmp_path, "o")
+    order = np.array([3, 0, 3, 4, 1])
+    got = cache.coordinates(keys, lambda positions: [molecules[i] for i in positions], f, order=order)
+    assert sorted(sum(f.asked, [])) == sorted(m.smiles for m in molecules)  # each key computed once
+    np.testing.assert_array_equal(got, cache.coordinates(keys, lambda positions: [], f)[order])
+    assert len(sum(f.asked, [])) == 5

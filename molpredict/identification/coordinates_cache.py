@@ -488,7 +488,7 @@ class CoordinatesCache:
     # -- the main entry points ---------------------------------------------------------------------------
     def coordinates(self, keys: Sequence[str], molecules: Callable[[np.ndarray], Sequence[Any]],
                     compute: Callable[[list[Any]], np.ndarray], block_size: int = 2048,
-                    dtype: Any = np.float64) -> np.ndarray:
+                    dtype: Any = np.float64, order: np.ndarray | None = None) -> np.ndarray:
         """Coordinates of ``keys``, computing (and committing) those not stored yet, and again those of a
         segment found damaged while reading.
 
@@ -501,10 +501,13 @@ class CoordinatesCache:
             ``compute(list_of_molecules) -> ndarray (len, d)``, normally ``model.candidate_coordinates``.
         dtype : numpy dtype, default float64
             Of the returned coordinates (as :meth:`read`).
+        order : ndarray of int, shape (n_out,), optional
+            Return the rows of ``keys[order]`` (repeats allowed), read from the store in that order (its codes are
+            gathered, then decoded once: no float copy to reorder). Default: ``keys`` as given.
 
         Returns
         -------
-        ndarray of shape (n, d), ``dtype``
+        ndarray of shape (n, d) (or (n_out, d) with ``order``), ``dtype``
         """
         for attempt in range(3):
             rows = self.rows(keys)
@@ -517,7 +520,7 @@ class CoordinatesCache:
             if len(keys) == 0:
                 return np.empty((0, self.dim or 0), dtype=dtype)
             try:
-                return self.read(rows, dtype)
+                return self.read(rows if order is None else rows[order], dtype)
             except CorruptedSegment:
                 if attempt == 2:
                     raise

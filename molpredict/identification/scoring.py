@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from molpredict.identification.coordinates_cache import CoordinatesCache, CorruptedSegment
+from molpredict.identification.coordinates_cache import CoordinatesCache
 from molpredict.errors import InputError
 from molpredict.modelfile import ModelBundle, SubModel
 
@@ -131,18 +131,9 @@ class CandidateCoordinates:
             timings["featurize_s"] += time.perf_counter() - t0
             return coords if in_order else coords[inverse]
         keys = self.source.keys(distinct)
-        rows = cache.rows(keys)
-        computing = bool((rows < 0).any())
-        coords = None
-        if not computing and not in_order:
-            try:  # the stored codes are gathered in the order asked and decoded once (no float copy to reorder)
-                coords = cache.read(rows[inverse], dtype)
-            except CorruptedSegment:  # dropped: recomputed below
-                coords = None
-        if coords is None:
-            coords = cache.coordinates(keys, lambda positions: self.source.molecules(distinct[positions]),
-                                       model.candidate_coordinates, dtype=dtype)
-            coords = coords if in_order else coords[inverse]
+        computing = bool((cache.rows(keys) < 0).any())
+        coords = cache.coordinates(keys, lambda positions: self.source.molecules(distinct[positions]),
+                                   model.candidate_coordinates, dtype=dtype, order=None if in_order else inverse)
         timings["featurize_s" if computing else "cache_read_s"] += time.perf_counter() - t0
         return coords
 
