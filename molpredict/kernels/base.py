@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Mapping, Sequence
 import numpy as np
 
 from molpredict.component import Component
+from molpredict.kernels.workers import active_row_pool
 
 __all__ = ["Kernel", "InputKernel", "OutputKernel", "DegenerateObjectWarning", "normalize_block", "saveable",
            "StateNotSaveable", "encode_fitted", "decode_fitted"]
@@ -66,6 +67,10 @@ def _warn_degenerate(kernel: "Kernel", n_degenerate: int, n_total: int, where: s
             DegenerateObjectWarning, stacklevel=3)
 
 
+#: the fewest rows of a block that ``block_cells`` leaves
+MIN_BLOCK_ROWS = 32
+
+
 class Kernel(Component, ABC):
     """A positive semi-definite kernel between objects of one type.
 
@@ -82,12 +87,20 @@ class Kernel(Component, ABC):
     normalized: ClassVar[bool] = True
     #: rows per block in transform/gram (memory stays O(block_rows * n_fit)); an instance may override it
     block_rows: ClassVar[int] = 2048
+    #: at most this many kernel values (rows x reference objects) per block, where set: the spectrum kernels'
+    #: blocks of 2,048 rows against the 46,529 training spectra (762 MB a temporary) computed the same rows 1.6x
+    #: slower than blocks of 256 (docs/benchmarks/train_speed_rows.md); blocks against a few thousand landmarks
+    #: keep ``block_rows``
+    block_cells: ClassVar[int | None] = None
     #: False for kernels that are only approximately positive semi-definite (the conformance suite then
     #: skips the eigenvalue check); may be a property when it depends on the parameters
     psd: ClassVar[bool] = True
     #: k(x, x) = 1 for every x although ``normalized`` is False (the raw kernel is normalised by construction,
     #: e.g. Tanimoto): gram's self pairs are set to exactly 1 and :meth:`diagonal` gives ones
     unit_diagonal: ClassVar[bool] = False
+    #: large row requests may run on worker processes (:mod:`molpredict.kernels.workers`): the fitted kernel
+    #: pickles, and its rows are Python-bound work that threads do not spread (the spectrum kernels)
+    rows_in_processes: ClassVar[bool] = False
 
     # -- to implement ------------------------------------------------------------------------------------
     @abstractmethod
@@ -134,11 +147,31 @@ class Kernel(Component, ABC):
         return normalize_block(raw, diag_a, diag_b) if self.normalized else raw
 
     def _transform_features(self, features: Any, out: np.ndarray) -> int:
-        """Fill ``out`` (len(features), n_fit) block by block; returns the number of degenerate rows."""
+        """Fill ``out`` (len(features), n_fit) block by block; returns the number of degenerate rows. Within
+        :func:`~molpredict.kernels.workers.rows_on_workers`, a large request of a kernel that opts in
+        (:attr:`rows_in_processes`) runs on worker processes, with the same values."""
+        pool = active_row_pool()
+        if pool is not None and pool.wants(self, len(features)):
+            n_degenerate = pool.transform_features(self, features, out)
+            if n_degenerate is not None:
+                return n_degenerate if self.normalized else 0
+        return self._rows_here(features, out)
+
+    def rows_per_block(self) -> int:
+        """Rows computed at once against the reference objects: ``block_rows``, fewer where ``block_cells``
+        bounds a block's values (at least 32)."""
+        rows = int(self.block_rows)
+        if self.block_cells:
+            rows = min(rows, max(MIN_BLOCK_ROWS, int(self.block_cells) // max(1, int(getattr(self, "n_fit_", 1)))))
+        return rows
+
+    def _rows_here(self, features: Any, out: np.ndarray) -> int:
+        """:meth:`_transform_features` in this process."""
         n = len(features)
         n_degenerate = 0
-        for start in range(0, n, self.block_rows):
-            stop = min(start + self.block_rows, n)
+        step = self.rows_per_block()
+        for start in range(0, n, step):
+            stop = min(start + step, n)
             block = self.take(features, slice(start, stop))
             diag = np.asarray(self.self_similarity(block), dtype=np.float64)
             n_degenerate += int(np.count_nonzero(diag <= 0))

@@ -37,7 +37,7 @@ from molpredict.chem.formulas import explain_masses, precursor_ion_formula, subf
 from molpredict.chem.molecules import ELECTRON_MASS
 from molpredict.spectra.record import Spectrum
 from molpredict.kernels.base import InputKernel, normalize_block, saveable
-from molpredict.kernels.spectra import _check_positive, _clean_peaks, _precision_of
+from molpredict.kernels.spectra import BLOCK_CELLS, _check_positive, _clean_peaks, _precision_of
 
 __all__ = ["FormulaBags", "formula_bags", "bag_dot", "FormulaAnnotationKernel"]
 
@@ -235,6 +235,8 @@ class FormulaAnnotationKernel(InputKernel):
     """
 
     reads_formula = True
+    rows_in_processes = True  # Python-bound rows (see molpredict.kernels.workers)
+    block_cells = BLOCK_CELLS
 
     def __init__(self, ppm: float = 10.0, mz_tolerance: float = 0.005, intensity_power: float = 0.5,
                  loss_weight: float = 0.5, explanations: str = "all") -> None:

@@ -43,7 +43,7 @@ from molpredict.component import frozen_spec
 from molpredict.errors import InputError, SpecError
 from molpredict.specs import format_value
 from molpredict.kernels.base import DegenerateObjectWarning, InputKernel, _warn_degenerate, normalize_block, saveable
-from molpredict.kernels.spectra import peaks_cleaned_once
+from molpredict.kernels.spectra import BLOCK_CELLS, peaks_cleaned_once
 
 __all__ = ["split_kernel_list", "centered_gram", "centered_alignment", "alignf_weights", "MKLKernel"]
 
@@ -179,6 +179,15 @@ class MKLKernel(InputKernel):
     @property
     def psd(self) -> bool:  # type: ignore[override]
         return all(getattr(k, "psd", True) for k in getattr(self, "subkernels_", []))
+
+    #: the sub-kernels' blocks are computed together, as one block of this kernel
+    block_cells = BLOCK_CELLS
+
+    @property
+    def rows_in_processes(self) -> bool:  # type: ignore[override]
+        """Whether every fitted sub-kernel's rows may run on worker processes (then the sum's may)."""
+        subkernels = getattr(self, "subkernels_", [])
+        return bool(subkernels) and all(getattr(k, "rows_in_processes", False) for k in subkernels)
 
     @property
     def reads_formula(self) -> bool:  # type: ignore[override]

@@ -69,6 +69,7 @@ from molpredict.spectra.record import Spectrum
 from molpredict.kernels.base import InputKernel, normalize_block, saveable
 
 __all__ = [
+    "BLOCK_CELLS",
     "PeakSet",
     "peak_set",
     "pair_difference_set",
@@ -99,6 +100,9 @@ DEFAULT_PAIR_BIN_WIDTH = 0.01
 MAX_PAIRS = 500_000
 #: bound on the entries of one bincount target (rows x n_reference)
 MAX_CELLS = 4_000_000
+#: bound on the kernel values of one block of rows (``Kernel.block_cells``): 256 rows against the 46,529 training
+#: spectra of train_pos, 1.6x faster than the 2,048 of ``block_rows`` there (docs/benchmarks/train_speed_rows.md)
+BLOCK_CELLS = 12_000_000
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -590,7 +594,11 @@ def _check_positive(name: str, value: Any, allow_none: bool = False) -> None:
 
 
 class _PPKMixin:
-    """Parameter handling shared by the two PPK kernels."""
+    """Parameter handling shared by the PPK kernels."""
+
+    #: rows per block are Python-bound numpy calls: large requests may run on worker processes
+    rows_in_processes = True
+    block_cells = BLOCK_CELLS
 
     mz_sigma: float | str
     ppm: float | None
@@ -867,6 +875,9 @@ class CosineKernel(InputKernel):
     matching : {"binned", "greedy"}
     intensity_power : float
     """
+
+    rows_in_processes = True  # Python-bound rows (see molpredict.kernels.workers)
+    block_cells = BLOCK_CELLS
 
     def __init__(self, tolerance: float = 0.01, matching: str = "binned", intensity_power: float = 0.5) -> None:
         self.tolerance = tolerance

@@ -319,6 +319,7 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
             raise InputError(f"no usable {mode} training spectra (use --ion-mode to train other modes)",
                              path=", ".join(str(p) for p in train_paths))
     from molpredict.chem.molecules import DEFAULT_ADDUCTS, remembered_fingerprints
+    from molpredict.kernels.workers import rows_on_workers
     from molpredict.spectra.cleaning import CleaningPipeline
 
     cleaning = (CleaningPipeline.from_dict(options.cleaning) if options.cleaning else CleaningPipeline()).to_dict()
@@ -341,9 +342,10 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
 
             candidates = ranking_candidates(val.molecules[mode], sets, calibration_sets) if sets else None
             val_pair = ValidationData(val.spectra[mode], val.molecules[mode], candidates)
-        # the validation candidates are featurised by the model, the prior and its reference test: once
+        # the validation candidates are featurised by the model, the prior and its reference test: once; the
+        # spectrum kernels' large row requests (the landmarks against every training spectrum) run on every core
         with remembered_fingerprints(val_pair.candidates.molecules if val_pair is not None
-                                     and val_pair.candidates is not None else ()):
+                                     and val_pair.candidates is not None else ()), rows_on_workers():
             n_struct = train.n_structures(mode)
             model = build_model(options.model, options.component_params("spectrum", len(spectra), n_struct))
             if model.input_type != "spectrum":
