@@ -156,3 +156,33 @@ def test_training_names_no_model():
     source = _inspect.getsource(training)
     for name in ("dsokr", "iokr", "OKR_MODELS", "okr-robust"):
         assert f'"{name}"' not in source and f"'{name}'" not in source
+
+
+def test_each_mode_trains_with_kernel_rows_on_workers(files, monkeypatch):
+    """The model's fit and the scoring of each ion mode run inside one rows_on_workers block (closed after it)."""
+    from contextlib import contextmanager
+
+    import identification_helpers
+    from molpredict.kernels import workers
+
+    tmp_path, _, _ = files
+    opened, seen_in_fit = [], []
+
+    @contextmanager
+    def recording(n_jobs=-1, min_pairs=workers.MIN_PAIRS):
+        with workers.using_pool(workers.RowPool(2, min_pairs=min_pairs)) as pool:
+            opened.append(pool)
+            yield pool
+
+    original_fit = identification_helpers.FingerprintRidge.fit
+
+    def fit(self, *args, **kwargs):
+        seen_in_fit.append(workers.active_row_pool())
+        return original_fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(workers, "rows_on_workers", recording)
+    monkeypatch.setattr(identification_helpers.FingerprintRidge, "fit", fit)
+    train_bundle([tmp_path / "train_pos.mgf", tmp_path / "train_neg.mgf"], TrainOptions(model=FAKE_MODEL),
+                 progress=False)
+    assert len(opened) == 2 and seen_in_fit == opened  # one pool per mode, active while its model fits
+    assert workers.active_row_pool() is None and all(p._executor is None for p in opened)

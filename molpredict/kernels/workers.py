@@ -29,7 +29,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-__all__ = ["rows_on_workers", "using_pool", "active_row_pool", "RowPool", "MIN_PAIRS", "MIN_CHUNK_ROWS"]
+__all__ = ["rows_on_workers", "using_pool", "rows_here", "active_row_pool", "RowPool", "MIN_PAIRS", "MIN_CHUNK_ROWS"]
 
 #: requests of fewer kernel values (rows x reference objects) stay in this process: starting a spawned worker
 #: costs about a second, and the default spectrum kernel computes about 3 million values a second per core
@@ -72,6 +72,18 @@ def using_pool(pool: "RowPool") -> Iterator["RowPool"]:
     finally:
         _ACTIVE.pool = previous
         pool.close()
+
+
+@contextmanager
+def rows_here() -> Iterator[None]:
+    """Within the block, every kernel row is computed in this process: an active pool is set aside (not closed)
+    and comes back at the end."""
+    previous = active_row_pool()
+    _ACTIVE.pool = None
+    try:
+        yield
+    finally:
+        _ACTIVE.pool = previous
 
 
 class RowPool:
