@@ -135,3 +135,16 @@ def test_a_failing_worker_falls_back_to_this_process():
             got = kernel.transform_features(kernel.featurize(queries))
         assert pool.broken and not pool.wants(kernel, 80)
     np.testing.assert_array_equal(want, got)
+
+
+@pytest.mark.filterwarnings("ignore::molpredict.kernels.base.DegenerateObjectWarning")
+def test_a_refitted_kernel_is_sent_again():
+    kernel = PPKLossesKernel().fit(random_spectra(100))
+    queries = random_spectra(80, seed=5)
+    with using_pool(RowPool(2, min_pairs=0)):
+        first = kernel.transform(queries)
+        kernel.fit(random_spectra(100, seed=6))  # same object, other reference spectra
+        second = kernel.transform(queries)
+    np.testing.assert_array_equal(first, PPKLossesKernel().fit(random_spectra(100)).transform(queries))
+    np.testing.assert_array_equal(second, kernel.transform(queries))
+    assert not np.array_equal(first, second)

@@ -106,6 +106,7 @@ class RowPool:
         # ids from being reused while the pool lives
         self._shipped: dict[int, tuple[Any, Any, str]] = {}
         self._refused: set[int] = set()
+        self._files_written = 0
         self.broken = False
         self.tasks_run = 0
 
@@ -154,7 +155,9 @@ class RowPool:
             return shipped[2]
         if self._directory is None:
             self._directory = tempfile.mkdtemp(prefix="molpredict-rows-")
-        path = os.path.join(self._directory, f"kernel-{len(self._shipped)}-{id(kernel)}.pickle")
+        # a new name per shipment: a refitted kernel must not reach a worker that cached the file's old content
+        self._files_written += 1
+        path = os.path.join(self._directory, f"kernel-{self._files_written}.pickle")
         try:
             with open(path, "wb") as handle:
                 pickle.dump(kernel, handle, protocol=pickle.HIGHEST_PROTOCOL)
