@@ -88,8 +88,8 @@ class Kernel(Component, ABC):
     #: rows per block in transform/gram (memory stays O(block_rows * n_fit)); an instance may override it
     block_rows: ClassVar[int] = 2048
     #: at most this many kernel values (rows x reference objects) per block, where set: the spectrum kernels'
-    #: blocks of 2,048 rows against the 46,529 training spectra (762 MB a temporary) computed the same rows 1.6x
-    #: slower than blocks of 256 (docs/benchmarks/train_speed_rows.md); blocks against a few thousand landmarks
+    #: blocks of 2,048 rows against the 47,880 training spectra (784 MB a temporary) computed the same rows 1.7x
+    #: slower than blocks of 250 (docs/benchmarks/train_speed_rows.md); blocks against a few thousand landmarks
     #: keep ``block_rows``
     block_cells: ClassVar[int | None] = None
     #: False for kernels that are only approximately positive semi-definite (the conformance suite then

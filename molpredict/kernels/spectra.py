@@ -100,8 +100,8 @@ DEFAULT_PAIR_BIN_WIDTH = 0.01
 MAX_PAIRS = 500_000
 #: bound on the entries of one bincount target (rows x n_reference)
 MAX_CELLS = 4_000_000
-#: bound on the kernel values of one block of rows (``Kernel.block_cells``): 256 rows against the 46,529 training
-#: spectra of train_pos, 1.6x faster than the 2,048 of ``block_rows`` there (docs/benchmarks/train_speed_rows.md)
+#: bound on the kernel values of one block of rows (``Kernel.block_cells``): 250 rows against the 47,880 cleaned
+#: spectra of train_pos, 1.7x faster than the 2,048 of ``block_rows`` there (docs/benchmarks/train_speed_rows.md)
 BLOCK_CELLS = 12_000_000
 
 
