@@ -148,3 +148,21 @@ def test_a_refitted_kernel_is_sent_again():
     np.testing.assert_array_equal(first, PPKLossesKernel().fit(random_spectra(100)).transform(queries))
     np.testing.assert_array_equal(second, kernel.transform(queries))
     assert not np.array_equal(first, second)
+
+
+@pytest.mark.filterwarnings("ignore::molpredict.kernels.base.DegenerateObjectWarning")
+def test_workers_start_only_as_many_as_memory_allows(monkeypatch):
+    from molpredict.kernels import workers
+
+    kernel = PPKLossesKernel().fit(random_spectra(100))
+    queries = random_spectra(80, seed=7)
+    want = kernel.transform(queries)
+    monkeypatch.setattr(workers, "available_memory", lambda: 10_000)  # room for no worker at all
+    with using_pool(RowPool(4, min_pairs=0)) as pool:
+        got = kernel.transform(queries)
+        assert pool.tasks_run == 0 and pool._executor is None and pool.workers < 2
+    np.testing.assert_array_equal(want, got)
+    monkeypatch.setattr(workers, "available_memory", lambda: None)  # unknown: every process asked for
+    with using_pool(RowPool(2, min_pairs=0)) as pool:
+        np.testing.assert_array_equal(want, kernel.transform(queries))
+        assert pool.workers == 2 and pool.tasks_run > 0

@@ -10,6 +10,8 @@ a large request of rows (``gram``, ``transform``) on a pool of spawned processes
   (transport between this process and its own workers; the directory is removed with the pool);
 - the rows are cut into chunks of whole rows, and a worker runs the kernel's own block code on its chunk, so every
   value is the one the single-process path computes, bit for bit;
+- the pool starts only as many processes as fit in half of the memory available then (each holds the kernel and
+  a chunk's rows); fewer than two, and this process computes the rows;
 - a kernel that cannot be pickled, or a pool that breaks, falls back to this process with a warning: the values do
   not depend on where they were computed.
 
@@ -29,7 +31,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-__all__ = ["rows_on_workers", "using_pool", "rows_here", "active_row_pool", "RowPool", "MIN_PAIRS", "MIN_CHUNK_ROWS"]
+__all__ = ["rows_on_workers", "using_pool", "rows_here", "active_row_pool", "RowPool", "available_memory", "MIN_PAIRS",
+           "MIN_CHUNK_ROWS"]
 
 #: requests of fewer kernel values (rows x reference objects) stay in this process: starting a spawned worker
 #: costs about a second, and the default spectrum kernel computes about 3 million values a second per core
@@ -129,6 +132,10 @@ class RowPool:
         if path is None:
             return None
         chunk = max(MIN_CHUNK_ROWS, min(kernel.rows_per_block(), -(-n // (4 * self.workers))))
+        # a worker holds the unpickled kernel and a chunk's rows twice (computed, then pickled to send back)
+        per_worker = 2 * os.path.getsize(path) + 2 * chunk * int(kernel.n_fit_) * 8
+        if self._executor is None and self._processes_that_fit(per_worker) < 2:
+            return None  # too little free memory for two workers: this process computes the rows
         starts = range(0, n, chunk)
         try:
             executor = self._pool()
@@ -169,6 +176,14 @@ class RowPool:
         self._shipped[id(kernel)] = (kernel, kernel.fit_features_, path)
         return path
 
+    def _processes_that_fit(self, per_worker: int) -> int:
+        """How many of the pool's processes fit in half of the memory now available (all where it is unknown);
+        the pool starts that many."""
+        available = available_memory()
+        if available is not None:
+            self.workers = min(self.workers, int(available // 2 // max(1, per_worker)))
+        return self.workers
+
     def _pool(self) -> Any:
         if self._executor is None:
             from concurrent.futures import ProcessPoolExecutor
@@ -187,6 +202,18 @@ class RowPool:
             shutil.rmtree(self._directory, ignore_errors=True)
             self._directory = None
         self._shipped.clear()
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new processes (Linux ``MemAvailable``), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 #: in a worker: the kernels loaded so far, by file
