@@ -130,11 +130,16 @@ class CandidateCoordinates:
             coords = np.asarray(model.candidate_coordinates(self.source.molecules(distinct)), dtype=dtype)
             timings["featurize_s"] += time.perf_counter() - t0
             return coords if in_order else coords[inverse]
-        keys = self.source.keys(distinct)
-        computing = bool((cache.rows(keys) < 0).any())
-        coords = cache.coordinates(keys, lambda positions: self.source.molecules(distinct[positions]),
-                                   model.candidate_coordinates, dtype=dtype, order=None if in_order else inverse)
-        timings["featurize_s" if computing else "cache_read_s"] += time.perf_counter() - t0
+        computed = []  # whether the store computed any (missing or damaged) rows: the time is featurising then
+
+        def compute(molecules: list[Any]) -> np.ndarray:
+            computed.append(len(molecules))
+            return model.candidate_coordinates(molecules)
+
+        coords = cache.coordinates(self.source.keys(distinct),
+                                   lambda positions: self.source.molecules(distinct[positions]), compute, dtype=dtype,
+                                   order=None if in_order else inverse)
+        timings["featurize_s" if computed else "cache_read_s"] += time.perf_counter() - t0
         return coords
 
 
