@@ -152,9 +152,9 @@ class Kernel(Component, ABC):
         (:attr:`rows_in_processes`) runs on worker processes, with the same values."""
         pool = active_row_pool()
         if pool is not None and pool.wants(self, len(features)):
-            n_degenerate = pool.transform_features(self, features, out)
+            n_degenerate = pool.transform_features(self, features, out)  # the workers' _rows_here counts
             if n_degenerate is not None:
-                return n_degenerate if self.normalized else 0
+                return n_degenerate
         return self._rows_here(features, out)
 
     def rows_per_block(self) -> int:
