@@ -10,7 +10,7 @@ import pytest
 from molpredict.kernels.base import DegenerateObjectWarning, MIN_BLOCK_ROWS
 from molpredict.kernels.mkl import MKLKernel
 from molpredict.kernels.spectra import BLOCK_CELLS, CosineKernel, PPKLossesKernel
-from molpredict.kernels.workers import MIN_PAIRS, RowPool, active_row_pool, rows_on_workers, using_pool
+from molpredict.kernels.workers import MIN_PAIRS, RowPool, active_row_pool, rows_here, rows_on_workers, using_pool
 from molpredict.spectra.record import Spectrum
 
 from test_kernels_formulas import formula_spectra
@@ -166,3 +166,17 @@ def test_workers_start_only_as_many_as_memory_allows(monkeypatch):
     with using_pool(RowPool(2, min_pairs=0)) as pool:
         np.testing.assert_array_equal(want, kernel.transform(queries))
         assert pool.workers == 2 and pool.tasks_run > 0
+
+
+@pytest.mark.filterwarnings("ignore::molpredict.kernels.base.DegenerateObjectWarning")
+def test_rows_here_sets_the_active_pool_aside_and_brings_it_back():
+    kernel = PPKLossesKernel().fit(random_spectra(100))
+    queries = random_spectra(80, seed=8)
+    with using_pool(RowPool(2, min_pairs=0)) as pool:
+        with rows_here():
+            assert active_row_pool() is None
+            here = kernel.transform(queries)
+        assert active_row_pool() is pool and pool.tasks_run == 0  # nothing ran on the workers, the pool stays open
+        np.testing.assert_array_equal(here, kernel.transform(queries))
+        assert pool.tasks_run > 0
+    assert active_row_pool() is None

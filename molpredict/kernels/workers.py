@@ -66,14 +66,23 @@ def rows_on_workers(n_jobs: int | None = -1, min_pairs: int = MIN_PAIRS) -> Iter
 
 
 @contextmanager
-def using_pool(pool: "RowPool") -> Iterator["RowPool"]:
-    """Make ``pool`` this thread's active pool within the block, and close it at the end."""
+def _active(pool: "RowPool | None") -> Iterator[None]:
+    """``pool`` (None: no pool) is this thread's active pool within the block; the previous one comes back after."""
     previous = active_row_pool()
     _ACTIVE.pool = pool
     try:
-        yield pool
+        yield
     finally:
         _ACTIVE.pool = previous
+
+
+@contextmanager
+def using_pool(pool: "RowPool") -> Iterator["RowPool"]:
+    """Make ``pool`` this thread's active pool within the block, and close it at the end."""
+    try:
+        with _active(pool):
+            yield pool
+    finally:
         pool.close()
 
 
@@ -81,12 +90,8 @@ def using_pool(pool: "RowPool") -> Iterator["RowPool"]:
 def rows_here() -> Iterator[None]:
     """Within the block, every kernel row is computed in this process: an active pool is set aside (not closed)
     and comes back at the end."""
-    previous = active_row_pool()
-    _ACTIVE.pool = None
-    try:
+    with _active(None):
         yield
-    finally:
-        _ACTIVE.pool = previous
 
 
 class RowPool:
