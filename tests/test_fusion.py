@@ -189,3 +189,30 @@ def test_validation_sets_from_a_library_and_ranking_candidates():
     scored_only = ranking_candidates(val, [{truth: sets[truth]}], [{truth: sets[truth][:3]}])
     assert scored_only.collections.tolist() == [0, 0, 1, 1] and scored_only.ranked.tolist() == [True, True,
                                                                                                  False, False]
+
+
+def test_candidate_order_does_not_give_the_truth_away_where_scores_tie():
+    # The set files put the truth first, and a second pass keeps a set's top k by score with ties by position.
+    # With every first-pass score tied (a spectrum cleaned down to no peaks, ranked without the prior), the
+    # kept candidates must not depend on where the file puts the truth: both sources order a set by candidate
+    # key. Here the truth's key sorts last, so a tied top 2 never holds it (by file order it always did).
+    from molpredict.chem.molecules import Molecule
+    from molpredict.identification.candidate_sources import SetSource
+    from molpredict.identification.fusion import top_k_flat
+    from molpredict.training.ranking_validation import ranking_candidates
+
+    isomers = [Molecule(s) for s in ("CC(=O)Nc1ccc(O)cc1", "CC(=O)Nc1cccc(O)c1", "CC(=O)Nc1ccccc1O",
+                                     "COC(=O)c1ccc(N)cc1", "Nc1ccc(cc1)C(=O)OC")]
+    pairs = sorted({(m.inchikey14, m.smiles) for m in isomers})
+    truth = pairs[-1]
+    truth_molecule = next(m for m in isomers if m.inchikey14 == truth[0])
+    for entries in ([truth] + pairs[:-1], pairs[:-1] + [truth], list(reversed(pairs))):
+        sets = {truth[0]: entries}
+        source = SetSource(sets)
+        ids = source.set_ids(truth[0])
+        assert list(zip(source.inchikey14(ids), source.fields(ids)["smiles"])) == pairs
+        candidates = ranking_candidates([truth_molecule], [sets])
+        assert [(m.inchikey14, m.smiles) for m in (candidates.molecules[j] for j in candidates.sets[0])] == pairs
+        assert candidates.is_true[0].tolist() == [p == truth for p in pairs]
+        keep, _ = top_k_flat(np.zeros(len(pairs)), np.array([0, len(pairs)]), 2)
+        assert not candidates.is_true[0][keep].any()

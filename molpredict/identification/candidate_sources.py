@@ -268,7 +268,10 @@ class SetSource(CandidateSource):
     """Candidates from MassSpecGym-style sets ``{query inchikey14: [(inchikey14, smiles), ...]}``.
 
     Each query's candidates are the set of its true structure's first block. The distinct ``(inchikey14,
-    smiles)`` pairs of all sets form the id table.
+    smiles)`` pairs of all sets form the id table. A set's candidates come in the order of their keys
+    (``inchikey14``, then SMILES), whatever the file's order: the shared files put the truth first, and where
+    scores tie (a second pass takes a set's top k by score, ties by position) the file's order would give the
+    truth away.
     """
 
     def __init__(self, sets: dict[str, list[tuple[str, str]]]) -> None:
@@ -276,12 +279,12 @@ class SetSource(CandidateSource):
         self._set_ids: dict[str, np.ndarray] = {}
         for query, entries in sets.items():
             ids = []
-            for pair in entries:
+            for pair in sorted(set(entries)):
                 j = index.get(pair)
                 if j is None:
                     j = index[pair] = len(index)
                 ids.append(j)
-            self._set_ids[query] = np.unique(np.asarray(ids, dtype=np.int64))
+            self._set_ids[query] = np.asarray(ids, dtype=np.int64)
         pairs = list(index)
         self._ik14 = np.array([p[0] for p in pairs], dtype=object)
         self._smiles = np.array([p[1] for p in pairs], dtype=object)

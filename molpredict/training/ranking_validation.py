@@ -628,7 +628,9 @@ def ranking_candidates(molecules: Sequence[Any], collections: Sequence[Mapping[s
     sets, one set per input whose structure has a set there (an input may rank once per collection), or None
     when no input has one. The sets of the ``scored_only`` collections follow, not ``ranked``: the model scores
     them in the same pass, for the calibration alone. Each set records the collection it came from
-    (``collections``: its index among ``collections`` then ``scored_only``)."""
+    (``collections``: its index among ``collections`` then ``scored_only``). A set's candidates come in the
+    order of their keys (``inchikey14``, then SMILES), not the file's, which puts the truth first: where the
+    second pass's top k breaks ties by position, that order would favour the truth."""
     from molpredict.models.base import CandidateSets
     from molpredict.chem.molecules import Molecule
 
@@ -644,7 +646,7 @@ def ranking_candidates(molecules: Sequence[Any], collections: Sequence[Mapping[s
                 entries = sets.get(key)
                 if entries:
                     ids = []
-                    for pair in dict.fromkeys((str(k), str(s)) for k, s in entries):
+                    for pair in sorted({(str(k), str(s)) for k, s in entries}):
                         j = index.get(pair)
                         if j is None:
                             j = index[pair] = len(pool)
