@@ -40,6 +40,7 @@ __all__ = [
     "read_library",
     "shares_one_formula",
     "load_candidate_sets",
+    "in_key_order",
     "candidate_set_molecules",
     "describe_smiles",
     "describe_many",
@@ -899,6 +900,17 @@ def shares_one_formula(molecules: Iterable[Molecule]) -> bool:
             return False
     return True
 
+
+
+def in_key_order(entries: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A candidate set's distinct ``(inchikey14, smiles)`` pairs in key order (InChIKey first block, then SMILES),
+    whatever the file's order.
+
+    The shared set files list the truth first, and a second pass keeps a set's top k with ties broken by position
+    (:func:`molpredict.identification.fusion.top_k_flat`): in file order, a query whose scores all tie would
+    always keep its truth. Every source of candidate sets for ranking takes them in this order.
+    """
+    return sorted({(str(k), str(s)) for k, s in entries})
 
 def candidate_set_molecules(entries: Sequence[tuple[str, str]], source: str | None = None) -> list[Molecule]:
     """Cheap ``Molecule`` records for one candidate set's ``(inchikey14, smiles)`` pairs (``inchikey14`` set,

@@ -268,18 +268,18 @@ class SetSource(CandidateSource):
     """Candidates from MassSpecGym-style sets ``{query inchikey14: [(inchikey14, smiles), ...]}``.
 
     Each query's candidates are the set of its true structure's first block. The distinct ``(inchikey14,
-    smiles)`` pairs of all sets form the id table. A set's candidates come in the order of their keys
-    (``inchikey14``, then SMILES), whatever the file's order: the shared files put the truth first, and where
-    scores tie (a second pass takes a set's top k by score, ties by position) the file's order would give the
-    truth away.
+    smiles)`` pairs of all sets form the id table. A set's candidates come in key order
+    (:func:`~molpredict.chem.candidates.in_key_order`), not the file's, which puts the truth first.
     """
 
     def __init__(self, sets: dict[str, list[tuple[str, str]]]) -> None:
+        from molpredict.chem.candidates import in_key_order
+
         index: dict[tuple[str, str], int] = {}
         self._set_ids: dict[str, np.ndarray] = {}
         for query, entries in sets.items():
             ids = []
-            for pair in sorted(set(entries)):
+            for pair in in_key_order(entries):
                 j = index.get(pair)
                 if j is None:
                     j = index[pair] = len(index)

@@ -499,9 +499,8 @@ def top_k_flat(scores: np.ndarray, offsets: np.ndarray, k: int) -> tuple[np.ndar
     """The ``k`` best-scored candidates of every set (all of a smaller set), pure function.
 
     Ties are broken by position (the earlier candidate first), so the choice is deterministic. The order must
-    then not depend on the label: the candidate-set sources (:class:`~molpredict.identification.candidate_sources.
-    SetSource`, :func:`~molpredict.training.ranking_validation.ranking_candidates`) order each set by candidate
-    key, because the set files put the truth first.
+    then not depend on the label: the candidate-set sources order each set by candidate key
+    (:func:`~molpredict.chem.candidates.in_key_order`), because the set files put the truth first.
 
     Parameters
     ----------

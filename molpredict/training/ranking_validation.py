@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from molpredict.chem.candidates import shares_one_formula
+from molpredict.chem.candidates import in_key_order, shares_one_formula
 from molpredict.chem.molecules import Molecule, n_workers
 from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES, FDR_Z, WEIGHTINGS, Calibrator,
                                                    confident_at_fdr, expected_calibration_error, grouped_folds,
@@ -628,9 +628,8 @@ def ranking_candidates(molecules: Sequence[Any], collections: Sequence[Mapping[s
     sets, one set per input whose structure has a set there (an input may rank once per collection), or None
     when no input has one. The sets of the ``scored_only`` collections follow, not ``ranked``: the model scores
     them in the same pass, for the calibration alone. Each set records the collection it came from
-    (``collections``: its index among ``collections`` then ``scored_only``). A set's candidates come in the
-    order of their keys (``inchikey14``, then SMILES), not the file's, which puts the truth first: where the
-    second pass's top k breaks ties by position, that order would favour the truth."""
+    (``collections``: its index among ``collections`` then ``scored_only``). A set's candidates come in key
+    order (:func:`~molpredict.chem.candidates.in_key_order`), not the file's, which puts the truth first."""
     from molpredict.models.base import CandidateSets
     from molpredict.chem.molecules import Molecule
 
@@ -646,7 +645,7 @@ def ranking_candidates(molecules: Sequence[Any], collections: Sequence[Mapping[s
                 entries = sets.get(key)
                 if entries:
                     ids = []
-                    for pair in sorted({(str(k), str(s)) for k, s in entries}):
+                    for pair in in_key_order(entries):
                         j = index.get(pair)
                         if j is None:
                             j = index[pair] = len(pool)
