@@ -3,12 +3,37 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_write", "atomic_text", "replace_atomically", "fsync_directory"]
+__all__ = ["atomic_write", "atomic_text", "replace_atomically", "fsync_directory", "creation_mode"]
+
+
+def _umask() -> int:
+    """The process's umask: read from ``/proc`` where Linux shows it (setting it to read it is not thread-safe),
+    else set and restored."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    current = os.umask(0o022)
+    os.umask(current)
+    return current
+
+
+def creation_mode(directory: bool = False) -> int:
+    """The permission bits ``open`` / ``mkdir`` would give a new file (directory) under this process's umask.
+
+    ``tempfile.mkstemp`` / ``mkdtemp`` create theirs owner-only (0600 / 0700) whatever the umask; renamed into place,
+    a model's tensors, a report or a library would stay unreadable to the group and to workers under other accounts.
+    """
+    return (0o777 if directory else 0o666) & ~_umask()
 
 
 def fsync_directory(directory: str | os.PathLike) -> None:
@@ -51,8 +76,13 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
     ...     handle.write("a\\tb\\n")
     """
     path = Path(path)
+    try:  # a file written over keeps its permissions; a new one gets the umask's, as open() would give it
+        permissions = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        permissions = creation_mode()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.chmod(tmp, permissions)
         binary = "b" in mode
         with os.fdopen(fd, mode, **({} if binary else {"encoding": encoding, "newline": newline})) as handle:
             yield handle

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from molpredict.atomic import creation_mode
+
 __all__ = ["home_dir", "file_sha256", "known_file_sha256", "library_cache_dir", "library_entry", "LibraryEntry", "load_library_entry",
            "store_library_entry", "discard_entry", "LIBRARY_CACHE_FORMAT"]
 
@@ -155,6 +157,7 @@ def store_library_entry(entry: Path, table: Any, report: dict[str, Any] | None,
         entry.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=entry.parent))
         try:
+            os.chmod(tmp, creation_mode(directory=True))  # mkdtemp's 0700 would hide a shared cache from others
             with pa.OSFile(str(tmp / _TABLE_FILE), "wb") as sink:
                 with pa.ipc.new_file(sink, table.schema) as writer:
                     writer.write_table(table)

@@ -304,6 +304,48 @@ def test_a_failed_mgf_write_leaves_the_previous_file(tmp_path, name):
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]  # no temporary left behind
 
 
+def _permissions(path) -> int:
+    import stat
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_atomic_writes_get_the_permissions_open_would_give(tmp_path, monkeypatch):
+    """``mkstemp`` makes its file 0600 and ``mkdtemp`` its directory 0700: renamed into place as they are, a built
+    library, a report or a model's tensors would be unreadable to the group and to workers under other accounts.
+    A new file gets ``0666 & ~umask`` (as ``open`` gives it), a file written over keeps its own bits, and a library's
+    cache entry gets ``0777 & ~umask``."""
+    import os
+
+    from molpredict.atomic import atomic_write, creation_mode
+    from molpredict.cache import library_entry
+    from molpredict.chem.candidates import CandidateLibrary, read_library
+
+    monkeypatch.setenv("MOLPREDICT_HOME", str(tmp_path / "home"))
+    before = os.umask(0o022)
+    try:
+        assert (creation_mode(), creation_mode(directory=True)) == (0o644, 0o755)
+        library = tmp_path / "lib.tsv"
+        CandidateLibrary.from_smiles(["CCO", "c1ccccc1"]).to_tsv(library)
+        assert _permissions(library) == 0o644
+        read_library(library, cache=True)  # stores its cache entry
+        entry = library_entry(library)
+        assert entry.is_dir() and _permissions(entry) == 0o755
+        assert {_permissions(f) for f in entry.iterdir()} == {0o644}
+        shared = tmp_path / "shared.txt"
+        shared.write_text("a")
+        shared.chmod(0o664)
+        with atomic_write(shared) as handle:
+            handle.write("b")
+        assert shared.read_text() == "b" and _permissions(shared) == 0o664
+        os.umask(0o077)
+        assert creation_mode() == 0o600
+        with atomic_write(tmp_path / "private.txt") as handle:
+            handle.write("c")
+        assert _permissions(tmp_path / "private.txt") == 0o600
+    finally:
+        os.umask(before)
+
+
 def test_library_tsv_is_written_atomically(tmp_path, monkeypatch):
     from molpredict.chem.candidates import CandidateLibrary, read_library
 
