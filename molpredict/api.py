@@ -6,8 +6,10 @@ on first use, so ``import molpredict`` stays cheap.
 """
 from __future__ import annotations
 
+import contextlib
+import numbers
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -41,6 +43,8 @@ def load_model(path: "PathLike | ModelBundle | None" = None) -> "ModelBundle":
 
     if isinstance(path, ModelBundle):
         return path
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise InputError(f"model must be a path or a loaded ModelBundle, not {type(path).__name__}")
     if path is None:
         default, origin = resolve("model")
         if origin == "default" and not Path(default).exists():
@@ -71,6 +75,9 @@ def load_library(library: "PathLike | CandidateLibrary | None" = None, *, progre
 
     if isinstance(library, CandidateLibrary):
         return library
+    if library is not None and not isinstance(library, (str, os.PathLike)):
+        raise InputError(f"library must be a path or a CandidateLibrary (molpredict.load_library), "
+                         f"not {type(library).__name__}")
     # read once per process and known by its file: cluster workers read it themselves (no pickled copy)
     return load_library_once(library_path(library), progress=progress, cache=cache)
 
@@ -100,11 +107,8 @@ def iter_spectra(spectra: Any, report: "SkipReport | None" = None) -> Iterator[A
         return
     if isinstance(spectra, Spectrum) or is_matchms_spectrum(spectra):
         spectra = [spectra]
-    try:
-        items = iter(spectra)
-    except TypeError:
-        raise InputError(f"spectra must be a path, a list of paths or of spectra, not {type(spectra).__name__}") \
-            from None
+    _check_spectra_container(spectra)
+    items = iter(spectra)
     for index, item in enumerate(items, start=1):
         if isinstance(item, (str, os.PathLike)):
             yield from read_spectra(item, report=report)
@@ -116,9 +120,78 @@ def iter_spectra(spectra: Any, report: "SkipReport | None" = None) -> Iterator[A
             raise InputError(f"not a spectrum or a path: {type(item).__name__}", path="spectra", record=index)
 
 
+def _check_spectra_container(spectra: Any) -> None:
+    """Raise the one-line :class:`InputError` for what is not a sequence of paths or spectra: iterating a dict or a
+    DataFrame would read its keys as file names, and bytes as numbers."""
+    if isinstance(spectra, (bytes, bytearray, Mapping)) or hasattr(spectra, "columns") or \
+            not isinstance(spectra, Iterator) and not hasattr(spectra, "__iter__"):
+        raise InputError(f"spectra must be a path, a Spectrum or matchms.Spectrum, or a list of them, "
+                         f"not {type(spectra).__name__}")
+
+
 def _with_record(spectrum: Any, index: int) -> Any:
     import dataclasses
     return dataclasses.replace(spectrum, record=index)
+
+
+@contextlib.contextmanager
+def spectra_files(spectra: Any) -> Iterator[list[str]]:
+    """File paths for the jobs that read files (training, evaluation) from what :func:`iter_spectra` takes: paths as
+    they are, each run of in-memory spectra (molpredict or matchms) written to a temporary MGF, which
+    :func:`~molpredict.io.write_mgf` writes so that it reads back bit for bit (metadata such as SMILES included),
+    and removed on exit. A spectrum's ``record`` in messages is then its 1-based position within its run.
+    """
+    import tempfile
+
+    from molpredict.io import write_mgf
+    from molpredict.io.matchms import from_matchms, is_matchms_spectrum
+    from molpredict.spectra.record import Spectrum
+
+    if isinstance(spectra, (str, os.PathLike)):
+        yield [os.fspath(spectra)]
+        return
+    if isinstance(spectra, Spectrum) or is_matchms_spectrum(spectra):
+        spectra = [spectra]
+    _check_spectra_container(spectra)
+    with tempfile.TemporaryDirectory(prefix="molpredict-spectra-") as directory:
+        paths: list[str] = []
+        run: list[Any] = []
+
+        def flush() -> None:
+            if run:
+                path = os.path.join(directory, f"spectra-{len(paths) + 1}.mgf")
+                write_mgf(run, path)
+                paths.append(path)
+                run.clear()
+
+        for item in spectra:
+            if isinstance(item, (str, os.PathLike)):
+                flush()
+                paths.append(os.fspath(item))
+            elif isinstance(item, Spectrum):
+                run.append(item)
+            elif is_matchms_spectrum(item):
+                run.append(from_matchms(item, len(run) + 1))
+            else:
+                raise InputError(f"not a spectrum or a path: {type(item).__name__}", path="spectra",
+                                 record=len(run) + 1)
+        flush()
+        yield paths
+
+
+def _check_number(name: str, value: Any, *, integer: bool = False, minimum: float | None = None,
+                   positive: bool = False) -> None:
+    """Raise the one-line :class:`InputError` unless ``value`` is a number (an integer) in range (a bool is not)."""
+    kind = numbers.Integral if integer else numbers.Real
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise InputError(f"{name} must be {'an integer' if integer else 'a number'}, not {value!r}")
+    if positive and not value > 0 or minimum is not None and not value >= minimum:
+        raise InputError(f"{name} must be {'> 0' if positive else f'>= {minimum}'}, not {value!r}")
+
+
+def _check_flag(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise InputError(f"{name} must be True or False, not {value!r}")
 
 
 def identify_options(*, top_k: int = 10, by: str | None = None, ppm: float = 10.0, precision_window: bool = True,
@@ -131,8 +204,17 @@ def identify_options(*, top_k: int = 10, by: str | None = None, ppm: float = 10.
 
     if by not in (None, "formula", "mass"):
         raise InputError(f"by must be 'formula', 'mass' or None, not {by!r}")
-    if top_k < 1:
-        raise InputError(f"top_k must be >= 1, not {top_k}")
+    _check_number("top_k", top_k, integer=True, minimum=1)
+    _check_number("ppm", ppm, positive=True)
+    _check_number("block_queries", block_queries, integer=True, minimum=1)
+    for name, flag in (("prior", prior), ("precision_window", precision_window),
+                       ("formula_per_candidate", formula_per_candidate)):
+        _check_flag(name, flag)
+    if isinstance(sources, str):  # one source named alone, not its letters
+        sources = [sources]
+    if formulas is not None and not isinstance(formulas, (str, os.PathLike, Mapping)):
+        raise InputError(f"formulas must be a file of query_id<TAB>formula lines or a dict, "
+                         f"not {type(formulas).__name__}")
     hints = read_formula_hints(formulas) if isinstance(formulas, (str, os.PathLike)) else formulas
     return IdentifyOptions(by=by, ppm=ppm, precision_window=precision_window, sources=list(sources) if sources else None,
                            top_k=top_k, formulas=hints, block_queries=block_queries,
@@ -191,7 +273,8 @@ def identify(spectra: Any, model: "PathLike | ModelBundle | None" = None,
              ppm: float = 10.0, prior: bool = True, cluster: str | None = None,
              formulas: "PathLike | dict[str, str] | None" = None, sources: Sequence[str] | None = None,
              precision_window: bool = True, cache_dir: PathLike | None | bool = None, block_queries: int = 512,
-             properties: Any = None, progress: bool = False) -> "pd.DataFrame":
+             properties: Any = None, formula_per_candidate: bool = True,
+             progress: bool = False) -> "pd.DataFrame":
     """Rank the library's candidate structures for each spectrum, as ``molpredict identify`` does.
 
     Parameters
@@ -223,6 +306,9 @@ def identify(spectra: Any, model: "PathLike | ModelBundle | None" = None,
         The candidate-coordinates store (None: the default one; False: none).
     properties : path or PropertyBundle, optional
         A property model (``molpredict properties train``): adds each property's median and interval per query.
+    formula_per_candidate : bool
+        Without a formula, score each candidate with the formula annotation of its own formula (the command's
+        ``--formula-per-candidate on``, the default); False annotates once, as the bundle was trained.
 
     Returns
     -------
@@ -240,7 +326,7 @@ def identify(spectra: Any, model: "PathLike | ModelBundle | None" = None,
     property_model, columns = load_properties(properties)
     options = identify_options(top_k=top_k, by=by, ppm=ppm, precision_window=precision_window, sources=sources,
                                formulas=formulas, block_queries=block_queries, prior=prior,
-                               properties=property_model)
+                               properties=property_model, formula_per_candidate=formula_per_candidate)
     report = SkipReport()
     stream = iter_spectra(spectra, report=report)
     bundle = load_model(model)
@@ -259,15 +345,16 @@ def identify(spectra: Any, model: "PathLike | ModelBundle | None" = None,
     return frame
 
 
-def train(train: PathLike | Sequence[PathLike], val: PathLike | Sequence[PathLike] = (), *,
+def train(train: Any, val: Any = (), *,
           output: PathLike | None = None, progress: bool = False, log: Callable[[str], None] | None = None,
           **options: Any) -> "ModelBundle":
     """Train a model bundle, as ``molpredict train`` does.
 
     Parameters
     ----------
-    train, val : path or sequence of paths
-        Labelled spectra files (SMILES / INCHIKEY metadata), or description/SMILES tables for a text model.
+    train, val : path, sequence of paths, Spectrum or matchms.Spectrum objects
+        Labelled spectra (SMILES / INCHIKEY metadata; in-memory spectra as :func:`spectra_files` writes them), or
+        description/SMILES tables for a text model.
     output : path, optional
         Save the bundle there too.
     **options
@@ -288,16 +375,16 @@ def train(train: PathLike | Sequence[PathLike], val: PathLike | Sequence[PathLik
     unknown = sorted(set(options) - known)
     if unknown:
         raise InputError(f"unknown training option(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
-    paths = [train] if isinstance(train, (str, os.PathLike)) else list(train)
-    val_paths = [val] if isinstance(val, (str, os.PathLike)) else list(val)
-    bundle, summary = train_bundle(paths, TrainOptions(**options), val_paths=val_paths, progress=progress, log=log)
+    with spectra_files(train) as paths, spectra_files(val) as val_paths:
+        bundle, summary = train_bundle(paths, TrainOptions(**options), val_paths=val_paths, progress=progress,
+                                       log=log)
     bundle.summary = summary
     if output is not None:
         summary["output"] = str(bundle.save(output))
     return bundle
 
 
-def evaluate(spectra: PathLike | Sequence[PathLike], candidates: PathLike, model: "PathLike | ModelBundle | None" = None,
+def evaluate(spectra: Any, candidates: PathLike, model: "PathLike | ModelBundle | None" = None,
              *, prior: bool = True, n_boot: int = 1000, seed: int = 0, kernel_loss: bool = True,
              cluster: str | None = None, cache_dir: PathLike | None | bool = None,
              progress: bool = False) -> dict[str, Any]:
@@ -306,8 +393,8 @@ def evaluate(spectra: PathLike | Sequence[PathLike], candidates: PathLike, model
 
     Parameters
     ----------
-    spectra : path or sequence of paths
-        Spectra with SMILES / INCHIKEY metadata.
+    spectra : path, sequence of paths, Spectrum or matchms.Spectrum objects
+        Spectra with SMILES / INCHIKEY metadata (in-memory spectra as :func:`spectra_files` writes them).
     candidates : path
         Candidate sets JSON ``{query_inchikey14: [[inchikey14, smiles], ...]}``.
 
@@ -323,15 +410,16 @@ def evaluate(spectra: PathLike | Sequence[PathLike], candidates: PathLike, model
     bundle = load_model(model)
     if bundle.input_type != "spectrum":
         raise InputError(f"the model takes {bundle.input_type} input, not spectra", path=str(bundle.path))
-    paths = [spectra] if isinstance(spectra, (str, os.PathLike)) else list(spectra)
+    _check_flag("prior", prior)
     cache_root = coordinates_root(cache_dir)
-    executor = executor_for(cluster)
-    try:
-        return run_evaluation(paths, [(str(bundle.path), bundle)], load_candidate_sets(candidates),
-                              cache_root=cache_root, n_boot=n_boot, seed=seed, kernel_loss=kernel_loss,
-                              progress=progress, executor=executor, prior=prior)
-    finally:
-        executor.close()
+    with spectra_files(spectra) as paths:
+        executor = executor_for(cluster)
+        try:
+            return run_evaluation(paths, [(str(bundle.path), bundle)], load_candidate_sets(candidates),
+                                  cache_root=cache_root, n_boot=n_boot, seed=seed, kernel_loss=kernel_loss,
+                                  progress=progress, executor=executor, prior=prior)
+        finally:
+            executor.close()
 
 
 def predict_properties(spectra: Any, model: Any) -> "pd.DataFrame":

@@ -109,6 +109,29 @@ def test_bad_arguments_are_one_line_errors(workdir):
         molpredict.identify("queries.mgf", model="mymodel", library="library.tsv", by="smell")
     with pytest.raises(InputError, match="unknown training option"):
         molpredict.train("queries.mgf", lamda=0.1)
+    import pandas as pd
+
+    call = dict(model="mymodel", library="library.tsv")
+    for wrong, message in [(dict(top_k=2.5), "top_k must be an integer, not 2.5"),
+                           (dict(top_k="3"), "top_k must be an integer, not '3'"),
+                           (dict(top_k=0), "top_k must be >= 1, not 0"),
+                           (dict(ppm="5"), "ppm must be a number, not '5'"),
+                           (dict(ppm=-5), "ppm must be > 0, not -5"),
+                           (dict(prior="off"), "prior must be True or False, not 'off'"),
+                           (dict(model=3), "model must be a path or a loaded ModelBundle, not int"),
+                           (dict(library=pd.read_csv("library.tsv", sep="\t")),
+                            "library must be a path or a CandidateLibrary .*, not DataFrame")]:
+        with pytest.raises(InputError, match=f"^{message}$"):
+            molpredict.identify("queries.mgf", **{**call, **wrong})
+    for spectra in ({"queries.mgf": 1}, pd.DataFrame({"queries.mgf": [1]}), b"queries.mgf", 7):
+        with pytest.raises(InputError, match="^spectra must be a path, a Spectrum or matchms.Spectrum, or a list"):
+            molpredict.identify(spectra, **call)
+    result = CliRunner().invoke(cli, ["identify", "queries.mgf", "--by", "mass", "--ppm", "-5", *sum(
+        ([f"--{k}", v] for k, v in call.items()), [])])
+    assert result.exit_code == 2 and result.output.strip().splitlines()[-1].endswith("ppm must be > 0, not -5.0")
+    # one source named alone is that source, not its letters
+    from molpredict.api import identify_options
+    assert identify_options(sources="hmdb").sources == ["hmdb"]
 
 
 def test_evaluate_returns_the_commands_json(workdir):
@@ -122,6 +145,35 @@ def test_evaluate_returns_the_commands_json(workdir):
     untimed = lambda r: {m: {k: v for k, v in r[m].items() if k not in ("time_s", "timings")} for m in r}  # noqa
     assert untimed(json.loads(result.output)) == untimed(json.loads(json.dumps(metrics)))
     assert metrics["mymodel"]["n_queries"] == 6 and metrics["mymodel"]["hit@1"] == 1.0
+
+
+def test_train_and_evaluate_take_spectra_in_memory_as_from_their_file(workdir):
+    """``train`` and ``evaluate`` read files; in-memory spectra (molpredict or matchms, mixed with paths) reach them
+    through a temporary MGF that reads back bit for bit: the same model and the same figures as from the file."""
+    from matchms.importing import load_from_mgf
+
+    sets = {s.inchikey[:14]: [[s.inchikey[:14], s.smiles]] + [[f"DECOY{i:09d}", d] for i, d in enumerate(DECOYS)]
+            for s in read_spectra("queries.mgf") if s.inchikey}
+    (workdir / "sets.json").write_text(json.dumps(sets))
+    untimed = lambda r: {m: {k: v for k, v in r[m].items() if k not in ("time_s", "timings")} for m in r}  # noqa
+    from_file = untimed(molpredict.evaluate("queries.mgf", "sets.json", model="mymodel", n_boot=0, cache_dir=False))
+    records = list(read_spectra("queries.mgf"))  # the reader leaves out the record without peaks: put it back
+    empty = records[0].with_peaks(np.zeros(0), np.zeros(0))
+    empty.id = "empty"
+    for spectra in (records + [empty], list(load_from_mgf("queries.mgf"))):
+        in_memory = untimed(molpredict.evaluate(spectra, "sets.json", model="mymodel", n_boot=0, cache_dir=False))
+        assert json.dumps(in_memory, sort_keys=True) == json.dumps(from_file, sort_keys=True)  # NaN != NaN
+        assert from_file["mymodel"]["n_skipped"] == 1
+    training = list(read_spectra("train.mgf"))
+    params = dict(model=f"{FAKE_MODEL}:dim=32", lam="0.01|0.1")
+    reference = molpredict.train("train.mgf", **params)
+    mixed = molpredict.train([training[0], "train.mgf", *list(load_from_mgf("train.mgf"))[1:3]], **params)
+    assert mixed.summary["n_read"] == reference.summary["n_read"] + 3
+    again = molpredict.train(training, **params)
+    model = lambda b: b.for_mode(b.ion_modes[0]).model  # noqa: E731
+    np.testing.assert_array_equal(model(again).W_, model(reference).W_)
+    with pytest.raises(InputError, match="not a spectrum or a path: int"):
+        molpredict.evaluate([training[0], 5], "sets.json", model="mymodel")
 
 
 def test_matchms_round_trip_and_reader_agreement(workdir):
