@@ -7,6 +7,7 @@ on first use, so ``import molpredict`` stays cheap.
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -185,6 +186,8 @@ def _check_number(name: str, value: Any, *, integer: bool = False, minimum: floa
     kind = numbers.Integral if integer else numbers.Real
     if isinstance(value, bool) or not isinstance(value, kind):
         raise InputError(f"{name} must be {'an integer' if integer else 'a number'}, not {value!r}")
+    if not math.isfinite(value):
+        raise InputError(f"{name} must be a finite number, not {value!r}")
     if positive and not value > 0 or minimum is not None and not value >= minimum:
         raise InputError(f"{name} must be {'> 0' if positive else f'>= {minimum}'}, not {value!r}")
 

@@ -117,6 +117,8 @@ def test_bad_arguments_are_one_line_errors(workdir):
                            (dict(top_k=0), "top_k must be >= 1, not 0"),
                            (dict(ppm="5"), "ppm must be a number, not '5'"),
                            (dict(ppm=-5), "ppm must be > 0, not -5"),
+                           (dict(ppm=float("inf")), "ppm must be a finite number, not inf"),
+                           (dict(ppm=float("nan")), "ppm must be a finite number, not nan"),
                            (dict(prior="off"), "prior must be True or False, not 'off'"),
                            (dict(model=3), "model must be a path or a loaded ModelBundle, not int"),
                            (dict(library=pd.read_csv("library.tsv", sep="\t")),
