@@ -239,10 +239,13 @@ def load_properties(model: Any) -> tuple[Any, tuple[str, ...]]:
     return bundle, tuple(OUTPUT_COLUMNS) + tuple(output_columns(bundle.names))
 
 
-def coordinates_root(cache_dir: "PathLike | None | bool") -> "Path | None | bool":
-    """The candidate-coordinates store a run uses: ``cache_dir`` as a path, None for the default one, False for
-    none."""
-    return False if cache_dir is False else (Path(cache_dir) if cache_dir else None)
+def coordinates_root(cache_dir: "PathLike | None | bool") -> "Path | str | None | bool":
+    """The candidate-coordinates store a run uses: ``cache_dir`` as a path, an fsspec URL (``s3://bucket/coords``)
+    as it is (a ``Path`` would fold its ``//`` into a local folder ``s3:/bucket``), None for the default one, False
+    for none."""
+    if cache_dir is False or not cache_dir:
+        return False if cache_dir is False else None
+    return str(cache_dir) if "://" in str(cache_dir) else Path(cache_dir)
 
 
 def check_spectra_model(bundle: "ModelBundle") -> None:

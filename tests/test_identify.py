@@ -380,6 +380,32 @@ def test_cli_score_library(cli_setup, tmp_path):
     assert f"computed 0 of {n} molecules" in result.stderr
 
 
+def test_cli_cache_dir_url_reaches_fsspec(cli_setup, tmp_path, monkeypatch):
+    """``--cache-dir s3://bucket/coords`` is an fsspec URL (fsspec's in-memory file system stands in for s3 here):
+    the coordinates go there and a second run reads them back, and no local folder named after the URL appears
+    (a ``Path`` folded ``memory://x`` into ``memory:/x``)."""
+    import uuid
+
+    import fsspec
+
+    model, lib, mgf, _ = cli_setup
+    monkeypatch.chdir(tmp_path)
+    url = f"memory://molpredict-cli-{uuid.uuid4().hex}"
+    runner = CliRunner()
+    args = ["score-library", str(lib), "--model", str(model), "--cache-dir", url]
+    result = runner.invoke(cli, args)
+    n = len(CandidateLibrary.from_tsv(lib))
+    assert result.exit_code == 0 and f"computed {n} of {n} molecules" in result.stderr, result.output
+    assert fsspec.filesystem("memory").ls(url) and not (tmp_path / "memory:").exists()
+    assert f"computed 0 of {n} molecules" in runner.invoke(cli, args).stderr
+    identified = runner.invoke(cli, ["identify", str(mgf), "--model", str(model), "--library", str(lib),
+                                     "--cache-dir", url, "-q"])
+    local = runner.invoke(cli, ["identify", str(mgf), "--model", str(model), "--library", str(lib), "--cache-dir",
+                                str(tmp_path / "local"), "-q"])  # the store keeps int8 rows: compare store to store
+    assert identified.exit_code == 0 and identified.stdout == local.stdout
+    assert not (tmp_path / "memory:").exists()
+
+
 def test_cli_identify_reads_stdin(cli_setup):
     model, lib, mgf, queries = cli_setup
     result = CliRunner().invoke(cli, ["identify", "--model", str(model), "--library", str(lib), "--top-k", "1", "-q"],

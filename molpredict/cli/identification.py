@@ -234,8 +234,9 @@ def _load_library(library: str | None, say, progress: bool, cache: bool | None =
               help="Write the skipped queries (query_id, file, record, reason) as TSV.")
 @click.option("--report", "report_path", default=None, type=click.Path(dir_okay=False),
               help="Also write a self-contained HTML report (structures, spectra, index); spectra only.")
-@click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
-              help="Candidate-coordinates cache (default: $MOLPREDICT_HOME/coordinates).")
+@click.option("--cache-dir", default=None, type=str,
+              help="Candidate-coordinates cache, a directory or an fsspec URL such as s3://bucket/coords "
+                   "(default: $MOLPREDICT_HOME/coordinates).")
 @click.option("--no-cache", is_flag=True, help="Do not read or write the coordinates cache.")
 @click.option("--prior", "prior", type=click.Choice(["on", "off"]), default="on", show_default=True,
               help="Fuse the bundle's structure prior into the score (when it has one); off: spectrum evidence only.")
@@ -482,7 +483,8 @@ def _identify_text(texts: list[str], text_file: str | None, model_path: str | No
 @click.option("--n-boot", default=1000, show_default=True, type=click.IntRange(min=0),
               help="Bootstrap resamples for the 95% intervals.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap seed.")
-@click.option("--cache-dir", default=None, type=click.Path(file_okay=False))
+@click.option("--cache-dir", default=None, type=str,
+              help="Candidate-coordinates cache, a directory or an fsspec URL such as s3://bucket/coords.")
 @click.option("--no-cache", is_flag=True)
 @click.option("--no-kernel-loss", is_flag=True, help="Skip the kernel loss (saves a pass over the queries).")
 @click.option("--prior", "prior", type=click.Choice(["on", "off"]), default="on", show_default=True,
@@ -565,8 +567,9 @@ def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot
               help="Only these modes' models (default: all in the bundle).")
 @click.option("--block-size", default=8192, show_default=True, type=click.IntRange(min=1),
               help="Molecules per computed and committed block.")
-@click.option("--cache-dir", default=None, type=click.Path(file_okay=False),
-              help="Candidate-coordinates cache (default: $MOLPREDICT_HOME/coordinates).")
+@click.option("--cache-dir", default=None, type=str,
+              help="Candidate-coordinates cache, a directory or an fsspec URL such as s3://bucket/coords "
+                   "(default: $MOLPREDICT_HOME/coordinates).")
 @_cluster_option
 @_progress_option
 @_quiet_option
@@ -580,7 +583,7 @@ def score_library(library, model_path, ion_mode, block_size, cache_dir, cluster,
     lib = _load_library(library, say, show)
     executor = _executor(cluster, say)
     try:
-        result = run(bundle, lib, cache_root=Path(cache_dir) if cache_dir else None, block_size=block_size,
+        result = run(bundle, lib, cache_root=_cache_root(cache_dir, False), block_size=block_size,
                      ion_modes=list(ion_mode) or None, progress=show, log=say, executor=executor)
     finally:
         executor.close()
