@@ -29,7 +29,9 @@ def build(input_path: str, output: str, source: str | None, jobs: int, progress:
     """Read INPUT (SMILES file, SDF or TSV), compute InChIKey, formula and monoisotopic mass with RDKit for every
     structure, drop duplicate InChIKeys (first kept) and write a complete library TSV."""
     from molpredict.chem.candidates import CandidateLibrary, _kind_of, dedupe
+    from molpredict.cli.paths import check_output_files
 
+    check_output_files({"-o": output}, {"INPUT": input_path})
     path = Path(input_path)
     show = sys.stderr.isatty() if progress is None else progress
     kind = _kind_of(path) or "tsv"

@@ -155,8 +155,12 @@ def train(train_files, output, val_files, model_spec, input_kernel, output_kerne
     (default input kernel text-ngram; rows with an empty description or an unusable SMILES are skipped and
     counted, the first ones named by file, line and field). Tables and spectra cannot be mixed in one call.
     """
+    from molpredict.cli.paths import check_output_files
     from molpredict.training.pipeline import TrainOptions, format_summary, train_bundle
 
+    check_output_files({"--summary-json": summary_json},
+                       {f"TRAIN {i + 1}": path for i, path in enumerate(train_files)} |
+                       {f"--val {i + 1}": path for i, path in enumerate(val_files)})
     say = _say(quiet)
     modes = None if ion_mode is None else (["positive", "negative"] if ion_mode == "both" else [ion_mode])
     options = TrainOptions(model=model_spec, input_kernel=input_kernel, output_kernel=output_kernel,
@@ -290,9 +294,14 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     from molpredict.io.results import ResultWriter, ResumableOutput, output_format, write_skipped
     from molpredict.io import SkipReport, read_spectra
 
+    from molpredict.cli.paths import check_output_files
+
     say = _say(quiet)
     show = _progress_default(progress)
     out_format = output_format(output, fmt)
+    check_output_files({"-o": output, "--skipped": skipped_path, "--report": report_path},
+                       {"SPECTRA": spectra_file, "--library": library, "--formulas": formulas,
+                        "--text-file": text_file})
     if texts or text_file:
         if spectra_file is not None:
             raise InputError("give either SPECTRA or --text/--text-file, not both")
@@ -546,11 +555,20 @@ def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot
                                      progress=_progress_default(progress), executor=executor, prior=prior == "on")
         finally:
             executor.close()
+    # the sets are shared by the models: their left-out candidates once, one line each, then a count
+    left_out = next(iter(results.values()), {}).get("candidates_left_out") or []
+    for entry in left_out[:20]:
+        say(f"warning: {candidates_path}: set {entry['set']}: candidate SMILES {entry['smiles']!r} "
+            f"left out (RDKit cannot parse it)")
+    if len(left_out) > 20:
+        say(f"warning: {candidates_path}: {len(left_out)} unparsable candidates left out in all "
+            f"({len(left_out) - 20} more than listed)")
     if plot:
         plot_curves(results, plot)
         say(f"top-k curves written to {plot}")
     if as_json:
-        click.echo(json.dumps(results, indent=2))
+        # the results hold null, never NaN (see finite_or_none): allow_nan=False keeps it so for strict parsers
+        click.echo(json.dumps(results, indent=2, allow_nan=False))
     else:
         click.echo(format_report(results))
 

@@ -33,8 +33,10 @@ def report(results, spectra_file, output, skipped_path, top_k, title, fragments,
       molpredict identify queries.mgf -o hits.tsv --skipped skipped.tsv
       molpredict report hits.tsv queries.mgf --skipped skipped.tsv -o report.html
     """
+    from molpredict.cli.paths import check_output_files
     from molpredict.report.page import build_report_from_files
 
+    check_output_files({"-o": output}, {"RESULTS": results, "SPECTRA": spectra_file, "--skipped": skipped_path})
     size, report_obj = build_report_from_files(results, spectra_file, output, skipped_path=skipped_path,
                                                top_k=top_k, title=title, model_path=model_path, library=library,
                                                fragments=fragments)

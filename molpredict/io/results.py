@@ -225,9 +225,14 @@ class ResumableOutput:
         self.journal_path.unlink(missing_ok=True)
 
     def close(self) -> None:
-        """Stop without finishing (the partial output and its journal stay, for ``--resume``)."""
+        """Stop without finishing: once a block is committed, the partial output and its journal stay for
+        ``--resume``; before that there is nothing to resume (an input rejected at its first record), and they
+        are removed."""
         self.handle.close()
         self._journal.close()
+        if not self.blocks:
+            self.partial.unlink(missing_ok=True)
+            self.journal_path.unlink(missing_ok=True)
 
 
 def write_skipped(skipped: Sequence[Any], path: str | os.PathLike) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 
 from molpredict.errors import InputError, SpecError
 from molpredict.modelfile import ION_MODES, ModelBundle, SubModel, file_sha256, json_ready
-from molpredict.specs import Grid, parse_spec
+from molpredict.specs import Grid, nested_spec, parse_spec
 from molpredict.spectra.record import spectrum_ion_mode
 
 __all__ = ["TrainOptions", "DEFAULT_MODEL", "LabelledSet", "load_labelled", "train_bundle", "train_text_bundle",
@@ -246,6 +246,31 @@ def load_labelled(paths: Iterable[str | Path], options: TrainOptions, progress: 
     return out
 
 
+def check_component_names(options: TrainOptions, registry: Any = None) -> None:
+    """Raise the :class:`SpecError` that building the model would raise later for an unknown component name or
+    parameter name in ``options`` (the model, its kernels and sketches; every alternative of a grid ``a|b``).
+
+    Values are checked where the components are built: some depend on the data (``gamma=auto``)."""
+    if registry is None:
+        from molpredict.registry import get_registry
+        registry = get_registry()
+    for kind, text in [("model", options.model), ("input_kernel", options.input_kernel),
+                       ("output_kernel", options.output_kernel), ("sketch", options.input_sketch),
+                       ("sketch", options.output_sketch)]:
+        if text is None:
+            continue
+        # parsed as they are built: the model by build_model, its components by create_component (";" for ",")
+        spec = parse_spec(text if kind == "model" else nested_spec(text))
+        for name in spec.name.split("|"):
+            cls = registry.get(kind, name.strip())
+            valid = cls.param_names() if hasattr(cls, "param_names") else list(
+                inspect.signature(cls.__init__).parameters)[1:]
+            unknown = sorted(set(spec.params) - set(valid))
+            if unknown:
+                raise SpecError(f"{kind.replace('_', ' ')} {name.strip()!r} has no parameter(s) "
+                                f"{', '.join(unknown)}; valid: {', '.join(valid) or '(none)'}")
+
+
 def build_model(model_spec: str, params: dict[str, Any], registry: Any = None) -> Any:
     """Instantiate a model from ``name[:key=value,...]`` plus ``params`` (only those the model accepts; values
     given in the spec win). Grids (``a|b``) are passed to the model as strings for it to search."""
@@ -297,6 +322,7 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
     """
     from molpredict.io.text_pairs import split_inputs
 
+    check_component_names(options)  # a typo fails now, not after the training data has been read
     if split_inputs(list(train_paths) + list(val_paths), what="train"):
         return train_text_bundle(train_paths, options, val_paths=val_paths, log=log)
     say = log or (lambda message: None)

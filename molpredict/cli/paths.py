@@ -1,0 +1,45 @@
+"""Output paths checked before any work: each in a folder that exists and can be written, and no two of a command's
+outputs (or an output and an input) naming the same file, which would silently overwrite one with the other."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from molpredict.errors import InputError
+
+__all__ = ["check_output_files"]
+
+
+def _same_file_key(path: str) -> str:
+    return os.path.normcase(os.path.realpath(path))  # symlinks and ./ spellings of one file compare equal
+
+
+def check_output_files(outputs: dict[str, str | None], inputs: dict[str, str | None] | None = None) -> None:
+    """Raise the one-line :class:`InputError` before a command starts work when an output file cannot be written
+    where it is asked for, or would overwrite an input or another output.
+
+    Parameters
+    ----------
+    outputs : dict
+        Option name (``"-o"``, ``"--skipped"``) -> file path; None and ``-`` (stdout) are not checked.
+    inputs : dict, optional
+        Argument or option name -> input file path (None and ``-`` ignored).
+    """
+    taken: dict[str, str] = {}
+    for name, path in (inputs or {}).items():
+        if path and path != "-":
+            taken[_same_file_key(path)] = name
+    for name, path in outputs.items():
+        if not path or path == "-":
+            continue
+        folder = Path(path).parent
+        if not folder.is_dir():
+            raise InputError(f"the folder {folder} does not exist", path=path, field=name)
+        if Path(path).is_dir():
+            raise InputError("is a folder, not a file", path=path, field=name)
+        if not os.access(folder, os.W_OK):
+            raise InputError(f"the folder {folder} cannot be written", path=path, field=name)
+        key = _same_file_key(path)
+        if key in taken:
+            raise InputError(f"is also {taken[key]}: it would be overwritten", path=path, field=name)
+        taken[key] = name

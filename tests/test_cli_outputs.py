@@ -1,0 +1,129 @@
+"""The command line's outputs and last-resort errors: output paths are checked before any work (a folder that
+exists, no output written over an input or another output), a run rejected at its first record leaves no
+partial files, a typo in a component spec fails before the training data is read, and whatever escapes the
+library still ends as one line with an exit code."""
+from __future__ import annotations
+
+import errno
+
+import pytest
+from click.testing import CliRunner
+
+from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra
+from molpredict.chem.candidates import CandidateLibrary
+from molpredict.cli import cli
+from molpredict.io import write_mgf
+from molpredict.modelfile import ModelBundle, SubModel
+from molpredict.spectra.cleaning import CleaningPipeline
+from molpredict.training.pipeline import build_model
+
+
+@pytest.fixture
+def setup(tmp_path, monkeypatch):
+    """A small model bundle, a library and a queries file, in the current folder."""
+    monkeypatch.setenv("MOLPREDICT_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    install_fake_model()
+    spectra, molecules = synthetic_spectra(n_per=2, seed=0)
+    model = build_model(FAKE_MODEL, {"lam": "0.01"}).fit(spectra, molecules)
+    ModelBundle({"positive": SubModel(model=model, ion_mode="positive", cleaning=CleaningPipeline().to_dict(),
+                                      adducts=["[M+H]+"])}).save(tmp_path / "model")
+    CandidateLibrary.from_smiles(SMILES, names=[f"c{i}" for i in range(len(SMILES))]).to_tsv(tmp_path / "lib.tsv")
+    queries, _ = synthetic_spectra(n_per=1, seed=3)
+    write_mgf(queries[:3], tmp_path / "q.mgf")
+    return tmp_path
+
+
+def _identify(*extra: str):
+    return CliRunner().invoke(cli, ["identify", "q.mgf", "--model", "model", "--library", "lib.tsv", *extra])
+
+
+def _last_line(result) -> str:
+    lines = result.output.strip().splitlines()
+    assert lines and "Traceback" not in result.output, result.output
+    return lines[-1]
+
+
+def test_an_output_named_twice_or_over_an_input_is_refused_before_any_work(setup):
+    before = (setup / "q.mgf").read_bytes()
+    result = _identify("-o", "res.tsv", "--skipped", "res.tsv")
+    assert result.exit_code == 2
+    assert _last_line(result) == "molpredict: error: res.tsv, field --skipped: is also -o: it would be overwritten"
+    assert not (setup / "res.tsv").exists()
+    result = _identify("-o", "./q.mgf", "--format", "tsv")
+    assert result.exit_code == 2 and _last_line(result).endswith("q.mgf, field -o: is also SPECTRA: it would be "
+                                                                 "overwritten")
+    assert (setup / "q.mgf").read_bytes() == before
+    result = _identify("-o", "out.tsv", "--report", "lib.tsv")
+    assert result.exit_code == 2 and "is also --library" in _last_line(result)
+    (setup / "hits.tsv").write_text("query_id\n")
+    report = CliRunner().invoke(cli, ["report", "hits.tsv", "q.mgf", "-o", "hits.tsv"])
+    assert report.exit_code == 2 and "is also RESULTS" in _last_line(report)
+    build = CliRunner().invoke(cli, ["candidates", "build", "lib.tsv", "-o", "lib.tsv"])
+    assert build.exit_code == 2 and "is also INPUT" in _last_line(build)
+
+
+def test_an_output_in_a_missing_folder_is_refused_before_any_work(setup):
+    for args in (["-o", "nodir/x.tsv"], ["-o", "ok.tsv", "--skipped", "nodir/s.tsv"],
+                 ["-o", "ok.tsv", "--report", "nodir/r.html"]):
+        result = _identify(*args)
+        assert result.exit_code == 2, result.output
+        assert _last_line(result).endswith("the folder nodir does not exist")
+        assert not (setup / "ok.tsv").exists()  # nothing ran: the results are not written before the failure
+    (setup / "adir").mkdir()
+    assert _identify("-o", "adir").exit_code == 2
+    report = CliRunner().invoke(cli, ["report", "q.mgf", "q.mgf", "-o", "nodir/r.html"])
+    assert report.exit_code == 2 and _last_line(report).endswith("the folder nodir does not exist")
+    train = CliRunner().invoke(cli, ["train", "q.mgf", "-o", "m2", "--summary-json", "nodir/s.json"])
+    assert train.exit_code == 2 and _last_line(train).endswith("the folder nodir does not exist")
+    assert not (setup / "m2").exists()
+
+
+def test_a_run_rejected_at_its_first_record_leaves_no_partial_files(setup):
+    (setup / "empty.mgf").write_text("")
+    result = CliRunner().invoke(cli, ["identify", "empty.mgf", "--model", "model", "--library", "lib.tsv",
+                                      "-o", "out.tsv"])
+    assert result.exit_code == 2, result.output
+    assert sorted(p.name for p in setup.iterdir() if p.name.startswith("out")) == []
+
+
+def test_a_typo_in_a_component_spec_fails_before_the_training_data_is_read(setup):
+    """The training file does not exist: the spec is what is reported, so it was checked first."""
+    for option, spec, message in [("--input-kernel", "ppk:mz_sigam=0.01", "input kernel 'ppk' has no parameter(s) "
+                                   "mz_sigam; valid: mz_sigma,"),
+                                  ("--model", "sisokr:lamda=1", "model 'sisokr' has no parameter(s) lamda;"),
+                                  ("--output-sketch", "subsampel:m=10", "unknown sketch 'subsampel'")]:
+        result = CliRunner().invoke(cli, ["train", "missing.mgf", "-o", "m", option, spec])
+        assert result.exit_code == 2 and message in _last_line(result), result.output
+
+
+def test_what_escapes_the_library_is_still_one_line(setup, monkeypatch):
+    import molpredict.report.page as page
+
+    (setup / "hits.tsv").write_text("query_id\n")
+    args = ["report", "hits.tsv", "q.mgf", "-o", "r.html"]
+
+    def raising(error):
+        def build(*args, **kwargs):
+            raise error
+        return build
+
+    monkeypatch.setattr(page, "build_report_from_files", raising(PermissionError(errno.EACCES, "Permission denied",
+                                                                                  "/x/r.html")))
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and _last_line(result) == "molpredict: error: /x/r.html: Permission denied"
+    monkeypatch.setattr(page, "build_report_from_files", raising(OSError(errno.ENOSPC, "No space left on device",
+                                                                         "r.html")))
+    assert CliRunner().invoke(cli, args).exit_code == 5
+    monkeypatch.setattr(page, "build_report_from_files", raising(EOFError("Compressed file ended before the end")))
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2 and "an input ended early (truncated file?)" in _last_line(result)
+    assert "Aborted" not in result.output
+    monkeypatch.setattr(page, "build_report_from_files", raising(RuntimeError("boom\nsecond line")))
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert _last_line(result).startswith("molpredict: internal error: RuntimeError: boom (a bug: run again with "
+                                         "MOLPREDICT_DEBUG=1")
+    monkeypatch.setenv("MOLPREDICT_DEBUG", "1")
+    result = CliRunner().invoke(cli, args)
+    assert isinstance(result.exception, RuntimeError)
