@@ -112,6 +112,20 @@ def test_gzipped_tsv_equals_plain(tmp_path):
         np.testing.assert_array_equal(plain.column(column), packed.column(column))
 
 
+def test_a_truncated_gzipped_tsv_is_one_line_naming_it(tmp_path):
+    """Cut in the middle of its compressed stream, a complete library (every computed column, Arrow's reader) and a
+    SMILES-only one (the row reader) both fail with one line naming the file, not pyarrow's or gzip's error."""
+    complete = CandidateLibrary.from_smiles(["CCO", "c1ccccc1", "CC(=O)O", "CCN", "CCCC"] * 200)
+    complete.to_tsv(tmp_path / "full.tsv")
+    (tmp_path / "smiles.tsv").write_text("smiles\n" + "CCO\nCCN\nCCCC\n" * 400)
+    for name in ("full.tsv", "smiles.tsv"):
+        packed = gzip.compress((tmp_path / name).read_bytes())
+        cut = tmp_path / f"{name}.gz"
+        cut.write_bytes(packed[: len(packed) // 2])
+        with pytest.raises(InputError, match=f"^{cut}: the compressed file is truncated or damaged \\(EOFError"):
+            read_library(cut, cache=False)
+
+
 def test_smiles_file():
     with pytest.warns(UserWarning, match="3 of 4"):
         lib = read_library(MOLS / "small.smi")

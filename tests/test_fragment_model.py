@@ -223,6 +223,10 @@ def test_fit_learns_which_ions_show_and_round_trips(tmp_path):
     loaded = FragmentModel.load(path)
     assert loaded.get_params() == model.get_params()
     np.testing.assert_array_equal(loaded.score(spec, smiles), model.score(spec, smiles))
+    npz = path / "fragment_model.npz"
+    npz.write_bytes(npz.read_bytes()[: npz.stat().st_size // 2])  # truncated: a bad zip, one line naming it
+    with pytest.raises(ModelFileError, match=r"fm: unreadable fragment model \(BadZipFile\)"):
+        FragmentModel.load(path)
     arrays, fields = model.state()
     with pytest.raises(ModelFileError):
         FragmentModel.from_state({**arrays, "coef": arrays["coef"][:-1]}, fields)

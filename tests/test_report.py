@@ -233,6 +233,23 @@ def test_read_result_rows_all_formats(tmp_path):
     (tmp_path / "bad2.tsv").write_text("query_id\tscore\nq\tabc\n")
     with pytest.raises(InputError, match="record 2.*field score.*not a number"):
         list(read_result_rows(tmp_path / "bad2.tsv"))
+    for name in ("binary.tsv", "binary.json"):
+        (tmp_path / name).write_bytes(b"query_id\t\xff\xfe\x00\x81 not text\n")
+        with pytest.raises(InputError, match=f"{name}: not a results (table|file) \\(not UTF-8 text\\)"):
+            list(read_result_rows(tmp_path / name))
+
+
+def test_read_skipped_refuses_rows_with_the_wrong_number_of_fields(tmp_path):
+    from molpredict.errors import InputError
+    from molpredict.io.results import read_skipped
+
+    path = tmp_path / "skipped.tsv"
+    path.write_text("query_id\tfile\trecord\treason\nq1\ta.mgf\t3\tno peaks\n")
+    assert read_skipped(path) == [("q1", "a.mgf", "3", "no peaks")]
+    for bad in ("foo\n", "q\ta\t1\tr\textra\n"):
+        path.write_text("query_id\tfile\trecord\treason\n" + bad)
+        with pytest.raises(InputError, match="skipped.tsv, record 2: expected 4 tab-separated fields"):
+            read_skipped(path)
 
 
 # -- the commands ----------------------------------------------------------------------------------------------

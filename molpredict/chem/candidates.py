@@ -14,6 +14,7 @@ import gzip
 import json
 import os
 import warnings
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -658,7 +659,10 @@ def _read_header(path: Path) -> list[str]:
     try:
         with open_table_text(path) as handle:
             first = handle.readline()
-    except (UnicodeDecodeError, OSError, EOFError) as exc:
+    except (EOFError, zlib.error) as exc:
+        raise InputError(f"the compressed file is truncated or damaged ({type(exc).__name__}: {exc})",
+                         path=path) from None
+    except (UnicodeDecodeError, OSError) as exc:
         raise InputError(f"not a text library file ({type(exc).__name__})", path=path) from None
     if "\x00" in first:
         raise InputError("not a text library file (binary content)", path=path)
@@ -698,8 +702,8 @@ def _read_tsv_fast(path: Path, header: list[str]) -> CandidateLibrary | None:
             convert_options=pcsv.ConvertOptions(column_types=types, strings_can_be_null=False,
                                                 include_columns=[c for c in header if c in COLUMNS]),
         )
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError):
-        return None
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, UnicodeDecodeError, OSError):
+        return None  # OSError: a truncated gzip stream, which the row reader reports with its line
     for name in ("smiles", "inchikey", "formula"):
         if pc.any(pc.equal(pc.utf8_length(table.column(name)), 0)).as_py():
             return None
@@ -756,6 +760,9 @@ def _read_tsv_rows(path: Path, header: list[str], *, n_jobs: int = 1, progress: 
                                 get("formula"), mass))
         except UnicodeDecodeError:
             raise InputError("not a UTF-8 text file", path=path) from None
+        except (EOFError, OSError, zlib.error) as exc:  # a truncated or damaged gzip stream
+            raise InputError(f"the compressed file is truncated or damaged ({type(exc).__name__}: {exc})",
+                             path=path) from None
     extra = [c for c in _OPTIONAL_COLUMNS if c in header]
     library = CandidateLibrary(_complete(raw, extra, report, n_jobs=n_jobs, progress=progress), path=path,
                                report=report)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import zipfile
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -534,7 +535,7 @@ class FragmentModel(Component):
             fields = json.loads((directory / "fragment_model.json").read_text())
             with np.load(directory / "fragment_model.npz", allow_pickle=False) as data:
                 arrays = {k: data[k] for k in data.files}
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # a truncated npz is a bad zip
             raise ModelFileError(f"{directory}: unreadable fragment model ({type(exc).__name__})") from None
         try:
             return cls.from_state(arrays, fields)

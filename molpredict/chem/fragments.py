@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import zipfile
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -484,7 +485,7 @@ def load_fragment_sets(path: str | os.PathLike) -> tuple[dict[str, FragmentSet],
         with np.load(path, allow_pickle=False) as data:
             arrays = {name: data[name] for name in data.files}
         meta = json.loads(str(arrays["meta"]))
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:  # a truncated npz is a bad zip
         raise InputError(f"not a fragment store ({type(exc).__name__})", path=str(path)) from None
     if meta.get("format") != _STORE_FORMAT or int(meta.get("version", 0)) != _STORE_VERSION:
         raise InputError(f"not a fragment store of version {_STORE_VERSION}", path=str(path))

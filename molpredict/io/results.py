@@ -276,17 +276,22 @@ def read_result_rows(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
             rows = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise InputError(f"not JSON ({exc.msg}, line {exc.lineno})", path=str(path)) from None
+        except UnicodeDecodeError:
+            raise InputError("not a results file (not UTF-8 text)", path=str(path)) from None
         if not isinstance(rows, list) or (rows and (not isinstance(rows[0], dict) or "query_id" not in rows[0])):
             raise InputError("not a results array (objects with a query_id)", path=str(path))
         for i, row in enumerate(rows, start=1):
             yield convert(row, i)
         return
     with open(path, encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle, delimiter="," if suffix == ".csv" else "\t")
-        if not reader.fieldnames or "query_id" not in reader.fieldnames:
-            raise InputError("not a results table (no query_id column in the header)", path=str(path))
-        for i, row in enumerate(reader, start=2):
-            yield convert(row, i)
+        try:
+            reader = csv.DictReader(handle, delimiter="," if suffix == ".csv" else "\t")
+            if not reader.fieldnames or "query_id" not in reader.fieldnames:
+                raise InputError("not a results table (no query_id column in the header)", path=str(path))
+            for i, row in enumerate(reader, start=2):
+                yield convert(row, i)
+        except UnicodeDecodeError:
+            raise InputError("not a results table (not UTF-8 text)", path=str(path)) from None
 
 
 def read_skipped(path: str | os.PathLike) -> list[tuple[str, str, str, str]]:
@@ -300,9 +305,18 @@ def read_skipped(path: str | os.PathLike) -> list[tuple[str, str, str, str]]:
     path = Path(path)
     if not path.is_file():
         raise InputError("no such file", path=str(path))
+    rows = []
     with open(path, encoding="utf-8", newline="") as handle:
-        reader = csv.DictReader(handle, delimiter="\t")
-        if not reader.fieldnames or "reason" not in reader.fieldnames:
-            raise InputError("not a skipped-queries table (no reason column in the header)", path=str(path))
-        return [(row.get("query_id") or "", row.get("file") or "", row.get("record") or "", row.get("reason") or "")
-                for row in reader]
+        try:
+            reader = csv.DictReader(handle, delimiter="\t")
+            if not reader.fieldnames or "reason" not in reader.fieldnames:
+                raise InputError("not a skipped-queries table (no reason column in the header)", path=str(path))
+            for line, row in enumerate(reader, start=2):
+                if None in row or None in row.values():  # DictReader's marks of too many / too few fields
+                    raise InputError(f"expected {len(reader.fieldnames)} tab-separated fields", path=str(path),
+                                     record=line)
+                rows.append((row.get("query_id") or "", row.get("file") or "", row.get("record") or "",
+                             row.get("reason") or ""))
+        except UnicodeDecodeError:
+            raise InputError("not a skipped-queries table (not UTF-8 text)", path=str(path)) from None
+    return rows
