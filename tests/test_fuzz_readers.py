@@ -3,7 +3,8 @@
 Three properties: a reader never raises anything but a one-line ``InputError`` (whatever the bytes); every
 record of a file is either read or skipped, exactly once (``read + skipped = records``, and the record numbers
 of both together are 1..n); writer -> reader round trips keep every field. The runs are bounded and
-deterministic (``derandomize=True``, no example database) so that they belong to the default suite.
+deterministic (``derandomize=True``, no example database) so that they belong to the default suite. At the end,
+one example per damaged value or stream that QA found read silently or with a traceback.
 """
 from __future__ import annotations
 
@@ -360,3 +361,218 @@ def test_fuzz_library_tsv_round_trip_keeps_every_field(tmp_path, monkeypatch, pi
             np.testing.assert_allclose(again.column(column), library.column(column), atol=5e-7)
         else:
             assert list(again.column(column)) == list(library.column(column)), column
+
+
+# -- truncated gzip streams -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("suffix", list(SEEDS))
+def test_fuzz_truncated_gzip_never_traceback(tmp_path, suffix):
+    packed = gzip.compress(SEEDS[suffix].read_bytes())
+
+    @FUZZ
+    @given(keep=st.integers(0, len(packed) - 1))
+    def check(keep):
+        read_or_refuse(write(tmp_path, f"cut{suffix}.gz", packed[:keep]))
+
+    check()
+
+
+# -- regressions: one damaged value or stream at a time, each named in one line ----------------------------------
+# Each record or scan with a bad value is skipped with a reason naming the field (and the value, or the scan
+# and the array); the others are kept; a cut .gz stops the read with one line saying where.
+
+SPECTRA = FIXTURES / "spectra"
+QUERIES = FIXTURES / "bundles" / "sisokr_v0.2_queries.mgf"
+MZML_FIRST_MS1_MZ = "AAAAAAAAWUAK16NwPWJmQAAAAAAAUG9A"   # scan=1 (MS1)
+MZML_FIRST_MS2_MZ = "UrgeheshZECuR+F6FKJgQGZmZmZm4mJA"   # scan=2 (MS2)
+MZXML_MS1_PEAKS = "QsgAAECgAABDMxHsQsgAAA=="            # num 1 (MS1)
+MZXML_MS2_PEAKS = "QyEPXEe8fjNDBRCkRqsimkMXEzNGEF+a"    # num 2 (MS2)
+
+
+def edited(tmp_path: Path, source: Path, name: str, old: str, new: str, count: int = 1) -> Path:
+    text = source.read_text()
+    assert old in text
+    return write(tmp_path, name, text.replace(old, new, count))
+
+
+def read_with_report(path: Path) -> tuple[list[Spectrum], list[tuple[int, str]]]:
+    report = SkipReport()
+    spectra = list(read_spectra(path, report=report))
+    return spectra, [(e.record, e.reason) for e in report]
+
+
+@pytest.mark.parametrize("value, reason", [
+    ("-377.0861", "PEPMASS -377.0861 is not a positive m/z"),
+    ("1e300", "PEPMASS 1e300 is above 100000, not a small-molecule precursor m/z"),
+    ("100000.5", "PEPMASS 100000.5 is above 100000, not a small-molecule precursor m/z"),
+    ("", "PEPMASS is empty"),
+])
+def test_mgf_precursor_that_is_not_a_positive_mz_is_skipped(tmp_path, value, reason):
+    text = QUERIES.read_text()
+    first = text.index("PEPMASS=")
+    end = text.index("\n", first)
+    path = write(tmp_path, "p.mgf", text[:first] + f"PEPMASS={value}" + text[end:])
+    spectra, skips = read_with_report(path)
+    assert skips == [(1, reason)]
+    assert [s.id for s in spectra] == [s.id for s in read_mgf(QUERIES)][1:]
+
+
+def test_mgf_pepmass_zero_still_means_unknown(tmp_path):
+    path = write(tmp_path, "z.mgf", "BEGIN IONS\nTITLE=a\nPEPMASS=0\n100 1\nEND IONS\n"
+                                    "BEGIN IONS\nTITLE=b\nPEPMASS=0\nPRECURSOR_MZ=-5\n100 1\nEND IONS\n")
+    spectra, skips = read_with_report(path)
+    assert [(s.id, s.precursor_mz) for s in spectra] == [("a", None)]
+    assert skips == [(2, "PRECURSOR_MZ -5 is not a positive m/z")]
+
+
+@pytest.mark.parametrize("value, reason", [
+    ("-179.0697", "PrecursorMZ -179.0697 is not a positive m/z"),
+    ("1e300", "PrecursorMZ 1e300 is above 100000, not a small-molecule precursor m/z"),
+    ("", "PrecursorMZ is empty"),
+])
+def test_msp_precursor_that_is_not_a_positive_mz_is_skipped(tmp_path, value, reason):
+    path = edited(tmp_path, SPECTRA / "library.msp", "library.msp", "PrecursorMZ: 179.0697", f"PrecursorMZ: {value}")
+    spectra, skips = read_with_report(path)
+    original, original_skips = read_with_report(SPECTRA / "library.msp")
+    assert skips == sorted([(1, reason)] + original_skips)
+    assert [s.id for s in spectra] == [s.id for s in original][1:]
+
+
+@pytest.mark.parametrize("value, reason", [
+    ("-377.0861", "selected ion m/z -377.0861 is not a positive m/z"),
+    ("0", "selected ion m/z 0.0 is not a positive m/z"),
+    ("NaN", "non-numeric selected ion m/z"),
+    ("1e300", "selected ion m/z 1e+300 is above 100000, not a small-molecule precursor m/z"),
+])
+def test_mzml_selected_ion_that_is_not_a_positive_mz_is_skipped(tmp_path, value, reason):
+    path = edited(tmp_path, SPECTRA / "small.mzML", "bad.mzML", 'name="selected ion m/z" value="179.0697"',
+                  f'name="selected ion m/z" value="{value}"')
+    spectra, skips = read_with_report(path)
+    assert skips == [(2, reason), (4, "no precursor m/z")]
+    assert [s.id for s in spectra] == ["scan=3"]
+
+
+def test_mzxml_precursor_that_is_not_a_positive_mz_is_skipped(tmp_path):
+    path = edited(tmp_path, SPECTRA / "small.mzXML", "bad.mzXML", ">179.0697<", ">-179.0697<")
+    spectra, skips = read_with_report(path)
+    assert skips == [(2, "precursorMz -179.0697 is not a positive m/z"), (4, "no precursor m/z"),
+                     (5, "no peaks")]
+    assert [s.id for s in spectra] == ["3"]
+
+
+@pytest.mark.parametrize("binary, problem", [("!!!notbase64@@@", "invalid base64"),
+                                             ("UrgeheshZECuR+F6", "buffer size must be a multiple of element size")])
+def test_mzml_broken_array_skips_only_its_spectrum(tmp_path, binary, problem):
+    path = edited(tmp_path, SPECTRA / "small.mzML", "bad.mzML", MZML_FIRST_MS2_MZ, binary)
+    spectra, skips = read_with_report(path)
+    assert skips == [(2, f"unreadable m/z array in spectrum 'scan=2' ({problem})"), (4, "no precursor m/z")]
+    assert [s.id for s in spectra] == ["scan=3"]
+
+
+def test_mzml_broken_array_of_an_ms1_scan_does_not_matter(tmp_path):
+    path = edited(tmp_path, SPECTRA / "small.mzML", "bad.mzML", MZML_FIRST_MS1_MZ, "!!!notbase64@@@")
+    spectra, skips = read_with_report(path)
+    original, original_skips = read_with_report(SPECTRA / "small.mzML")
+    assert skips == original_skips and [s.id for s in spectra] == [s.id for s in original] == ["scan=2", "scan=3"]
+    for a, b in zip(spectra, original):
+        np.testing.assert_array_equal(a.mz, b.mz)
+
+
+def test_mzml_array_that_is_not_in_its_compression_is_skipped(tmp_path):
+    path = edited(tmp_path, SPECTRA / "small.mzML", "bad.mzML", 'accession="MS:1000576" name="no compression"',
+                  'accession="MS:1000574" name="zlib compression"', count=-1)
+    spectra, skips = read_with_report(path)
+    assert spectra == []
+    assert skips == [(2, "unreadable m/z array in spectrum 'scan=2' (cannot zlib-decompress)"),
+                     (3, "unreadable m/z array in spectrum 'scan=3' (cannot zlib-decompress)"),
+                     (4, "unreadable m/z array in spectrum 'scan=4' (cannot zlib-decompress)")]
+
+
+def test_mzml_unknown_compression_is_not_read_as_raw_numbers(tmp_path):
+    """pyteomics reads an array in a compression it does not know (MS-Numpress without pynumpress) as
+    uncompressed numbers: a silent wrong answer."""
+    path = edited(tmp_path, SPECTRA / "small.mzML", "bad.mzML", 'accession="MS:1000576" name="no compression"',
+                  'accession="MS:1002312" name="MS-Numpress linear prediction compression"', count=-1)
+    spectra, skips = read_with_report(path)
+    assert spectra == []
+    reason = ("m/z array compressed with 'MS-Numpress linear prediction compression', which this reader cannot "
+              "decode")
+    assert skips == [(2, reason), (3, reason), (4, reason)]
+
+
+def test_mzxml_broken_peaks_skip_only_their_scan(tmp_path):
+    path = edited(tmp_path, SPECTRA / "small.mzXML", "bad.mzXML", MZXML_MS2_PEAKS, "!!!notbase64@@@")
+    spectra, skips = read_with_report(path)
+    assert skips == [(2, "unreadable m/z array in scan 2 (invalid base64)"), (4, "no precursor m/z"),
+                     (5, "no peaks")]
+    assert [s.id for s in spectra] == ["3"]
+    path = edited(tmp_path, SPECTRA / "small.mzXML", "ms1.mzXML", MZXML_MS1_PEAKS, "!!!bad")
+    assert [s.id for s in read_with_report(path)[0]] == ["2", "3"]
+    path = edited(tmp_path, SPECTRA / "small.mzXML", "bzip.mzXML", f'compressionType="none" compressedLen="0">'
+                  f'{MZXML_MS2_PEAKS}', f'compressionType="bzip" compressedLen="0">{MZXML_MS2_PEAKS}')
+    spectra, skips = read_with_report(path)
+    assert skips[0] == (2, "m/z array compressed with 'bzip', which this reader cannot decode")
+    assert [s.id for s in spectra] == ["3"]
+
+
+def _cut_gzip(tmp_path: Path, source: Path, name: str, fraction: float) -> Path:
+    packed = gzip.compress(source.read_bytes())
+    return write(tmp_path, name, packed[:int(len(packed) * fraction)])
+
+
+@pytest.mark.parametrize("source, name", [(QUERIES, "t.mgf.gz"), (SPECTRA / "library.msp", "t.msp.gz"),
+                                          (SPECTRA / "small.mzML", "t.mzML.gz"),
+                                          (SPECTRA / "small.mzXML", "t.mzXML.gz")])
+def test_truncated_gzip_is_one_line_naming_the_file(tmp_path, source, name):
+    path = _cut_gzip(tmp_path, source, name, 0.5)
+    with pytest.raises(InputError, match=r"truncated gzip stream (after (record|scan) \d+|before the first)") as info:
+        list(read_spectra(path))
+    assert str(info.value).startswith(f"{path}: ") and "\n" not in str(info.value)
+
+
+def test_truncated_gzip_keeps_the_records_before_it(tmp_path):
+    path = _cut_gzip(tmp_path, QUERIES, "t.mgf.gz", 0.75)
+    report = SkipReport()
+    reader = read_mgf(path, report=report)
+    read = []
+    with pytest.raises(InputError) as info:
+        for spectrum in reader:
+            read.append(spectrum.id)
+    n = len(read) + len(report)
+    assert n > 0 and f"truncated gzip stream after record {n} " in str(info.value)
+    assert read == [s.id for s in read_mgf(QUERIES)][:n]
+
+
+def test_cli_truncated_gzip_is_one_line_and_no_abort(tmp_path):
+    from click.testing import CliRunner
+
+    from molpredict.cli import cli
+
+    path = _cut_gzip(tmp_path, QUERIES, "t.mgf.gz", 0.5)
+    result = CliRunner().invoke(cli, ["spectra", "info", str(path)])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 2 and "Aborted" not in result.output
+    assert len(lines) == 1 and lines[0].startswith(f"molpredict: error: {path}: truncated gzip stream")
+
+
+def test_lines_outside_records_are_warned_about_once_per_file(tmp_path, caplog):
+    mgf = write(tmp_path, "stray.mgf", "BEGIN IONS\nTITLE=a\n100 1\nEND IONS\n# a comment\n\n200 2\nTITLE=lost\n"
+                                       "BEGIN IONS\nTITLE=b\n100 1\nEND IONS\n")
+    msp = write(tmp_path, "stray.msp", "Name: a\nNum Peaks: 1\n100 1\n\n200 2\n300 3\n\nName: b\nNum Peaks: 1\n100 1\n")
+    with caplog.at_level("WARNING", logger="molpredict.io"):
+        assert [s.id for s in read_spectra(mgf, report=SkipReport())] == ["a", "b"]
+        assert [s.id for s in read_spectra(msp, report=SkipReport())] == ["stray:1", "stray:2"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{mgf}: 2 line(s) between END IONS and the next BEGIN IONS ignored",
+        f"{msp}: 2 line(s) outside any record ignored (peaks after a blank line, without a Name: header)"]
+
+
+@pytest.mark.parametrize("name, text", [("latin1.mgf", "BEGIN IONS\nTITLE=Äpfelsäure\n100 1\nEND IONS\n"),
+                                        ("latin1.msp", "Name: Äpfelsäure\nNum Peaks: 1\n100 1\n")])
+def test_latin1_text_is_not_replaced_silently(tmp_path, caplog, name, text):
+    path = write(tmp_path, name, text.encode("latin-1"))
+    with caplog.at_level("WARNING", logger="molpredict.io"):
+        spectra = list(read_spectra(path, report=SkipReport()))
+    assert len(spectra) == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{path}: 1 line(s) with bytes that are not UTF-8, read as U+FFFD (is the file Latin-1?)"]

@@ -4,8 +4,10 @@ from __future__ import annotations
 import gzip
 import io
 import logging
+import math
 import os
 import re
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import IO, Iterator, NamedTuple
@@ -13,12 +15,15 @@ from typing import IO, Iterator, NamedTuple
 from molpredict.errors import InputError
 
 __all__ = ["SkipEntry", "SkipReport", "open_text", "file_stem", "parse_charge", "normalize_ion_mode",
-           "parse_ms_level", "adduct_from_name"]
+           "parse_ms_level", "adduct_from_name", "MAX_PRECURSOR_MZ", "precursor_mz_problem", "STREAM_ERRORS",
+           "stream_error"]
 
 logger = logging.getLogger("molpredict.io")
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _SNIFF_BYTES = 8192
+#: what :class:`_Skipper` warns about, once per file
+NOT_UTF8 = "line(s) with bytes that are not UTF-8, read as U+FFFD (is the file Latin-1?)"
 #: bytes that never occur in a text spectra file (C0 controls other than tab, LF, VT, FF, CR; and DEL)
 _BINARY_BYTES = frozenset(set(range(0, 9)) | set(range(14, 32)) | {127})
 
@@ -97,15 +102,85 @@ class _Skipper:
         self.path = path
         self.report = report
         self.counts: Counter = Counter()
+        self.notes: Counter = Counter()
 
     def __call__(self, record: int, reason: str) -> None:
         self.counts[reason] += 1
         if self.report is not None:
             self.report.add(self.path, record, reason)
 
+    def note(self, what: str) -> None:
+        """Count a line that belongs to no record, or was not UTF-8: no record is lost over it, so it is no skip,
+        but the file is not what its writer meant either, so :meth:`close` warns once per file."""
+        self.notes[what] += 1
+
     def close(self) -> None:
         if self.report is None:
             _log_skips(self.path, self.counts)
+        for what, n in self.notes.items():
+            logger.warning("%s: %d %s", self.path, n, what)
+
+
+#: The largest precursor m/z a reader accepts. The library is small molecules (< 2,000 Da, charge at most a few), so
+#: anything above 100,000 is a unit or typing error (``1e300``, a mass in mDa), never a precursor: reading it
+#: would select no candidate and turn a bad record into a silent "no match".
+MAX_PRECURSOR_MZ = 100_000.0
+
+
+def precursor_mz_problem(value: float, field: str, text: str) -> str | None:
+    """Why a precursor m/z that a record gives is unusable, or None when it is a usable m/z.
+
+    Parameters
+    ----------
+    value : float
+        The m/z as read.
+    field : str
+        The field it was read from, for the reason (``"PEPMASS"``, ``"selected ion m/z"``).
+    text : str
+        The value as written, for the reason.
+
+    Returns
+    -------
+    str or None
+        A skip reason naming the field and value: non-finite, not positive, or above :data:`MAX_PRECURSOR_MZ`.
+    """
+    if not math.isfinite(value):
+        return f"non-numeric {field}"
+    shown = text if len(text) <= 24 else text[:21] + "..."
+    if value <= 0:
+        return f"{field} {shown} is not a positive m/z"
+    if value > MAX_PRECURSOR_MZ:
+        return f"{field} {shown} is above {MAX_PRECURSOR_MZ:.0f}, not a small-molecule precursor m/z"
+    return None
+
+
+#: What reading a damaged file raises mid-stream: a truncated gzip (EOFError), a corrupt one (``BadGzipFile``,
+#: an OSError, or zlib.error), or a failing disk (OSError).
+STREAM_ERRORS = (EOFError, OSError, zlib.error)
+
+
+def stream_error(path: str | os.PathLike, exc: BaseException, records: int, unit: str = "record") -> InputError:
+    """The one-line error for a file that cannot be read to its end (see :data:`STREAM_ERRORS`).
+
+    Parameters
+    ----------
+    path : str or path-like
+    exc : exception
+        What reading raised.
+    records : int
+        How many whole records were read before it (they have been yielded: the error says where the file stops).
+    unit : str
+        What a record is called in this format (``"record"``, ``"scan"``).
+    """
+    where = f"after {unit} {records}" if records else f"before the first {unit}"
+    detail = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, EOFError):
+        what = "truncated gzip stream"
+    elif isinstance(exc, (zlib.error, gzip.BadGzipFile)):
+        what = "corrupt gzip stream"
+    else:
+        what = "read error"
+    return InputError(f"{what} {where} ({detail})", path=str(path))
 
 
 def open_text(path: str | os.PathLike, kind: str) -> IO[str]:
@@ -134,19 +209,19 @@ def open_text(path: str | os.PathLike, kind: str) -> IO[str]:
     if path.is_dir():
         raise InputError(f"is a directory, not an {kind} file", path=str(path))
     with open(path, "rb") as probe:
-        compressed = probe.read(2) == _GZIP_MAGIC
-    raw = gzip.open(path, "rb") if compressed else open(path, "rb")
-    try:
+        head = probe.read(_SNIFF_BYTES)
+    compressed = head[:2] == _GZIP_MAGIC
+    if compressed:
+        # Sniff with a decompressor that stops at the sniff size and does not want the end of the stream: a
+        # truncated .gz is then refused by the reader, which can say after which record it stops.
         try:
-            head = raw.peek(_SNIFF_BYTES)[:_SNIFF_BYTES]
-        except (OSError, EOFError) as exc:  # a corrupt .gz
-            raise InputError(f"cannot read ({exc})", path=str(path)) from None
-        if any(b in _BINARY_BYTES for b in head):
-            raise InputError(f"not an {kind} file (binary data)", path=str(path))
-        return io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline=None)
-    except BaseException:
-        raw.close()
-        raise
+            head = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS).decompress(head, _SNIFF_BYTES)
+        except zlib.error as exc:
+            raise stream_error(path, exc, 0) from None
+    if any(b in _BINARY_BYTES for b in head):
+        raise InputError(f"not an {kind} file (binary data)", path=str(path))
+    raw = gzip.open(path, "rb") if compressed else open(path, "rb")
+    return io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline=None)
 
 
 def file_stem(path: str | os.PathLike) -> str:

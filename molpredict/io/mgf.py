@@ -19,8 +19,9 @@ import pyarrow.compute as pc
 
 from molpredict.errors import InputError
 from molpredict.spectra.record import Spectrum, ion_mode_from
-from molpredict.io.common import (SkipReport, _Skipper, adduct_from_name, file_stem, normalize_ion_mode,
-                     open_text, parse_charge, parse_ms_level)
+from molpredict.io.common import (NOT_UTF8, STREAM_ERRORS, SkipReport, _Skipper, adduct_from_name, file_stem,
+                                  normalize_ion_mode, open_text, parse_charge, parse_ms_level, precursor_mz_problem,
+                                  stream_error)
 
 __all__ = ["read_mgf", "write_mgf", "MGF_KEY_MAP"]
 
@@ -52,6 +53,7 @@ _RESERVED_METADATA = frozenset(k.lower() for k in _FIELD_KEYS) | {"precursor_int
 _PEAK_START = frozenset("0123456789.+-")
 # Records converted together: bounds the memory held while streaming, amortises the numpy/arrow calls.
 _BATCH_RECORDS = 512
+_STRAY = "line(s) between END IONS and the next BEGIN IONS ignored"
 # The fractional digits of a number, for the m/z precision a file reports.
 _FRACTION = re.compile(r"\.(\d+)")
 
@@ -89,9 +91,12 @@ def read_mgf(path: str | os.PathLike, report: SkipReport | None = None) -> Itera
     ------
     InputError
         When called: the file is missing or binary. While iterating: the file is not MGF (a line before the
-        first record is neither ``BEGIN IONS``, ``KEY=VALUE`` nor a comment) or holds no record at all.
-        Bad single records are skipped (no peaks, non-numeric or non-finite peak, negative m/z or intensity,
-        non-numeric PEPMASS / CHARGE / MSLEVEL, missing END IONS), never raised.
+        first record is neither ``BEGIN IONS``, ``KEY=VALUE`` nor a comment) or holds no record at all; or
+        a gzipped file ends early or is corrupt (``"truncated gzip stream after record N"``: the N whole records
+        before it have been yielded). Bad single records are skipped (no peaks, non-numeric or non-finite
+        peak, negative m/z or intensity, non-numeric PEPMASS / CHARGE / MSLEVEL, a precursor m/z that is
+        empty, negative or above :data:`~molpredict.io.common.MAX_PRECURSOR_MZ`, missing END IONS), never
+        raised. ``PEPMASS=0`` means unknown (the next precursor key, else none).
 
     Notes
     -----
@@ -118,51 +123,61 @@ def _iter_mgf(path: str, report: SkipReport | None) -> Iterator[Spectrum]:
     line_no = 0  # counted only outside records, where it is needed for the "not MGF" message
     peak_start = _PEAK_START
     with open_text(path, "MGF") as handle:
-        for line in handle:
-            if in_record:
-                if line[:1] in peak_start:
-                    peaks.append(line)
+        try:
+            for line in handle:
+                if in_record:
+                    if line[:1] in peak_start:
+                        peaks.append(line)
+                        continue
+                    s = line.strip()
+                    if not s or s[0] == "#" or s[0] == ";":
+                        continue
+                    if "=" in s:
+                        key, _, value = s.partition("=")
+                        keys[key.strip().upper()] = value.strip()
+                        if "\ufffd" in value:
+                            skip.note(NOT_UTF8)
+                        continue
+                    upper = s.upper()
+                    if upper == "END IONS":
+                        in_record = False
+                        pending.append((n_records, keys, peaks))
+                        if len(pending) >= _BATCH_RECORDS:
+                            yield from _finish_batch(pending, stem, skip, path)
+                            pending = []
+                    elif upper == "BEGIN IONS":
+                        pending.append((n_records, None, "missing END IONS"))
+                        n_records += 1
+                        keys = dict(defaults)
+                        peaks = []
+                    else:
+                        # Indented or garbled peak lines: the numeric conversion decides.
+                        peaks.append(line)
                     continue
+                line_no += 1
                 s = line.strip()
                 if not s or s[0] == "#" or s[0] == ";":
                     continue
-                if "=" in s:
-                    key, _, value = s.partition("=")
-                    keys[key.strip().upper()] = value.strip()
-                    continue
-                upper = s.upper()
-                if upper == "END IONS":
-                    in_record = False
-                    pending.append((n_records, keys, peaks))
-                    if len(pending) >= _BATCH_RECORDS:
-                        yield from _finish_batch(pending, stem, skip, path)
-                        pending = []
-                elif upper == "BEGIN IONS":
-                    pending.append((n_records, None, "missing END IONS"))
+                if s.upper() == "BEGIN IONS":
+                    in_record = True
                     n_records += 1
                     keys = dict(defaults)
                     peaks = []
+                elif n_records:
+                    skip.note(_STRAY)  # lines between records belong to no record: said once per file
+                elif "=" in s:
+                    key, _, value = s.partition("=")
+                    defaults[key.strip().upper()] = value.strip()
                 else:
-                    # Indented or garbled peak lines: the numeric conversion decides.
-                    peaks.append(line)
-                continue
-            line_no += 1
-            s = line.strip()
-            if not s or s[0] == "#" or s[0] == ";":
-                continue
-            if s.upper() == "BEGIN IONS":
-                in_record = True
-                n_records += 1
-                keys = dict(defaults)
-                peaks = []
-            elif n_records:
-                continue  # stray lines between records carry nothing
-            elif "=" in s:
-                key, _, value = s.partition("=")
-                defaults[key.strip().upper()] = value.strip()
-            else:
-                raise InputError(f"not an MGF file (line {line_no} is neither BEGIN IONS nor KEY=VALUE)",
-                                 path=path)
+                    raise InputError(f"not an MGF file (line {line_no} is neither BEGIN IONS nor KEY=VALUE)",
+                                     path=path)
+        except STREAM_ERRORS as exc:
+            # A truncated download or a damaged .gz: the whole records before the damage are good and are
+            # handed over (as a reader streams anyway), the partial one is dropped, and the read fails with
+            # one line saying where the file stops, so that nobody mistakes the part for the whole file.
+            yield from _finish_batch(pending, stem, skip, path)
+            skip.close()
+            raise stream_error(path, exc, n_records - 1 if in_record else n_records) from None
         if in_record:
             pending.append((n_records, None, "missing END IONS"))
         yield from _finish_batch(pending, stem, skip, path)
@@ -334,21 +349,26 @@ def _build_spectrum(keys: dict[str, str], peaks: tuple[np.ndarray, np.ndarray, f
     precursor_mz = precursor_precision = None
     for key in _PRECURSOR_KEYS:  # the first given and non-zero one
         text = keys.get(key)
-        if not text:
+        if text is None:
             continue
         parts = text.split()
+        if not parts:
+            # A written but empty precursor is a broken export, not "unknown" (that is PEPMASS=0 or no key).
+            return f"{key} is empty"
         try:
-            precursor_mz = float(parts[0])
+            value = float(parts[0])
             if len(parts) > 1 and key == "PEPMASS":
                 metadata["precursor_intensity"] = float(parts[1])
         except ValueError:
             return f"non-numeric {key}"
-        if not math.isfinite(precursor_mz):
-            return f"non-numeric {key}"
-        if precursor_mz > 0:
-            precursor_precision = 10.0 ** -_decimals(parts[0])
-            break
-        precursor_mz = None  # some exporters write PEPMASS=0 for "unknown"
+        if value == 0:
+            continue  # some exporters write PEPMASS=0 for "unknown": a later key may give it
+        problem = precursor_mz_problem(value, key, parts[0])
+        if problem:
+            return problem
+        precursor_mz = value
+        precursor_precision = 10.0 ** -_decimals(parts[0])
+        break
     try:
         charge = parse_charge(keys.get("CHARGE", ""))
     except ValueError:

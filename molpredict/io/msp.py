@@ -1,7 +1,6 @@
 """NIST / MassBank MSP reading (streaming, tolerant of the usual quirks)."""
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Iterator
@@ -10,8 +9,9 @@ import numpy as np
 
 from molpredict.errors import InputError
 from molpredict.spectra.record import Spectrum, ion_mode_from
-from molpredict.io.common import (SkipReport, _Skipper, adduct_from_name, file_stem, normalize_ion_mode,
-                     open_text, parse_charge, parse_ms_level)
+from molpredict.io.common import (NOT_UTF8, STREAM_ERRORS, SkipReport, _Skipper, adduct_from_name, file_stem,
+                                  normalize_ion_mode, open_text, parse_charge, parse_ms_level, precursor_mz_problem,
+                                  stream_error)
 
 __all__ = ["read_msp", "MSP_KEY_MAP"]
 
@@ -23,6 +23,9 @@ MSP_KEY_MAP = {
     "collision_energy": "collision_energy",
 }
 _PRECURSOR_KEYS = ("precursormz", "precursor_mz", "pepmass", "precursor_m/z", "selected_ion_m/z")
+#: how skip reasons name the precursor keys (the usual spelling, as the reader lower-cases keys)
+_PRECURSOR_LABELS = {"precursormz": "PrecursorMZ", "precursor_mz": "Precursor_MZ", "pepmass": "PEPMASS",
+                     "precursor_m/z": "Precursor m/z", "selected_ion_m/z": "Selected ion m/z"}
 _ADDUCT_KEYS = ("precursor_type", "precursortype", "adduct")
 _ION_MODE_KEYS = ("ion_mode", "ionmode", "polarity")
 _ID_KEYS = ("title", "db#", "accession", "spectrumid", "spectrum_id", "id", "feature_id", "scans")
@@ -31,6 +34,7 @@ _FIELD_KEYS = frozenset(_PRECURSOR_KEYS + _ADDUCT_KEYS + _ION_MODE_KEYS + ("char
 _NUM_PEAKS_KEYS = frozenset({"num_peaks", "numpeaks", "num peaks"})
 _QUOTED = re.compile(r'"[^"]*"')
 _PEAK_START = frozenset("0123456789.+-")
+_STRAY = "line(s) outside any record ignored (peaks after a blank line, without a Name: header)"
 
 
 def read_msp(path: str | os.PathLike, report: SkipReport | None = None) -> Iterator[Spectrum]:
@@ -56,7 +60,11 @@ def read_msp(path: str | os.PathLike, report: SkipReport | None = None) -> Itera
     Raises
     ------
     InputError
-        The file is missing, binary, not MSP (its first line is not ``Key: value``) or holds no record.
+        The file is missing, binary, not MSP (its first line is not ``Key: value``) or holds no record; or a
+        gzipped file ends early or is corrupt (``"truncated gzip stream after record N"``: the records before
+        it have been yielded). Bad single records are skipped, never raised: among them a precursor m/z that
+        is empty, non-numeric, negative or above :data:`~molpredict.io.common.MAX_PRECURSOR_MZ`
+        (``PrecursorMZ: 0`` means unknown).
 
     Notes
     -----
@@ -92,51 +100,62 @@ def _iter_msp(path: str, report: SkipReport | None) -> Iterator[Spectrum]:
         return result
 
     with open_text(path, "MSP") as handle:
-        for line in handle:
-            line_no += 1
-            s = line.strip()
-            if state == "peaks":
-                if s and (s[0] in _PEAK_START or s[0] == '"'):
-                    peaks.append(s)
-                    continue
-                if s[:1] == "#":  # a comment inside the peak list
-                    continue
-                spectrum = finish()
-                if spectrum is not None:
-                    yield spectrum
-                state = "between"
-            if not s:
-                if state == "header":
-                    skip(n_records, "no peaks")
+        try:
+            for line in handle:
+                line_no += 1
+                s = line.strip()
+                if state == "peaks":
+                    if s and (s[0] in _PEAK_START or s[0] == '"'):
+                        peaks.append(s)
+                        continue
+                    if s[:1] == "#":  # a comment inside the peak list
+                        continue
+                    spectrum = finish()
+                    if spectrum is not None:
+                        yield spectrum
                     state = "between"
-                continue
-            if s[0] == "#":
-                continue
-            key, sep, value = s.partition(":")
-            if sep and s[0] in _PEAK_START and _is_number(key):
-                sep = ""  # an "m/z:intensity" peak line, not a header
-            if not sep:
-                if n_records == 0:
-                    raise InputError(f"not an MSP file (line {line_no} is not 'Key: value')", path=path)
-                if state == "header":
-                    # Peaks without a "Num Peaks" line: take them, the count check is skipped.
-                    keys.setdefault("num_peaks", "")
-                    peaks.append(s)
+                if not s:
+                    if state == "header":
+                        skip(n_records, "no peaks")
+                        state = "between"
+                    continue
+                if s[0] == "#":
+                    continue
+                key, sep, value = s.partition(":")
+                if sep and s[0] in _PEAK_START and _is_number(key):
+                    sep = ""  # an "m/z:intensity" peak line, not a header
+                if not sep:
+                    if n_records == 0:
+                        raise InputError(f"not an MSP file (line {line_no} is not 'Key: value')", path=path)
+                    if state == "header":
+                        # Peaks without a "Num Peaks" line: take them, the count check is skipped.
+                        keys.setdefault("num_peaks", "")
+                        peaks.append(s)
+                        state = "peaks"
+                    else:
+                        skip.note(_STRAY)  # e.g. peaks after a blank line: belong to no record
+                    continue
+                key = key.strip().lower().replace(" ", "_")
+                if state == "between" or (key == "name" and "name" in keys):
+                    if state == "header":
+                        skip(n_records, "no peaks")
+                    n_records += 1
+                    keys = {}
+                    peaks = []
+                    state = "header"
+                if key in _NUM_PEAKS_KEYS:
+                    keys["num_peaks"] = value.strip()
                     state = "peaks"
-                continue
-            key = key.strip().lower().replace(" ", "_")
-            if state == "between" or (key == "name" and "name" in keys):
-                if state == "header":
-                    skip(n_records, "no peaks")
-                n_records += 1
-                keys = {}
-                peaks = []
-                state = "header"
-            if key in _NUM_PEAKS_KEYS:
-                keys["num_peaks"] = value.strip()
-                state = "peaks"
-            else:
-                keys[key] = value.strip()
+                else:
+                    keys[key] = value.strip()
+                    if "\ufffd" in value:
+                        skip.note(NOT_UTF8)
+        except STREAM_ERRORS as exc:
+            # A truncated download or a damaged .gz: the records before the damage have been yielded, the one
+            # being read is dropped (its peaks may be cut), and the read fails with one line saying where the
+            # file stops, so that nobody mistakes the part for the whole file.
+            skip.close()
+            raise stream_error(path, exc, n_records - 1 if state != "between" else n_records) from None
         if state == "peaks":
             spectrum = finish()
             if spectrum is not None:
@@ -243,17 +262,23 @@ def _build_spectrum(keys: dict[str, str], peaks: list[str], record: int, stem: s
     if n_declared is not None and n_declared != mz.shape[0]:
         return "Num Peaks differs from the peaks found"
     precursor_mz = precursor_precision = None
-    text = _first(keys, _PRECURSOR_KEYS)
-    if text:
+    key = next((name for name in _PRECURSOR_KEYS if name in keys), None)
+    if key is not None:
+        field = _PRECURSOR_LABELS[key]
+        words = keys[key].split()
+        if not words:
+            # A written but empty precursor is a broken export, not "unknown" (that is 0 or no line).
+            return f"{field} is empty"
         try:
-            precursor_mz = float(text.split()[0])
-            precursor_precision = 10.0 ** -_decimals(text.split()[0])
+            value = float(words[0])
         except ValueError:
-            return "non-numeric PrecursorMZ"
-        if not math.isfinite(precursor_mz):
-            return "non-numeric PrecursorMZ"
-        if precursor_mz <= 0:
-            precursor_mz = None
+            return f"non-numeric {field}"
+        if value != 0:  # 0 means unknown, as in MGF
+            problem = precursor_mz_problem(value, field, words[0])
+            if problem:
+                return problem
+            precursor_mz = value
+            precursor_precision = 10.0 ** -_decimals(words[0])
     try:
         charge = parse_charge(keys.get("charge", ""))
     except ValueError:

@@ -1,13 +1,16 @@
 """mzXML reading of MS/MS scans through pyteomics (streaming)."""
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+
 from molpredict.errors import InputError
 from molpredict.spectra.record import Spectrum
-from molpredict.io.common import SkipReport
+from molpredict.io.common import SkipReport, precursor_mz_problem
 from molpredict.io.scans import iter_scans, precursor_charge_and_mode, scan_peaks
 
 __all__ = ["read_mzxml"]
@@ -29,7 +32,9 @@ def read_mzxml(path: str | os.PathLike, report: SkipReport | None = None) -> Ite
         element (the charge signed by the scan polarity); ``ion_mode`` from ``polarity``;
         ``metadata["scan_index"]`` the 0-based position of the scan and ``metadata["retention_time"]`` (in
         minutes, ``metadata["retention_time_unit"]``) when present. MS1 scans are passed over (not reported
-        as skipped); a scan without precursor m/z or peaks is skipped.
+        as skipped, their peaks not even decoded); a scan is skipped when it has no precursor m/z or peaks, a
+        precursor m/z that is not positive or is above :data:`~molpredict.io.common.MAX_PRECURSOR_MZ`, or peaks
+        that cannot be decoded (bad base64 or compressed data, an unknown ``compressionType``).
 
     Raises
     ------
@@ -45,14 +50,42 @@ def read_mzxml(path: str | os.PathLike, report: SkipReport | None = None) -> Ite
 
 
 def _iter_mzxml(path: Path, report: SkipReport | None) -> Iterator[Spectrum]:
-    from pyteomics import mzxml
-
-    return iter_scans(path, report, lambda source: mzxml.MzXML(source, use_index=False, decode_binary=True),
+    reader = _reader_class()
+    return iter_scans(path, report, lambda source: reader(source, use_index=False, decode_binary=False),
                       _to_spectrum, "mzXML", "scan")
 
 
+@functools.cache
+def _reader_class() -> type:
+    """pyteomics' MzXML with two fixes for reading arrays lazily (``decode_binary=False``).
+
+    An empty ``<peaks/>`` gives empty arrays (pyteomics' lazy path raises KeyError on it), and a
+    ``compressionType`` other than ``none`` or ``zlib`` keeps its name (pyteomics would decode the compressed
+    bytes as numbers) so that :func:`scan_peaks` skips the scan.
+    """
+    from pyteomics import mzxml
+
+    class MzXML(mzxml.MzXML):
+        def _decode_peaks(self, info: dict) -> None:
+            peaks = info.get("peaks")
+            if isinstance(peaks, list) and peaks and not any(k in peaks[0] for k in self._array_keys):
+                info.pop("peaks")
+                for key in self._array_keys:
+                    info[key] = np.array([], dtype=np.float64)
+                return
+            super()._decode_peaks(info)
+
+        def _determine_compression(self, info: dict) -> str:
+            kind = info.get("compressionType")
+            if kind not in (None, "none", "zlib"):
+                return str(kind)
+            return super()._determine_compression(info)
+
+    return MzXML
+
+
 def _to_spectrum(scan: dict, index: int) -> Spectrum | str | None:
-    peaks = scan_peaks(scan, "msLevel")
+    peaks = scan_peaks(scan, "msLevel", f"scan {scan.get('num', index + 1)}")
     if peaks is None or isinstance(peaks, str):
         return peaks
     level, mz, intensities = peaks
@@ -61,6 +94,9 @@ def _to_spectrum(scan: dict, index: int) -> Spectrum | str | None:
         precursor_mz = float(precursor["precursorMz"])
     except (KeyError, IndexError, TypeError, ValueError):
         return "no precursor m/z"
+    problem = precursor_mz_problem(precursor_mz, "precursorMz", repr(precursor_mz))
+    if problem:
+        return problem
     polarity = scan.get("polarity")
     ion_mode = "positive" if polarity == "+" else "negative" if polarity == "-" else None
     charge, ion_mode = precursor_charge_and_mode(precursor.get("precursorCharge"), ion_mode)
