@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra
 from molpredict.cli import cli
+from molpredict.errors import InputError
 from molpredict.engine.decoding import query_metrics, true_rank_counts
 from molpredict.identification.evaluate import evaluate
 from molpredict.modelfile import ModelBundle, SubModel
@@ -157,3 +158,85 @@ def test_cli_evaluate_bad_inputs(setup):
     result = CliRunner().invoke(cli, ["evaluate", str(tmp_path / "sets.json"), "--model", str(tmp_path / "model"),
                                       "--candidates", str(tmp_path / "sets.json")])
     assert result.exit_code == 2 and "unknown spectra format" in result.stderr
+
+
+# -- bad candidate sets: skipped or left out with a reason, never ranked, never a leaked warning ----------------
+
+def _evaluate_quietly(path, sets_path, bundle, **kwargs):
+    """``evaluate`` with every warning recorded (a numpy RuntimeWarning must not reach the user)."""
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = evaluate([path], [("m", bundle)], _load_sets(sets_path), cache_root=False, kernel_loss=False,
+                          **kwargs)["m"]
+    return result, [w for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def test_an_empty_set_skips_its_queries_naming_the_key(setup):
+    tmp_path, bundle, sets, _ = setup
+    key = list(sets)[3]  # a structure with two labelled queries
+    (tmp_path / "empty.json").write_text(json.dumps({**sets, key: []}))
+    result, runtime_warnings = _evaluate_quietly(tmp_path / "queries.mgf", tmp_path / "empty.json", bundle, n_boot=20)
+    assert runtime_warnings == []
+    assert result["skipped"][f"empty candidate set {key}"] == 2 and result["n_queries"] == 21 - 2
+    assert result["n_skipped"] == 3 + 2 and result["candidates"]["median"] == 6.0
+    assert result["random"]["hit@1"] == pytest.approx(1 / 6)  # no 0/0 from the empty set
+
+
+def test_an_unparsable_candidate_is_left_out_and_named(setup):
+    tmp_path, bundle, sets, _ = setup
+    key = list(sets)[3]  # a structure with two labelled queries
+    bad = {k: v + [["BADBADBADBADBA", "C1CC((("]] if k == key else v for k, v in sets.items()}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    result, runtime_warnings = _evaluate_quietly(tmp_path / "queries.mgf", tmp_path / "bad.json", bundle, n_boot=0)
+    assert runtime_warnings == []  # the fingerprints never saw it
+    assert result["candidates_left_out"] == [{"set": key, "smiles": "C1CC((("}]
+    assert result["candidates"]["max"] == 6 and result["n_queries"] == 21  # never ranked, nothing else lost
+    cli_result = CliRunner().invoke(cli, ["evaluate", str(tmp_path / "queries.mgf"), "--model",
+                                          str(tmp_path / "model"), "--candidates", str(tmp_path / "bad.json"),
+                                          "--n-boot", "0", "--no-cache", "--no-kernel-loss"])
+    assert cli_result.exit_code == 0, cli_result.output
+    lines = [line for line in cli_result.stderr.splitlines() if "C1CC(((" in line]
+    assert len(lines) == 1 and str(tmp_path / "bad.json") in lines[0] and key in lines[0]
+    assert "RuntimeWarning" not in cli_result.stderr
+
+
+def test_a_set_without_its_truth_is_skipped_and_counted(setup):
+    tmp_path, bundle, sets, _ = setup
+    key = list(sets)[3]  # a structure with two labelled queries
+    (tmp_path / "missing.json").write_text(json.dumps({**sets, key: sets[key][1:]}))
+    result, _ = _evaluate_quietly(tmp_path / "queries.mgf", tmp_path / "missing.json", bundle, n_boot=0)
+    assert result["skipped"]["true structure not in its candidate set"] == 2 and result["n_queries"] == 21 - 2
+    assert result["n_true_missing"] == 0  # not scored as misses
+
+
+def test_nothing_to_evaluate_is_a_one_line_error(setup):
+    tmp_path, bundle, _, _ = setup
+    (tmp_path / "other.json").write_text(json.dumps({"AAAAAAAAAAAAAA": [["AAAAAAAAAAAAAA", "CCO"]]}))
+    result = CliRunner().invoke(cli, ["evaluate", str(tmp_path / "queries.mgf"), "--model", str(tmp_path / "model"),
+                                      "--candidates", str(tmp_path / "other.json"), "--no-cache", "-q"])
+    assert result.exit_code == 2 and result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "nothing to evaluate" in result.stderr and "no candidate set for the structure" in result.stderr
+    assert str(tmp_path / "queries.mgf") in result.stderr
+    with pytest.raises(InputError, match="nothing to evaluate"):
+        evaluate([tmp_path / "queries.mgf"], [("m", bundle)], _load_sets(tmp_path / "other.json"), cache_root=False)
+
+
+def test_json_is_strict_null_for_undefined_numbers(setup):
+    tmp_path, _, _, _ = setup
+
+    def strict(text):
+        return json.loads(text, parse_constant=lambda token: pytest.fail(f"non-standard JSON token {token}"))
+
+    result = CliRunner().invoke(cli, ["evaluate", str(tmp_path / "queries.mgf"), "--model", str(tmp_path / "model"),
+                                      "--candidates", str(tmp_path / "sets.json"), "--json", "--n-boot", "0",
+                                      "--no-cache", "--no-kernel-loss", "-q"])
+    assert result.exit_code == 0, result.output
+    m = strict(result.stdout)[str(tmp_path / "model")]
+    assert m["ci95"]["hit@1"] == [None, None] and m["per_structure"]["ci95"]["mrr"] == [None, None]
+    assert 0 <= m["hit@1"] <= 1
+    text = CliRunner().invoke(cli, ["evaluate", str(tmp_path / "queries.mgf"), "--model", str(tmp_path / "model"),
+                                    "--candidates", str(tmp_path / "sets.json"), "--n-boot", "0", "--no-cache",
+                                    "--no-kernel-loss", "-q"])
+    assert text.exit_code == 0 and "hit@1 [n/a, n/a]" in text.stdout and "nan" not in text.stdout

@@ -154,6 +154,29 @@ def test_cli_train_predict_evaluate_round_trip(files, model_dir, tmp_path):
     assert report["properties"]["mw"]["r2"] > 0.5
 
 
+def test_constant_targets_give_r2_null_and_an_aligned_table(model_dir, tmp_path):
+    """R^2 of constant targets is undefined: null in the JSON (strict: no NaN, no -1e29 from a rounded mean) and
+    "n/a" in the table, whose columns stay aligned."""
+    spectra = _spectra(5, 1)[:6]
+    for s in spectra:
+        s.metadata["smiles"] = "CC(C)Cc1ccc(cc1)C(C)C(=O)O"  # one structure: every target constant
+    write_mgf(spectra, tmp_path / "constant.mgf")
+    runner = CliRunner()
+    result = runner.invoke(cli, ["properties", "evaluate", str(tmp_path / "constant.mgf"), "--model", str(model_dir),
+                                 "--json", "-q"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output, parse_constant=lambda token: pytest.fail(f"non-standard JSON {token}"))
+    assert all(m["r2"] is None for m in report["properties"].values())
+    assert all(isinstance(m["mae"], float) for m in report["properties"].values())
+    table = runner.invoke(cli, ["properties", "evaluate", str(tmp_path / "constant.mgf"), "--model", str(model_dir),
+                                "-q"])
+    assert table.exit_code == 0, table.output
+    lines = table.output.splitlines()[:-1]
+    assert len(lines) == 1 + len(PROPERTY_NAMES) and len({len(line) for line in lines}) == 1
+    assert all(line.split()[1] == "n/a" for line in lines[1:])
+    assert np.isnan(r2_score(np.full(5, 0.1 + 0.2), np.arange(5.0)))  # 0.30000000000000004: mean rounds
+
+
 def test_bundle_round_trip_and_api(files, model_dir):
     bundle = PropertyBundle.load(model_dir)
     assert bundle.ion_modes == ["positive"] and bundle.quantiles == (0.1, 0.5, 0.9)

@@ -122,10 +122,22 @@ def properties_evaluate(spectra: str, model_path: str, as_json: bool, quiet: boo
     result, skipped = evaluate_properties(spectra, PropertyBundle.load(model_path))
     _report_skips(skipped, quiet)
     if as_json:
-        click.echo(json.dumps(result, indent=2))
+        # undefined metrics are None (see evaluate_properties): allow_nan=False keeps the output strict JSON
+        click.echo(json.dumps(result, indent=2, allow_nan=False))
         return
-    click.echo(f"{'property':<16}{'r2':>8}{'mae':>10}{'pinball':>10}{'coverage':>10}{'crossing':>10}")
-    for name, m in result["properties"].items():
-        click.echo(f"{name:<16}{m['r2']:>8.3f}{m['mae']:>10.4g}{m['pinball']:>10.4g}{m['coverage']:>10.3f}"
-                   f"{m['crossing']:>10.4f}")
+    columns = [("r2", ".3f"), ("mae", ".4g"), ("pinball", ".4g"), ("coverage", ".3f"), ("crossing", ".4f")]
+
+    def cell(value, spec: str) -> str:
+        # "n/a" for an undefined metric (R^2 of constant targets); a value too wide for ``spec`` (R^2 of a
+        # nearly constant target can be -1e6) falls back to 3 significant digits, so the columns stay aligned
+        if value is None:
+            return "n/a"
+        text = format(value, spec)
+        return text if len(text) <= 9 else format(value, ".3g")
+
+    rows = [[name] + [cell(m[key], spec) for key, spec in columns] for name, m in result["properties"].items()]
+    header = ["property"] + [key for key, _ in columns]
+    widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+    for row in [header] + rows:
+        click.echo(f"{row[0]:<{widths[0]}}" + "".join(f"  {text:>{w}}" for text, w in zip(row[1:], widths[1:])))
     click.echo(f"{result['n_spectra']} spectra")

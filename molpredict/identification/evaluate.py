@@ -6,6 +6,16 @@ Protocol
 --------
 - Candidate sets are keyed by the true structure's InChIKey first block (``{query_inchikey14: [(inchikey14,
   smiles), ...]}``); a spectrum whose structure has no set, or that has no structure, is skipped and counted.
+- A candidate whose SMILES RDKit cannot read (its syntax) is left out of its set (and listed under
+  ``candidates_left_out``):
+  it has no structure to score, and ranking it by an all-zero fingerprint would be a made-up score.
+- A spectrum whose set is empty (in the file, or once such candidates are left out) is skipped, the reason naming
+  the set's key.
+- A spectrum whose true structure (its first block) is not in its own set is skipped and counted ("true structure
+  not in its candidate set"), not scored as a miss: the protocol builds every set around its truth (MassSpecGym's
+  sets hold it by construction), so such a set is a broken input, and counting it as a miss would mix a data
+  error into the model's hit rate.
+- Nothing evaluable (every spectrum skipped) is an :class:`~molpredict.errors.InputError` naming the reasons.
 - A hit is a candidate with the true first block. The order of a set is ignored (the files put the truth first).
 - Spectra cleaned down to no peaks are *kept* (the model then scores every candidate alike and the tie policy
   decides): dropping them would flatter the metrics.
@@ -26,6 +36,7 @@ counted. The metrics and JSON keys are those of the spectra protocol.
 """
 from __future__ import annotations
 
+import math
 import sys
 import time
 import warnings
@@ -45,8 +56,8 @@ from molpredict.kernels.base import DegenerateObjectWarning
 from molpredict.modelfile import ModelBundle
 from molpredict.identification.scoring import Executor, InProcessExecutor, Query, chunked, shared_candidate_scores
 
-__all__ = ["KS", "LabelledQuery", "collect_queries", "labelled_queries", "RankedBlock", "evaluate_block", "rank_queries",
-           "summarize_ranks", "evaluate",
+__all__ = ["KS", "LabelledQuery", "collect_queries", "parsable_candidate_sets", "labelled_queries", "RankedBlock",
+           "evaluate_block", "rank_queries", "summarize_ranks", "finite_or_none", "evaluate",
            "evaluate_text", "format_report", "plot_curves"]
 
 KS = (1, 5, 10, 20)
@@ -63,31 +74,94 @@ class LabelledQuery:
 
 
 def collect_queries(spectra: Iterable[Any], source: SetSource) -> tuple[list[LabelledQuery], Counter]:
-    """Spectra with a structure that has a candidate set; the others counted by reason."""
-    from molpredict.chem.molecules import Molecule
-
+    """Spectra with a structure whose candidate set holds it; the others counted by reason (no structure, no
+    set, an empty set, the truth not in its set: see the module docstring)."""
     skipped: Counter = Counter()
     queries = []
     parsed: dict[str, str | None] = {}
     for spectrum in spectra:
-        inchikey = spectrum.inchikey
         smiles = spectrum.smiles
-        ik14 = inchikey.split("-", 1)[0] if inchikey else None
-        if not ik14 and smiles:
-            if smiles not in parsed:
-                try:
-                    parsed[smiles] = Molecule.from_smiles(smiles).inchikey14 or None
-                except InputError:
-                    parsed[smiles] = None
-            ik14 = parsed[smiles]
+        ik14 = _structure_key(spectrum, parsed)
         if not ik14:
             skipped["no structure (INCHIKEY or SMILES)"] += 1
             continue
-        if source.set_ids(ik14) is None:
+        ids = source.set_ids(ik14)
+        if ids is None:
             skipped["no candidate set for the structure"] += 1
+            continue
+        if len(ids) == 0:
+            # nothing to rank: a rank would be made up (and the random expectation divides by the set size)
+            skipped[f"empty candidate set {ik14}"] += 1
+            continue
+        if ik14 not in source.inchikey14(ids):
+            skipped["true structure not in its candidate set"] += 1
             continue
         queries.append(LabelledQuery(spectrum, ik14, smiles))
     return queries, skipped
+
+
+def _structure_key(spectrum: Any, parsed: dict[str, str | None]) -> str | None:
+    """The first block of a spectrum's true structure: its INCHIKEY, else its SMILES parsed (memo ``parsed``)."""
+    from molpredict.chem.molecules import Molecule
+
+    inchikey = spectrum.inchikey
+    if inchikey and inchikey.split("-", 1)[0]:
+        return inchikey.split("-", 1)[0]
+    smiles = spectrum.smiles
+    if not smiles:
+        return None
+    if smiles not in parsed:
+        try:
+            parsed[smiles] = Molecule.from_smiles(smiles).inchikey14 or None
+        except InputError:
+            parsed[smiles] = None
+    return parsed[smiles]
+
+
+def parsable_candidate_sets(sets: dict[str, list[tuple[str, str]]], keys: Iterable[str]
+                            ) -> tuple[dict[str, list[tuple[str, str]]], list[dict[str, str]]]:
+    """The sets of ``keys`` without the candidates whose SMILES RDKit cannot parse (the other sets as they are).
+
+    Only the sets some query needs are checked: parsing every candidate of a large file costs more than the
+    evaluation of a few queries, and the other sets are never ranked. The check is RDKit's SMILES syntax (no
+    sanitizing: see the comment below).
+
+    Parameters
+    ----------
+    sets : dict
+        ``{query_inchikey14: [(inchikey14, smiles), ...]}``.
+    keys : iterable of str
+        The set keys to check (the true structures of the queries).
+
+    Returns
+    -------
+    sets : dict
+        A copy of ``sets``, the checked ones without their unparsable candidates.
+    left_out : list of dict
+        ``{"set": key, "smiles": smiles}`` per candidate left out, in key order.
+    """
+    from rdkit import Chem, RDLogger
+
+    RDLogger.DisableLog("rdApp.*")  # the left-out candidates are reported, by set and SMILES
+    ok: dict[str, bool] = {}
+    out = dict(sets)
+    left_out: list[dict[str, str]] = []
+    for key in sorted(set(keys) & set(sets)):
+        kept = []
+        for entry in sets[key]:
+            smiles = entry[1]
+            if smiles not in ok:
+                # The SMILES syntax only (31 us a SMILES against 190 us with sanitizing, which would add a minute
+                # to a formula256 test run); one that parses but breaks valence rules still gets the all-zero
+                # fingerprint, which fingerprint_matrix warns of.
+                ok[smiles] = isinstance(smiles, str) and bool(smiles.strip()) and \
+                    Chem.MolFromSmiles(smiles, sanitize=False) is not None
+            if ok[smiles]:
+                kept.append(entry)
+            else:
+                left_out.append({"set": key, "smiles": smiles})
+        out[key] = kept
+    return out, left_out
 
 
 @dataclass
@@ -406,16 +480,30 @@ def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, M
     Returns
     -------
     dict
-        ``{label: metrics}`` (see :func:`summarize_ranks`), each with ``n_queries``, ``n_skipped``, ``skipped``.
+        ``{label: metrics}`` (see :func:`summarize_ranks`), each with ``n_queries``, ``n_skipped``, ``skipped``
+        (reason: count) and ``candidates_left_out`` (``{"set", "smiles"}`` per unparsable candidate left out of
+        a set some query needs); undefined numbers (e.g. intervals with ``n_boot=0``) are None, as in the
+        command's JSON.
+
+    Raises
+    ------
+    InputError
+        No spectrum could be evaluated (each without a structure, a usable set, or its truth in its set, or
+        unreadable); the message gives the reasons.
     """
     from molpredict.io import SkipReport, read_spectra
 
     report = SkipReport()
     spectra = [s for path in spectra_paths for s in read_spectra(path, report=report)]
+    parsed: dict[str, str | None] = {}
+    sets, left_out = parsable_candidate_sets(sets, {_structure_key(s, parsed) for s in spectra} - {None})
     source = SetSource(sets)
     queries, skipped = collect_queries(spectra, source)
     for reason, n in report.by_reason().items():
         skipped[f"unreadable record ({reason})"] += n
+    if not queries:
+        raise InputError("nothing to evaluate: " + _nothing_evaluable(len(spectra), skipped),
+                         path=", ".join(str(p) for p in spectra_paths))
     results: dict[str, Any] = {}
     for label, bundle in bundles:
         t0 = time.perf_counter()
@@ -437,10 +525,44 @@ def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, M
         metrics["n_empty_spectra"] = ranks["n_empty_spectra"]
         metrics["kernel_loss"] = _kernel_loss(identifier, ranks["routed"]) if kernel_loss else None
         metrics["model"] = str(bundle.path) if bundle.path else label
+        metrics["candidates_left_out"] = left_out
         metrics["time_s"] = round(time.perf_counter() - t0, 3)
         metrics["timings"] = {k: round(v, 3) for k, v in identifier.timings.items()}
         results[label] = metrics
-    return results
+    if not any(m["n_queries"] for m in results.values()):
+        reasons = Counter({r: n for m in results.values() for r, n in m["skipped"].items()})
+        raise InputError("nothing to evaluate: " + _nothing_evaluable(len(spectra), reasons),
+                         path=", ".join(str(p) for p in spectra_paths))
+    # the command prints this as JSON, and strict parsers (jq, JSON.parse) reject NaN: undefined numbers are null
+    return finite_or_none(results)
+
+
+def _nothing_evaluable(n_read: int, skipped: Counter, what: str = "spectra") -> str:
+    """Why no query was left, in one line: how many ``what`` were read and the skip reasons, commonest first."""
+    text = f"{n_read} {what} read, every one skipped"
+    if skipped:
+        more = len(skipped) - 5
+        text += (" (" + "; ".join(f"{n} {reason}" for reason, n in skipped.most_common(5))
+                 + (f"; {more} more reasons" if more > 0 else "") + ")")
+    return text
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every non-finite float (NaN, infinities) replaced by None, recursively through dicts, lists
+    and tuples (tuples become lists); numpy scalars become Python numbers.
+
+    Undefined metrics (an interval without resamples, a mean over no query) are NaN in the arithmetic; strict JSON
+    has no NaN, so what the commands print, and what :func:`evaluate` returns beside them, says null instead.
+    """
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_none(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def _view_summary(ranks: dict[str, Any], counts: tuple[np.ndarray, np.ndarray], n_boot: int,
@@ -494,7 +616,7 @@ def evaluate_text(pairs_paths: Sequence[str | Path], bundles: Sequence[tuple[str
     Raises
     ------
     InputError
-        Neither or both of ``library`` and ``sets``; a bundle without a text model.
+        Neither or both of ``library`` and ``sets``; a bundle without a text model; no pair left to evaluate.
     """
     from molpredict.identification.candidate_sources import LibrarySource
     from molpredict.modelfile import TEXT_MODE
@@ -506,6 +628,7 @@ def evaluate_text(pairs_paths: Sequence[str | Path], bundles: Sequence[tuple[str
         if bundle.for_mode(TEXT_MODE) is None:
             raise InputError(f"the model takes {bundle.input_type} input, not text", path=label)
     report = PairsReport()
+    left_out: list[dict[str, str]] = []
     structures: dict[str, Any] = {}
     pairs = [p for path in pairs_paths for p in read_text_pairs(path, report, structures)]
     skipped: Counter = Counter({f"unreadable row ({reason})": n for reason, n in report.by_reason().items()})
@@ -532,7 +655,8 @@ def evaluate_text(pairs_paths: Sequence[str | Path], bundles: Sequence[tuple[str
             kept.append(i)
             true_ids.append(np.asarray(sorted(hits), dtype=np.int64))
     else:
-        source = SetSource(sets or {})
+        sets, left_out = parsable_candidate_sets(sets or {}, {p.molecule.inchikey14 for p in pairs})
+        source = SetSource(sets)
         for i, pair in enumerate(pairs):
             ids = source.set_ids(pair.molecule.inchikey14)
             if ids is None:
@@ -547,6 +671,9 @@ def evaluate_text(pairs_paths: Sequence[str | Path], bundles: Sequence[tuple[str
             set_ids.append(ids)
             true_ids.append(ids[is_true])
     queries = [pairs[i] for i in kept]
+    if not queries:
+        raise InputError("nothing to evaluate: " + _nothing_evaluable(len(pairs), skipped, "pairs"),
+                         path=", ".join(str(p) for p in pairs_paths))
     texts = [p.description for p in queries]
     results: dict[str, Any] = {}
     for label, bundle in bundles:
@@ -597,10 +724,23 @@ def evaluate_text(pairs_paths: Sequence[str | Path], bundles: Sequence[tuple[str
         metrics["input_type"] = "text"
         metrics["hit_definition"] = "same RDKit canonical isomeric SMILES (stereo included)"
         metrics["candidates_from"] = "library" if library is not None else "candidate sets"
+        metrics["candidates_left_out"] = left_out
         metrics["time_s"] = round(time.perf_counter() - t0, 3)
         metrics["timings"] = {k: round(v, 3) for k, v in identifier.timings.items()}
         results[label] = metrics
-    return results
+    return finite_or_none(results)  # as :func:`evaluate`: null, not NaN, for undefined numbers
+
+
+def _pct(x: float | None, width: int = 0, digits: int = 2) -> str:
+    """A share as a percentage, or "n/a" when undefined (None or NaN), right-aligned to ``width``."""
+    text = "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.{digits}f}%"
+    return f"{text:>{width}}"
+
+
+def _num(x: float | None, spec: str, width: int = 0) -> str:
+    """A number in format ``spec``, or "n/a" when undefined (None or NaN), right-aligned to ``width``."""
+    text = "n/a" if x is None or not math.isfinite(x) else format(x, spec)
+    return f"{text:>{width}}"
 
 
 def format_report(results: dict[str, Any]) -> str:
@@ -611,8 +751,8 @@ def format_report(results: dict[str, Any]) -> str:
               f"{'rank':>7}")
     lines.append(header)
     for label, m in results.items():
-        lines.append(f"{label:<{width}} {m['n_queries']:>6} " + " ".join(
-            f"{100 * m[f'hit@{k}']:>6.2f}%" for k in KS) + f" {m['mrr']:>7.4f} {m['mean_rank']:>7.2f}")
+        lines.append(f"{label:<{width}} {m['n_queries']:>6} " + " ".join(_pct(m[f'hit@{k}'], 7) for k in KS)
+                     + f" {_num(m['mrr'], '.4f', 7)} {_num(m['mean_rank'], '.2f', 7)}")
     for label, m in results.items():
         lines.append("")
         if m.get("input_type") == "text":
@@ -621,23 +761,26 @@ def format_report(results: dict[str, Any]) -> str:
             what = f"{m['n_structures']} structures; {m['n_empty_spectra']} without peaks after cleaning, kept"
         lines.append(f"{label}: {m['n_queries']} queries ({what}), {m['n_skipped']} skipped"
                      + "".join(f"; {n} {r}" for r, n in m["skipped"].items()))
+        if m.get("candidates_left_out"):
+            lines.append(f"  {len(m['candidates_left_out'])} candidates left out of their sets (SMILES RDKit "
+                         f"cannot parse)")
         ci = m["ci95"]
         lines.append("  95% CI (per spectrum): " + ", ".join(
-            f"hit@{k} [{100 * ci[f'hit@{k}'][0]:.2f}, {100 * ci[f'hit@{k}'][1]:.2f}]%" for k in KS))
+            f"hit@{k} [{_pct(ci[f'hit@{k}'][0])}, {_pct(ci[f'hit@{k}'][1])}]" for k in KS))
         ps = m["per_structure"]
-        lines.append("  per structure: " + ", ".join(f"hit@{k} {100 * ps[f'hit@{k}']:.2f}%" for k in KS)
-                     + f", MRR {ps['mrr']:.4f}")
+        lines.append("  per structure: " + ", ".join(f"hit@{k} {_pct(ps[f'hit@{k}'])}" for k in KS)
+                     + f", MRR {_num(ps['mrr'], '.4f')}")
         av = m["average_ties"]
-        lines.append("  average tie policy: " + ", ".join(f"hit@{k} {100 * av[f'hit@{k}']:.2f}%" for k in KS)
-                     + f", MRR {av['mrr']:.4f}")
+        lines.append("  average tie policy: " + ", ".join(f"hit@{k} {_pct(av[f'hit@{k}'])}" for k in KS)
+                     + f", MRR {_num(av['mrr'], '.4f')}")
         rnd = m["random"]
-        lines.append("  random ranking: " + ", ".join(f"hit@{k} {100 * rnd[f'hit@{k}']:.2f}%" for k in KS)
-                     + f", MRR {rnd['mrr']:.4f}; median candidates {m['candidates']['median']}")
+        lines.append("  random ranking: " + ", ".join(f"hit@{k} {_pct(rnd[f'hit@{k}'])}" for k in KS)
+                     + f", MRR {_num(rnd['mrr'], '.4f')}; median candidates {m['candidates']['median']}")
         if m.get("kernel_loss") is not None:
             lines.append(f"  kernel loss {m['kernel_loss']:.4f}")
         for name, v in m.get("views", {}).items():
-            lines.append(f"  {name.replace('_', ' ')}: " + ", ".join(f"hit@{k} {100 * v[f'hit@{k}']:.2f}%" for k in KS)
-                         + f", MRR {v['mrr']:.4f}")
+            lines.append(f"  {name.replace('_', ' ')}: " + ", ".join(f"hit@{k} {_pct(v[f'hit@{k}'])}" for k in KS)
+                         + f", MRR {_num(v['mrr'], '.4f')}")
         cal = m.get("calibration")
         if cal:
             fdr = cal["confident_at_fdr"]

@@ -11,10 +11,16 @@ __all__ = ["r2_score", "mean_absolute_error", "pinball_score", "interval_coverag
 
 
 def r2_score(y: np.ndarray, prediction: np.ndarray) -> float:
-    """1 - SS_res / SS_tot of one property (nan when the targets are constant)."""
+    """1 - SS_res / SS_tot of one property; nan (undefined) when the targets are constant, or fewer than two.
+
+    Constant is tested on the targets themselves, not on SS_tot: the mean of equal floats can be off by a
+    rounding error, which leaves SS_tot at ~1e-30 instead of 0 and R^2 at -1e29.
+    """
     y, prediction = np.asarray(y, dtype=np.float64), np.asarray(prediction, dtype=np.float64)
+    if y.size < 2 or np.ptp(y) <= 1e-12 * max(float(np.abs(y).max()), 1.0):
+        return float("nan")
     total = float(((y - y.mean()) ** 2).sum())
-    return float("nan") if total == 0 else 1.0 - float(((y - prediction) ** 2).sum()) / total
+    return 1.0 - float(((y - prediction) ** 2).sum()) / total
 
 
 def mean_absolute_error(y: np.ndarray, prediction: np.ndarray) -> float:

@@ -7,6 +7,7 @@ where targets are needed, a SMILES RDKit cannot parse, an ion mode the model lac
 """
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -208,7 +209,8 @@ def predict_table(spectra: Any, bundle: PropertyBundle) -> tuple[Any, list[Skipp
 
 def evaluate_properties(spectra: Any, bundle: PropertyBundle) -> tuple[dict[str, Any], list[Skipped]]:
     """Metrics per property on labelled spectra:
-    ``{"properties": {name: {"r2", "mae", "pinball", "coverage", "crossing"}}, "n_spectra": n}``.
+    ``{"properties": {name: {"r2", "mae", "pinball", "coverage", "crossing"}}, "n_spectra": n}``; an undefined
+    metric (R^2 of constant targets) is None, so that the result is strict JSON (no NaN).
 
     Raises
     ------
@@ -222,7 +224,8 @@ def evaluate_properties(spectra: Any, bundle: PropertyBundle) -> tuple[dict[str,
         raise InputError("no spectrum to evaluate: none has a usable SMILES and an ion mode the model has")
     Y = Y[kept]
     levels = bundle.quantiles
-    result = {"properties": {name: {k: round(v, 6) for k, v in property_metrics(Y[:, t], F[:, t, :], levels).items()}
+    result = {"properties": {name: {k: round(v, 6) if math.isfinite(v) else None
+                                    for k, v in property_metrics(Y[:, t], F[:, t, :], levels).items()}
                              for t, name in enumerate(bundle.names)},
               "n_spectra": len(kept)}
     return result, skipped
