@@ -127,3 +127,38 @@ def test_what_escapes_the_library_is_still_one_line(setup, monkeypatch):
     monkeypatch.setenv("MOLPREDICT_DEBUG", "1")
     result = CliRunner().invoke(cli, args)
     assert isinstance(result.exception, RuntimeError)
+
+
+def test_the_skip_summary_says_where_and_a_bad_cluster_prints_no_header(setup):
+    bad = "".join(f"BEGIN IONS\nTITLE=bad{i}\nPEPMASS=abc\nCHARGE=1+\n100 1\nEND IONS\n" for i in range(5))
+    (setup / "mixed.mgf").write_text((setup / "q.mgf").read_text() + bad)
+    result = CliRunner().invoke(cli, ["identify", "mixed.mgf", "--model", "model", "--library", "lib.tsv",
+                                      "-o", "out.tsv"])
+    assert result.exit_code == 0, result.output
+    assert "  skipped 5: unreadable record: non-numeric PEPMASS (mixed.mgf records 4, 5, 6 and 2 more, all with " \
+           "--skipped FILE)" in result.stderr.splitlines()
+    result = CliRunner().invoke(cli, ["identify", "mixed.mgf", "--model", "model", "--library", "lib.tsv",
+                                      "-o", "out2.tsv", "--skipped", "s.tsv"])
+    assert "and 2 more, all in s.tsv)" in result.stderr
+    result = CliRunner().invoke(cli, ["identify", "q.mgf", "--model", "model", "--library", "lib.tsv",
+                                      "--cluster", "foo"])
+    assert result.exit_code == 2 and result.stdout == ""  # no header that would pass for an empty result
+
+
+def test_warnings_of_the_command_line_are_one_line(setup, capsys):
+    """A library row RDKit cannot parse is reported by a warning: on the command line (``main``, the console
+    script) one line, without Python's source location."""
+    import warnings
+
+    from molpredict.cli import main
+
+    (setup / "bad.tsv").write_text("smiles\n" + "\n".join(SMILES) + "\nnot_a_smiles((\n")
+    with warnings.catch_warnings():  # main() installs its display of warnings: undone here
+        warnings.simplefilter("always")
+        with pytest.raises(SystemExit) as done:
+            main(["identify", "q.mgf", "--model", "model", "--library", "bad.tsv", "-q", "-o", "out.tsv"])
+    assert done.value.code == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines == [f"molpredict: warning: bad.tsv: {len(SMILES)} of {len(SMILES) + 1} records kept, 1 skipped "
+                     f"(first: bad.tsv, line {len(SMILES) + 2}, field smiles: RDKit cannot parse SMILES "
+                     f"'not_a_smiles((')"]

@@ -64,6 +64,40 @@ def query(id="q", precursor=None, **fields) -> Spectrum:
     return Spectrum(id, **base)
 
 
+# -- a library that lists a structure twice ------------------------------------------------------------------
+
+def test_a_structure_listed_twice_is_ranked_once(bundle, tmp_path):
+    """Rows that repeat an InChIKey would be ranked against themselves (one molecule at ranks 1 to 3, a zero
+    margin, the probability cut): each structure is ranked once, from its first row (of an allowed source), by
+    formula and by mass, with one warning naming the library."""
+    import warnings
+
+    smiles = [SMILES[0], SMILES[0], SMILES[1], SMILES[0]] + SMILES[2:]
+    columns = {"smiles": smiles, "name": [f"row{i}" for i in range(len(smiles))],
+               "source": ["b", "a", "a", "a"] + ["a"] * (len(smiles) - 4)}
+    path = tmp_path / "repeats.tsv"
+    path.write_text("smiles\tname\tsource\n" + "".join(f"{s}\t{n}\t{o}\n" for s, n, o in
+                                                          zip(*columns.values())))
+    library = CandidateLibrary.from_tsv(path, cache=False)
+    spectra = [query("q1", metadata={"formula": MELLEIN.formula}), query("q2")]
+    for options, first_name in [(dict(), "row0"), (dict(by="mass"), "row0"), (dict(sources=["a"]), "row1")]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rows, _ = run(bundle, library, spectra, top_k=50, **options)
+        assert [str(w.message) for w in caught] == [
+            f"{path}: rows that repeat an InChIKey are ranked once (the first row kept; `molpredict candidates "
+            f"build` writes a library without repeats)"]
+        for q in ("q1", "q2"):
+            keys = [r["inchikey"] for r in rows if r["query_id"] == q]
+            assert len(keys) == len(set(keys)) and keys and rows[0]["n_candidates"] == len(keys)
+        mellein = [r for r in rows if r["inchikey"] == MELLEIN.inchikey]
+        assert {r["name"] for r in mellein} == {first_name} and len(mellein) == 2
+    unique = CandidateLibrary.from_smiles(SMILES)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no repeats: no warning
+        run(bundle, unique, spectra, top_k=50)
+
+
 # -- identity ------------------------------------------------------------------------------------------------
 
 def test_unique_ids_suffix_repeats_and_avoid_collisions():

@@ -342,6 +342,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
             spectra = html.watch(unique_ids(spectra))   # the ids the rows will carry
         t0 = time.perf_counter()
         stdin_name = "-" if spool else None
+        executor = _executor(cluster, say)  # a bad --cluster fails before a header reaches stdout or a file
         if output and output != "-":
             fingerprint = _run_fingerprint(spectra_file, spool, model_path, library, by, ppm, not ppm_only,
                                            sources, formulas, top_k, prior=prior,
@@ -353,7 +354,6 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
         else:
             sink = None
             writer = ResultWriter(sys.stdout, out_format, columns)
-        executor = _executor(cluster, say)
         try:
             for block in identifier.run_blocks(spectra, executor=executor, start=sink.done if sink else 0):
                 for row in block.rows:
@@ -396,13 +396,32 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
         say(f"report {report_path} ({size / 1e6:.2f} MB)")
     if not quiet:
         n_total = summary["n_queries"] + len(report)
+        median = summary["candidates_median"]
         click.echo(f"molpredict: {n_total} spectra: {summary['n_identified']} identified, {len(skipped)} skipped "
-                   f"({time.perf_counter() - t0:.1f} s; median {summary['candidates_median']} candidates)", err=True)
-        reasons: dict[str, int] = {}
-        for s in skipped:
-            reasons[s.reason] = reasons.get(s.reason, 0) + 1
-        for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
-            click.echo(f"  skipped {n}: {reason}", err=True)
+                   f"({time.perf_counter() - t0:.1f} s; "
+                   f"{'no candidates' if median is None else f'median {median} candidates'})", err=True)
+        for line in skip_summary(skipped, listed_in=skipped_path):
+            click.echo(f"  {line}", err=True)
+
+
+def skip_summary(skipped: list, listed_in: str | None = None, shown: int = 3) -> list[str]:
+    """One line per skip reason, most frequent first, saying where: ``skipped 2: no peaks (a.mgf records 4, 9)``;
+    past ``shown`` records, how many more and where all of them are listed."""
+    by_reason: dict[str, list] = {}
+    for s in skipped:
+        by_reason.setdefault(s.reason, []).append(s)
+    lines = []
+    for reason, entries in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+        places: dict[str, list[str]] = {}
+        for s in entries[:shown]:
+            places.setdefault(s.file or "", []).append(str(s.record) if s.record is not None else (s.query_id or "?"))
+        where = "; ".join(f"{file} record{'s' if len(records) > 1 else ''} {', '.join(records)}" if file else
+                          ", ".join(records) for file, records in places.items())
+        if len(entries) > shown:
+            where += f" and {len(entries) - shown} more" + (f", all in {listed_in}" if listed_in else
+                                                             ", all with --skipped FILE")
+        lines.append(f"skipped {len(entries)}: {reason} ({where})")
+    return lines
 
 
 def _run_fingerprint(spectra_file, spool, model_path, library, by, ppm, precision_window, sources, formulas,

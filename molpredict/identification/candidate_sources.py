@@ -2,6 +2,7 @@
 MassSpecGym-style candidate sets), as ids into a table of molecules with cache keys, tie keys and output fields."""
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from typing import Any, Protocol, Sequence
 
@@ -66,6 +67,11 @@ class CandidateSource:
     def keys(self, ids: np.ndarray) -> list[str]:
         """Cache keys of candidates ``ids`` (full InChIKey, else ``smiles:<SMILES>``)."""
         raise NotImplementedError
+
+    def one_per_structure(self, ids: np.ndarray, adduct_names: np.ndarray | None
+                          ) -> tuple[np.ndarray, np.ndarray | None]:
+        """``ids`` with one row per structure (and their adducts); a source whose rows are distinct returns them."""
+        return ids, adduct_names
 
     def prefetch(self, ids: np.ndarray) -> None:
         """Read ahead what ranking a block of queries looks up per query (tie keys, output fields, formulas) for
@@ -145,6 +151,7 @@ class LibrarySource(CandidateSource):
             self._allowed = np.zeros(len(library), dtype=bool)
             self._allowed[allowed] = True
         self._formula_cache: dict[str, np.ndarray] = {}
+        self._warned_repeats = False
         self.has_name = library.has_column("name")
         self.has_id = library.has_column("id")
 
@@ -173,6 +180,7 @@ class LibrarySource(CandidateSource):
                     ids = self.library.select_by_formula(formula)
                 except InputError:
                     return f"unparsable formula {formula!r}"
+                ids, _ = self._allowed_only(ids, None)
                 self._formula_cache[formula] = ids
             adduct_names = None
             reported = adducts[0].name if len(adducts) == 1 else ""
@@ -197,17 +205,39 @@ class LibrarySource(CandidateSource):
             all_names = np.concatenate(names)
             # keep, per candidate, the first adduct in the given (most-common-first) order
             ids, first = np.unique(all_ids, return_index=True)
-            adduct_names = all_names[first]
+            ids, adduct_names = self._allowed_only(ids, all_names[first])
             reported = ""
-        if self._allowed is not None and ids.size:
-            keep = self._allowed[ids]
-            ids = ids[keep]
-            if adduct_names is not None:
-                adduct_names = adduct_names[keep]
         if ids.size == 0:
             where = f"formula {formula}" if by == "formula" else f"mass within {window}"
             return f"no candidates in the library ({where})"
         return ids, adduct_names, reported, window
+
+    def _allowed_only(self, ids: np.ndarray, adduct_names: np.ndarray | None
+                      ) -> tuple[np.ndarray, np.ndarray | None]:
+        """``ids`` (and their adducts) of the allowed sources."""
+        if self._allowed is not None and ids.size:
+            keep = self._allowed[ids]
+            ids = ids[keep]
+            adduct_names = None if adduct_names is None else adduct_names[keep]
+        return ids, adduct_names
+
+    def one_per_structure(self, ids: np.ndarray, adduct_names: np.ndarray | None
+                          ) -> tuple[np.ndarray, np.ndarray | None]:
+        """One row per structure: library rows that repeat an InChIKey would be ranked against themselves (one
+        molecule at ranks 1 to 3, a zero margin, the probability cut), so the first row (of an allowed source:
+        :meth:`select` filtered them) is kept, with one warning naming the library. Reads the prefetched keys."""
+        if ids.size < 2:
+            return ids, adduct_names
+        _, first = np.unique(self._take("inchikey", ids), return_index=True)
+        if first.size == ids.size:
+            return ids, adduct_names
+        if not self._warned_repeats:
+            self._warned_repeats = True
+            warnings.warn(f"{self.library.path or 'the library'}: rows that repeat an InChIKey are ranked once (the "
+                          f"first row kept; `molpredict candidates build` writes a library without repeats)",
+                          UserWarning, stacklevel=2)
+        first.sort()
+        return ids[first], None if adduct_names is None else adduct_names[first]
 
     def all_ids(self) -> np.ndarray:
         """Every usable row id (ascending): the whole library, or the rows of the ``sources`` filter."""

@@ -551,6 +551,8 @@ def identify_block(identifier: Identifier, block: Sequence[tuple[int, Any]]) -> 
     queries = [q for q in (worker.prepare(position, spectrum) for position, spectrum in block) if q is not None]
     if queries:
         worker.source.prefetch(np.concatenate([q.ids for q in queries]))
+        for query in queries:  # from the prefetched keys: no read per query
+            query.ids, query.adducts = worker.source.one_per_structure(query.ids, query.adducts)
     rows: list[dict[str, Any]] = []
     n_candidates: list[int] = []
     for query, scores in worker.fused(queries):
