@@ -309,3 +309,13 @@ def test_demo_without_data_fetches_and_builds_a_default_library(tmp_path, serve,
     # second time: nothing downloaded, the configured library is used
     assert demo.find_data(None, url=url) == data and len(seen) == 1
     assert demo.library_for(data)[1] == str((data / "library.tsv").resolve())
+    # a library given to the demo (the Makefile passes one) becomes the default where none is set: the demo's
+    # closing suggestion, `molpredict identify my_spectra.mgf`, needs one; a configured default is left alone
+    given = tmp_path / "given.tsv"
+    library.to_tsv(given)
+    assert "now your default library" not in demo.library_for(data, str(given))[1]
+    assert config.default_library() == str((data / "library.tsv").resolve())
+    config.unset_value("library")
+    library_given, described = demo.library_for(data, str(given))
+    assert len(library_given) == 6 and "now your default library" in described
+    assert config.default_library() == str(given.resolve())

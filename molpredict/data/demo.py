@@ -94,7 +94,12 @@ def library_for(data: Path, library: str | None = None) -> tuple[Any, str]:
 
     chosen = library or config.default_library()
     if chosen:
-        return read_library(chosen), str(chosen)
+        described = str(chosen)
+        if library and config.default_library() is None:
+            # the demo ends by suggesting `molpredict identify my_spectra.mgf`, which needs a default library
+            config.set_value("library", str(Path(library).resolve()))
+            described += "; now your default library (`molpredict config show`)"
+        return read_library(chosen), described
     path = data / "library.tsv"
     if path.is_file():
         built = read_library(path)
