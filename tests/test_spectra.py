@@ -242,6 +242,24 @@ def test_cli_spectra_info():
     assert "missing END IONS: 2 (records 6, 13)" in result.output
 
 
+def test_cli_spectra_info_says_what_the_default_cleaning_would_skip():
+    """What `train` and `identify` would skip after the reader, with the same cleaning: here record 5 (its only
+    peak is removed) and the MS3 record of quirks.mgf."""
+    from molpredict.spectra.cleaning import CleaningPipeline
+
+    runner = CliRunner()
+    edge = Path(__file__).parent / "fixtures" / "identification" / "edge_cases.mgf"
+    info = json.loads(runner.invoke(cli, ["spectra", "info", str(edge), "--json"]).output)
+    cleaned = [CleaningPipeline()(s) for s in read_mgf(edge)]
+    assert [s.record for s, c in zip(read_mgf(edge), cleaned) if c is not None and c.n_peaks == 0] == [5]
+    assert info["cleaning_would_skip"] == {"no peaks after cleaning": 1}
+    assert info["cleaning_examples"] == {"no peaks after cleaning": [5]}
+    text = runner.invoke(cli, ["spectra", "info", str(edge)]).output
+    assert "cleaning would skip: 1 " in text and "  no peaks after cleaning: 1 (record 5)" in text
+    quirks = json.loads(runner.invoke(cli, ["spectra", "info", str(SPECTRA / "quirks.mgf"), "--json"]).output)
+    assert quirks["cleaning_would_skip"].get("MS level 3 (not 2)") == 1
+
+
 # -- MSP and mzML ---------------------------------------------------------------------------------------------
 
 def test_read_msp():

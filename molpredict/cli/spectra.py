@@ -29,7 +29,11 @@ def summarize_spectra(path: str) -> dict:
         The file is not a spectra file.
     """
     from molpredict.io import SkipReport, read_spectra, spectra_format
+    from molpredict.spectra.cleaning import CleaningPipeline
 
+    cleaning = CleaningPipeline()  # the default cleaning: what `train` and a default model's `identify` apply
+    cleaning_skips: Counter = Counter()
+    cleaning_examples: dict[str, list[int]] = {}
     report = SkipReport()
     ion_modes: Counter = Counter()
     adducts: Counter = Counter()
@@ -41,6 +45,14 @@ def summarize_spectra(path: str) -> dict:
     precursor_min, precursor_max = np.inf, -np.inf
     n_precursor = 0
     for s in read_spectra(path, report=report):
+        cleaned = cleaning(s)
+        reason = (f"MS level {s.ms_level} (not {cleaning.ms_level})" if cleaned is None else
+                  "no peaks after cleaning" if cleaned.n_peaks == 0 else None)
+        if reason:
+            cleaning_skips[reason] += 1
+            examples_of = cleaning_examples.setdefault(reason, [])
+            if len(examples_of) < _EXAMPLES:
+                examples_of.append(s.record if s.record is not None else len(n_peaks) + 1)
         n_peaks.append(s.n_peaks)
         ion_modes[s.ion_mode or "unknown"] += 1
         adducts[s.adduct or "(none)"] += 1
@@ -71,6 +83,8 @@ def summarize_spectra(path: str) -> dict:
         "skipped": report.count,
         "skipped_by_reason": report.by_reason(),
         "skipped_examples": examples,
+        "cleaning_would_skip": dict(cleaning_skips.most_common()),
+        "cleaning_examples": cleaning_examples,
         "ion_modes": dict(ion_modes.most_common()),
         "adducts": dict(adducts.most_common()),
         "charges": dict(charges.most_common()),
@@ -110,6 +124,12 @@ def spectra_info(file: str, as_json: bool) -> None:
     ]
     for reason, count in info["skipped_by_reason"].items():
         records = [str(r) for r in info["skipped_examples"][reason][:5]]
+        more = ", ..." if count > len(records) else ""
+        lines.append(f"  {reason}: {count} (record{'s' if count > 1 else ''} {', '.join(records)}{more})")
+    lines.append(f"cleaning would skip: {sum(info['cleaning_would_skip'].values())} (the default cleaning that "
+                 f"training and identification apply)")
+    for reason, count in info["cleaning_would_skip"].items():
+        records = [str(r) for r in info["cleaning_examples"][reason][:5]]
         more = ", ..." if count > len(records) else ""
         lines.append(f"  {reason}: {count} (record{'s' if count > 1 else ''} {', '.join(records)}{more})")
     lines += [
