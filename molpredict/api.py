@@ -80,7 +80,16 @@ def load_library(library: "PathLike | CandidateLibrary | None" = None, *, progre
         raise InputError(f"library must be a path or a CandidateLibrary (molpredict.load_library), "
                          f"not {type(library).__name__}")
     # read once per process and known by its file: cluster workers read it themselves (no pickled copy)
-    return load_library_once(library_path(library), progress=progress, cache=cache)
+    path = library_path(library)
+    loaded = load_library_once(path, progress=progress, cache=cache)
+    if len(loaded) == 0:  # every query would be skipped with "no candidates", which reads as a query problem
+        report = getattr(loaded, "report", None)
+        why = " (no rows)"
+        if report is not None and report.n_read:
+            why = f" ({report.n_read} rows read, none usable; first: {report.skipped[0]})" if report.skipped else \
+                f" ({report.n_read} rows read, none usable)"
+        raise InputError(f"no usable structure in the library{why}", path=path)
+    return loaded
 
 
 def iter_spectra(spectra: Any, report: "SkipReport | None" = None) -> Iterator[Any]:

@@ -50,8 +50,9 @@ def config_path() -> Path:
     return Path(platformdirs.user_config_dir("molpredict")) / "config.json"
 
 
-def read_config(path: Path | None = None) -> dict[str, str]:
-    """The stored settings (empty when there is no config file).
+def read_config(path: Path | None = None, *, strict: bool = True) -> dict[str, str]:
+    """The stored settings (empty when there is no config file); ``strict=False`` drops a setting that is not a
+    string instead of raising (what ``unset`` reads, so that it can repair the file).
 
     Raises
     ------
@@ -72,7 +73,11 @@ def read_config(path: Path | None = None) -> dict[str, str]:
                          path=str(path)) from None
     if not isinstance(data, dict):
         raise InputError("not a JSON object; fix or delete it", path=str(path))
-    return {str(k): str(v) for k, v in data.items() if k in SETTINGS}
+    for key, value in data.items():
+        if strict and key in SETTINGS and not isinstance(value, str):  # str(None) would be the path "None"
+            raise InputError(f"setting {key!r} must be a path in quotes, not {json.dumps(value)}; fix it or "
+                             f"`molpredict config unset {key}`", path=str(path))
+    return {str(k): v for k, v in data.items() if k in SETTINGS and isinstance(v, str)}
 
 
 def _setting(key: str) -> Setting:
@@ -112,7 +117,7 @@ def set_value(key: str, value: str) -> Path:
 def unset_value(key: str) -> Path:
     """Remove ``key`` from the config file; returns the file."""
     _setting(key)
-    values = read_config()
+    values = read_config(strict=False)
     values.pop(key, None)
     return _write(values)
 

@@ -162,3 +162,20 @@ def test_warnings_of_the_command_line_are_one_line(setup, capsys):
     assert lines == [f"molpredict: warning: bad.tsv: {len(SMILES)} of {len(SMILES) + 1} records kept, 1 skipped "
                      f"(first: bad.tsv, line {len(SMILES) + 2}, field smiles: RDKit cannot parse SMILES "
                      f"'not_a_smiles((')"]
+
+
+def test_a_library_without_a_usable_structure_is_an_error_not_a_run_of_skips(setup):
+    (setup / "none.tsv").write_text("smiles\nnot_a_smiles((\n")
+    (setup / "header.tsv").write_text("smiles\n")
+    for name, why in [("none.tsv", "(1 rows read, none usable; first: "), ("header.tsv", "(no rows)")]:
+        result = _identify("--library", name)  # the later --library wins
+        assert result.exit_code == 2 and f"{name}: no usable structure in the library {why}" in _last_line(result)
+    build = CliRunner().invoke(cli, ["candidates", "build", "lib.tsv", "-o", "lib.xyz"])
+    assert build.exit_code == 2 and _last_line(build).endswith("lib.xyz, field -o: a library is written as .tsv "
+                                                                "or .tsv.gz")
+    assert not (setup / "lib.xyz").exists()
+    plot = CliRunner().invoke(cli, ["evaluate", "q.mgf", "--candidates", "sets.json", "--model", "model",
+                                    "--plot", "nodir/p.png"])
+    assert plot.exit_code == 2 and _last_line(plot).endswith("the folder nodir does not exist")
+    predict = CliRunner().invoke(cli, ["properties", "predict", "q.mgf", "--model", "model", "-o", "q.mgf"])
+    assert predict.exit_code == 2 and "is also SPECTRA" in _last_line(predict)

@@ -57,6 +57,30 @@ def test_bad_values_and_files(home, tmp_path):
     assert "config.json" in str(e.value) and "\n" not in str(e.value)
 
 
+def test_what_config_stores_must_be_usable(home, tmp_path):
+    """`config set` refuses a folder that is no bundle and a file that is no library (every later identify would
+    fail on it with a message about another file); a setting that is not a path string (null) is a one-line
+    error saying how to repair it, and `config unset` repairs it."""
+    runner = CliRunner()
+    (tmp_path / "folder").mkdir()
+    result = runner.invoke(cli, ["config", "set", "model", str(tmp_path / "folder")])
+    assert result.exit_code == 2 and "not a model bundle (no bundle.json)" in result.output
+    (tmp_path / "spectra.mgf").write_text("BEGIN IONS\nPEPMASS=100\n50 1\nEND IONS\n")
+    result = runner.invoke(cli, ["config", "set", "library", str(tmp_path / "spectra.mgf")])
+    assert result.exit_code == 2 and "not a candidate library" in result.output
+    (tmp_path / "nosmiles.tsv").write_text("name\tmass\nx\t1\n")
+    result = runner.invoke(cli, ["config", "set", "library", str(tmp_path / "nosmiles.tsv")])
+    assert result.exit_code == 2 and "no 'smiles' column" in result.output
+    assert not (home / "config.json").exists()
+    home.mkdir()
+    (home / "config.json").write_text('{"model": null, "library": "/a/lib.tsv"}')
+    with pytest.raises(InputError, match="setting 'model' must be a path in quotes, not null; fix it or "
+                                         "`molpredict config unset model`"):
+        config.read_config()
+    assert runner.invoke(cli, ["config", "unset", "model"]).exit_code == 0
+    assert config.read_config() == {"library": "/a/lib.tsv"}
+
+
 def test_cli_config_and_identify_defaults(home, tmp_path, monkeypatch):
     """`identify` without --library uses the configured library; a fresh user gets one line naming the command."""
     from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra

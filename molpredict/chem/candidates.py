@@ -816,6 +816,23 @@ def _kind_of(path: Path) -> str | None:
     return _SUFFIXES.get(suffixes[-1]) if suffixes else None
 
 
+def check_library_file(path: str | os.PathLike) -> None:
+    """Raise the one-line :class:`InputError` of :func:`read_library` for a file it would refuse at once (not a
+    readable file; an extension that says nothing and a header without a ``smiles`` column; a TSV whose header has
+    none), without reading its rows."""
+    path = Path(path)
+    _check_file(path)
+    kind = _kind_of(path)
+    if kind in (None, "tsv"):
+        try:
+            _read_header(path)
+        except InputError as exc:
+            if kind == "tsv":
+                raise
+            raise InputError("not a candidate library (expected .tsv, .tsv.gz, .smi or .sdf, or a TSV with a "
+                             "'smiles' column)", path=path) from exc
+
+
 def read_library(path: str | os.PathLike, *, cache: bool | None = None, n_jobs: int = 1,
                  progress: bool = False) -> CandidateLibrary:
     """Read a candidate library, choosing the reader by extension: ``.tsv``/``.tab``/``.txt`` (TSV),
@@ -823,18 +840,15 @@ def read_library(path: str | os.PathLike, *, cache: bool | None = None, n_jobs: 
     extension says nothing is read as TSV when its header has a ``smiles`` column; anything else is a one-line
     ``InputError``."""
     path = Path(path)
-    _check_file(path)
     kind = _kind_of(path)
+    if kind not in ("smiles", "sdf"):
+        check_library_file(path)
+    else:
+        _check_file(path)
     if kind == "smiles":
         return CandidateLibrary.from_smiles_file(path, n_jobs=n_jobs, progress=progress)
     if kind == "sdf":
         return CandidateLibrary.from_sdf(path, n_jobs=n_jobs, progress=progress)
-    if kind is None:
-        try:
-            _read_header(path)
-        except InputError:
-            raise InputError("not a candidate library (expected .tsv, .tsv.gz, .smi or .sdf, or a TSV with a "
-                             "'smiles' column)", path=path) from None
     return CandidateLibrary.from_tsv(path, cache=cache, n_jobs=n_jobs, progress=progress)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from molpredict.cli.group import cli
+from molpredict.errors import InputError
 
 
 @cli.group()
@@ -32,6 +33,8 @@ def build(input_path: str, output: str, source: str | None, jobs: int, progress:
     from molpredict.cli.paths import check_output_files
 
     check_output_files({"-o": output}, {"INPUT": input_path})
+    if not output.lower().endswith((".tsv", ".tsv.gz")):
+        raise InputError("a library is written as .tsv or .tsv.gz", path=output, field="-o")
     path = Path(input_path)
     show = sys.stderr.isatty() if progress is None else progress
     kind = _kind_of(path) or "tsv"

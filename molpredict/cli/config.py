@@ -26,8 +26,17 @@ def config_set(key: str, value: str) -> None:
       molpredict config set library ~/data/pool.tsv.gz
       molpredict config set model ~/models/massbank
     """
-    from molpredict.config import read_config, set_value
+    from pathlib import Path
 
+    from molpredict.config import read_config, set_value
+    from molpredict.errors import InputError
+
+    # what it names must be usable, or every later `identify` fails with a message about another file
+    if key == "model" and Path(value).is_dir() and not (Path(value) / "bundle.json").is_file():
+        raise InputError("not a model bundle (no bundle.json): train one with `molpredict train`", path=value)
+    if key == "library" and Path(value).is_file():
+        from molpredict.chem.candidates import check_library_file
+        check_library_file(value)
     path = set_value(key, value)
     click.echo(f"molpredict: {key} = {read_config()[key]} (saved in {path})", err=True)
 

@@ -62,7 +62,10 @@ def select_sketch_size(train: str, val_path: str, grid: str, output_kernel: str,
     --tolerance of the best)."""
     import numpy as np
 
+    from molpredict.cli.paths import check_output_files
     from molpredict.models.basis import distinct_objects
+
+    check_output_files({"--plot": plot_path, "--json": json_path}, {"TRAIN": train, "--val": val_path})
     from molpredict.models.sketch_size import effective_dimension, perfect_h_curve, plot_curve, read_structures, recommend
 
     def say(message: str) -> None:

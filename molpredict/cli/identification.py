@@ -536,8 +536,11 @@ def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot
     from molpredict.chem.candidates import load_candidate_sets
     from molpredict.identification.evaluate import evaluate as run_evaluation
     from molpredict.identification.evaluate import evaluate_text, format_report, plot_curves
+    from molpredict.cli.paths import check_output_files
     from molpredict.io.text_pairs import split_inputs
 
+    check_output_files({"--plot": plot}, {f"SPECTRA {i + 1}": p for i, p in enumerate(spectra_files)} |
+                       {"--candidates": candidates_path, "--library": library})
     say = _say(quiet)
     text = split_inputs(spectra_files, what="evaluate")
     if text and bool(library) == bool(candidates_path):

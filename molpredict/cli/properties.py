@@ -91,9 +91,12 @@ def properties_train(train: tuple[str, ...], val_path: tuple[str, ...], output: 
 @click.option("-q", "--quiet", is_flag=True, help="No messages on stderr.")
 def properties_predict(spectra: str, model_path: str, output: str, quiet: bool) -> None:
     """Write, per spectrum and property, the median and the interval (columns NAME, NAME_low, NAME_high)."""
+    from molpredict.atomic import atomic_write
+    from molpredict.cli.paths import check_output_files
     from molpredict.properties.model import PropertyBundle
     from molpredict.properties.pipeline import predict_table
 
+    check_output_files({"-o": output}, {"SPECTRA": spectra})
     table, skipped = predict_table(spectra, PropertyBundle.load(model_path))
     _report_skips(skipped, quiet)
     if not len(table):
@@ -102,7 +105,7 @@ def properties_predict(spectra: str, model_path: str, output: str, quiet: bool) 
     if output == "-":
         sys.stdout.write(text)
     else:
-        with open(output, "w", encoding="utf-8") as handle:
+        with atomic_write(output) as handle:  # a failed write leaves no half table under the name
             handle.write(text)
     if not quiet:
         click.echo(f"molpredict: {len(table)} spectra predicted, {len(skipped)} skipped", err=True)
