@@ -179,3 +179,13 @@ def test_a_library_without_a_usable_structure_is_an_error_not_a_run_of_skips(set
     assert plot.exit_code == 2 and _last_line(plot).endswith("the folder nodir does not exist")
     predict = CliRunner().invoke(cli, ["properties", "predict", "q.mgf", "--model", "model", "-o", "q.mgf"])
     assert predict.exit_code == 2 and "is also SPECTRA" in _last_line(predict)
+
+
+def test_stdin_is_named_stdin_and_a_failed_run_prints_no_header(setup):
+    result = CliRunner().invoke(cli, ["identify", "--model", "model", "--library", "lib.tsv"], input="garbage\n")
+    assert result.exit_code == 2 and result.stdout == ""
+    assert _last_line(result).startswith("molpredict: error: <stdin>: not an MGF file")
+    ok = CliRunner().invoke(cli, ["identify", "--model", "model", "--library", "lib.tsv", "-q", "--top-k", "1"],
+                            input=(setup / "q.mgf").read_text())
+    lines = ok.stdout.splitlines()
+    assert ok.exit_code == 0 and lines[0].startswith("query_id\t") and len(lines) == 4

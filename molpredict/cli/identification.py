@@ -353,7 +353,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
                 say(f"resuming {output}: {sink.done} spectra already done")
         else:
             sink = None
-            writer = ResultWriter(sys.stdout, out_format, columns)
+            writer = ResultWriter(sys.stdout, out_format, columns, deferred=True)
         try:
             for block in identifier.run_blocks(spectra, executor=executor, start=sink.done if sink else 0):
                 for row in block.rows:
@@ -376,6 +376,11 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
             raise
         finally:
             executor.close()
+    except InputError as exc:
+        if spool and (exc.path == spool or spool in exc.message):  # the user gave stdin, not our spool file
+            raise InputError(exc.message.replace(spool, "<stdin>"), path="<stdin>" if exc.path == spool else
+                             exc.path, record=exc.record, field=exc.field) from None
+        raise
     finally:
         if spool:
             os.unlink(spool)

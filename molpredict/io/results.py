@@ -76,26 +76,35 @@ class ResultWriter:
     columns : sequence of str
     n_rows : int
         Rows already in ``handle`` (continuing a resumed output: no header is written then).
+    deferred : bool
+        Write the header with the first row (or on :meth:`close`), not now: on stdout, a run that fails before its
+        first row then prints nothing that would pass for an empty result.
     """
 
     def __init__(self, handle: IO[str], fmt: str, columns: Sequence[str] = OUTPUT_COLUMNS, n_rows: int = 0,
-                 header: bool = True) -> None:
+                 header: bool = True, deferred: bool = False) -> None:
         self.handle = handle
         self.fmt = fmt
         self.columns = list(columns)
         self.n_rows = n_rows
         if fmt == "csv":
             self._csv = csv.writer(handle, lineterminator="\n")
-        if not header:
-            return
-        if fmt == "csv":
+        self._header_due = header and deferred
+        if header and not deferred:
+            self._write_header()
+
+    def _write_header(self) -> None:
+        self._header_due = False
+        if self.fmt == "csv":
             self._csv.writerow(self.columns)
-        elif fmt == "tsv":
-            handle.write("\t".join(self.columns) + "\n")
+        elif self.fmt == "tsv":
+            self.handle.write("\t".join(self.columns) + "\n")
         else:
-            handle.write("[")
+            self.handle.write("[")
 
     def write(self, row: dict[str, Any]) -> None:
+        if self._header_due:
+            self._write_header()
         if self.fmt == "json":
             obj = {c: _json_value(row.get(c)) for c in self.columns}
             self.handle.write(("\n" if self.n_rows == 0 else ",\n") + json.dumps(obj, allow_nan=False))
@@ -106,6 +115,8 @@ class ResultWriter:
         self.n_rows += 1
 
     def close(self) -> None:
+        if self._header_due:
+            self._write_header()
         if self.fmt == "json":
             self.handle.write("\n]\n" if self.n_rows else "]\n")
         self.handle.flush()
