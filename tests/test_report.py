@@ -239,6 +239,27 @@ def test_read_result_rows_all_formats(tmp_path):
             list(read_result_rows(tmp_path / name))
 
 
+def test_results_of_another_spectra_file_are_an_error_and_a_partial_match_a_warning(tmp_path):
+    """`report` matches rows to spectra by query id: when none matches, the results come from another file (an
+    error, not a page of queries without spectra and spectra listed as skipped); when some miss, a warning."""
+    from molpredict.errors import InputError
+    from molpredict.report.page import build_report_from_files
+
+    rows = _rows("q0", ISOMERS, [0.9, 0.5, 0.1]) + _rows("q1", ISOMERS[:1], [0.3])
+    with open(tmp_path / "hits.tsv", "w", newline="") as handle:
+        writer = ResultWriter(handle, "tsv")
+        for row in rows:
+            writer.write(row)
+        writer.close()
+    write_mgf([_spectrum("other0"), _spectrum("other1")], tmp_path / "other.mgf")
+    with pytest.raises(InputError, match=r"other.mgf: none of the 2 queries of .*hits.tsv is a spectrum of this file"):
+        build_report_from_files(tmp_path / "hits.tsv", tmp_path / "other.mgf", tmp_path / "r.html", fragments=False)
+    assert not (tmp_path / "r.html").exists()
+    write_mgf([_spectrum("q0"), _spectrum("other1")], tmp_path / "half.mgf")
+    with pytest.warns(UserWarning, match="hits.tsv: 1 of 2 queries have no spectrum in .*half.mgf"):
+        build_report_from_files(tmp_path / "hits.tsv", tmp_path / "half.mgf", tmp_path / "r.html", fragments=False)
+
+
 def test_read_skipped_refuses_rows_with_the_wrong_number_of_fields(tmp_path):
     from molpredict.errors import InputError
     from molpredict.io.results import read_skipped

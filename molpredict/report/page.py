@@ -23,6 +23,7 @@ import json
 import math
 import platform
 import re
+import warnings
 from collections import Counter, deque
 from dataclasses import dataclass
 from importlib import resources
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
+
+from molpredict.errors import InputError
 
 __all__ = ["ReportOptions", "Report", "draw_molecule_svg", "compact_svg", "decode_report_data", "run_parameters",
            "build_report_from_files", "versions", "CANDIDATE_EXTRA_COLUMNS"]
@@ -554,6 +557,14 @@ def build_report_from_files(results: str | Path, spectra: str | Path, output: st
     for spectrum in unique_ids(read_spectra(spectra, report=unreadable)):   # the ids identify gave the queries
         report.add_spectrum(spectrum)
     report.add_rows(read_result_rows(results))
+    report.finish()
+    orphans = sum(1 for q in report.queries if "pk" not in q)
+    if report.queries and orphans == len(report.queries):  # e.g. the results of another spectra file
+        raise InputError(f"none of the {orphans} queries of {results} is a spectrum of this file (the query ids "
+                         f"differ: were the results computed from it?)", path=str(spectra))
+    if orphans:
+        warnings.warn(f"{results}: {orphans} of {len(report.queries)} queries have no spectrum in {spectra} "
+                      f"(drawn without one)", UserWarning, stacklevel=2)
     known = read_skipped(skipped_path) if skipped_path else []
     reasons: dict[str, deque] = {}
     for query_id, file, record, reason in known:
