@@ -163,8 +163,8 @@ class Registry:
     # -- loading ---------------------------------------------------------------------------------------
     def _fail(self, plugin: str, reason: str) -> None:
         failure = PluginFailure(plugin, reason)
-        if self.strict:
-            raise PluginError(str(failure))
+        if self.strict:  # not "skipped": nothing goes on
+            raise PluginError(f"plugin {plugin!r} failed (MOLPREDICT_STRICT_PLUGINS=1): {reason}")
         self.failures.append(failure)
         print(f"molpredict: warning: {failure}", file=sys.stderr)
 

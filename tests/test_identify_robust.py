@@ -211,7 +211,7 @@ def test_every_skip_reason(bundle, library):
     rows, ident = run(bundle, library, spectra, by="mass")
     reasons = {s.query_id: s.reason for s in ident.skipped}
     assert rows == [] and reasons == {
-        "no-mode": "no ion mode (IONMODE, CHARGE or ADDUCT needed)",
+        "no-mode": "no ion mode (IONMODE, CHARGE or ADDUCT needed; a Spectrum's ion_mode, charge or adduct)",
         "ms1": "MS level 1 (the model takes MS2)",
         "in-source": "spectrum type 'in-source', MS level 1 (the model takes MS2)",
         "no-precursor": "no precursor m/z (needed to select candidates by mass)",

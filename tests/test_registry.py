@@ -157,8 +157,9 @@ def test_plugins_dir_loads_files_and_isolates_broken_ones(tmp_path, monkeypatch,
     err = capsys.readouterr().err
     assert "broken" in err and "a_module_that_does_not_exist" in err and len(err.strip().splitlines()) == 1
     monkeypatch.setenv("MOLPREDICT_STRICT_PLUGINS", "1")
-    with pytest.raises(PluginError, match="broken"):
+    with pytest.raises(PluginError, match=r"^plugin 'broken' failed \(MOLPREDICT_STRICT_PLUGINS=1\): ") as failed:
         Registry(plugins_dir=tmp_path)
+    assert "skipped" not in str(failed.value)  # fatal: nothing was skipped
 
 
 def test_load_and_block_lists(tmp_path, monkeypatch):

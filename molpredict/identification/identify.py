@@ -306,7 +306,8 @@ class Identifier:
         the spectrum or nothing left after cleaning (``keep_empty`` keeps spectra cleaned down to no peaks)."""
         mode = spectrum_ion_mode(spectrum)
         if mode is None:
-            self._skip(spectrum, "no ion mode (IONMODE, CHARGE or ADDUCT needed)")
+            self._skip(spectrum, "no ion mode (IONMODE, CHARGE or ADDUCT needed; a Spectrum's ion_mode, charge or "
+                                 "adduct)")
             return None
         sub = self.bundle.for_mode(mode)
         if sub is None:
