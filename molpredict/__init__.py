@@ -4,6 +4,7 @@ The API, one call per job (each returns what you already use)::
 
     import molpredict
     hits = molpredict.identify("queries.mgf", model="mymodel", library="library.tsv")   # a pandas DataFrame
+    hits = molpredict.identify_text(["The molecule is a ..."], model="textmodel", library="molecules.tsv")
     bundle = molpredict.train("train_pos.mgf", "val_pos.mgf", output="mymodel")
     metrics = molpredict.evaluate("test_pos.mgf", "test_formula.json", model="mymodel")
     bundle = molpredict.load_model("mymodel")
@@ -24,7 +25,7 @@ from molpredict.specs import ComponentSpec, parse_spec
 # The data types and entry points most scripts need, imported on first use so that `import molpredict` (and the
 # CLI's start-up) stays cheap.
 _LAZY = {
-    "identify": "api", "train": "api", "evaluate": "api", "load_model": "api", "load_library": "api",
+    "identify": "api", "identify_text": "api", "train": "api", "evaluate": "api", "load_model": "api", "load_library": "api",
     "Spectrum": "spectra", "CleaningPipeline": "spectra", "read_spectra": "io", "write_mgf": "io",
     "Molecule": "chem.molecules", "CandidateLibrary": "chem.candidates", "ModelBundle": "modelfile",
     "Identifier": "identification.identify", "IdentifyOptions": "identification.identify",

@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from molpredict.io import SkipReport
     from molpredict.modelfile import ModelBundle
 
-__all__ = ["identify", "train", "evaluate", "load_model", "load_library", "iter_spectra", "open_identifier",
+__all__ = ["identify", "identify_text", "train", "evaluate", "load_model", "load_library", "iter_spectra", "open_identifier",
            "skipped_entries", "predict_properties", "load_properties"]
 
 PathLike = str | os.PathLike
@@ -260,8 +260,63 @@ def coordinates_root(cache_dir: "PathLike | None | bool") -> "Path | str | None 
 def check_spectra_model(bundle: "ModelBundle") -> None:
     """Raise the one-line :class:`InputError` when ``bundle`` does not take spectra (a text model)."""
     if bundle.input_type != "spectrum":
-        raise InputError(f"the model takes {bundle.input_type} input, not spectra: give --text or --text-file",
+        raise InputError(f"the model takes {bundle.input_type} input, not spectra: give --text or --text-file "
+                         f"(molpredict.identify_text from Python)", path=str(bundle.path))
+
+
+def text_identifier(texts: Sequence[str], model: "PathLike | ModelBundle | None" = None,
+                    library: "PathLike | CandidateLibrary | None" = None, *, top_k: int = 10,
+                    sources: Sequence[str] | None = None, cache_dir: PathLike | None | bool = None,
+                    progress: bool = False) -> tuple["Identifier", list[tuple[str, str]]]:
+    """``(identifier, queries)`` for descriptions against a text model: the descriptions checked and with their
+    whitespace collapsed, as ``(text1, description), ...``; the library read with its cache."""
+    from molpredict.identification.candidate_sources import LibrarySource
+    from molpredict.identification.identify import Identifier
+
+    if isinstance(texts, str):
+        texts = [texts]
+    queries = []
+    for i, text in enumerate(texts, start=1):
+        if not isinstance(text, str):
+            raise InputError(f"a description must be a string, not {type(text).__name__}", path="texts", record=i)
+        text = " ".join(text.split())
+        if not text:
+            raise InputError("empty description", path="texts", record=i)
+        queries.append((f"text{i}", text))
+    if not queries:
+        raise InputError("no descriptions", path="texts")
+    bundle = load_model(model)
+    if bundle.input_type != "text":
+        raise InputError(f"the model takes {bundle.input_type} input, not text: give SPECTRA",
                          path=str(bundle.path))
+    options = identify_options(top_k=top_k, sources=sources)
+    lib = load_library(library, progress=progress, cache=True)
+    return Identifier(bundle, LibrarySource(lib, options), options, cache_root=coordinates_root(cache_dir),
+                      progress=progress), queries
+
+
+def identify_text(texts: "str | Sequence[str]", model: "PathLike | ModelBundle | None" = None,
+                  library: "PathLike | CandidateLibrary | None" = None, *, top_k: int = 10,
+                  sources: Sequence[str] | None = None, cache_dir: PathLike | None | bool = None,
+                  progress: bool = False) -> "pd.DataFrame":
+    """Rank the library's molecules for each description with a text model, as ``molpredict identify --text``
+    does (every description against the whole library, or its ``sources`` rows).
+
+    Returns
+    -------
+    pandas.DataFrame
+        One row per (description, rank), the command's columns; ``query_id`` is ``text1``, ``text2``, ... in
+        the order given; ``df.attrs["summary"]`` the run's counts.
+    """
+    import pandas as pd
+
+    from molpredict.io.results import OUTPUT_COLUMNS
+
+    identifier, queries = text_identifier(texts, model, library, top_k=top_k, sources=sources,
+                                          cache_dir=cache_dir, progress=progress)
+    frame = pd.DataFrame(list(identifier.run_text(queries)), columns=list(OUTPUT_COLUMNS))
+    frame.attrs["summary"] = identifier.summary()
+    return frame
 
 
 def open_identifier(bundle: "ModelBundle", library: "CandidateLibrary", options: "IdentifyOptions", *,

@@ -197,6 +197,27 @@ def test_identify_text_source_filter_and_errors(text_model, tmp_path):
     assert "the model takes text input, not spectra" in wrong.output and len(wrong.output.strip().splitlines()) <= 2
 
 
+def test_identify_text_from_python_gives_the_commands_rows(text_model, tmp_path):
+    """molpredict.identify_text: the rows of `identify --text`, one-line errors for what is not a description."""
+    import molpredict
+    from molpredict.errors import InputError
+
+    texts = ["an alcohol", "  a   carboxylic acid "]
+    result = invoke(["identify", "--model", str(text_model), "--library", str(LIBRARY), "--top-k", "3", "-q",
+                     "--no-cache", *sum((["--text", t] for t in texts), [])])
+    frame = molpredict.identify_text(texts, model=text_model, library=LIBRARY, top_k=3, cache_dir=False)
+    rows = read_rows(result.stdout)
+    assert list(frame["query_id"]) == [r["query_id"] for r in rows] == ["text1"] * 3 + ["text2"] * 3
+    assert list(frame["smiles"]) == [r["smiles"] for r in rows]
+    assert frame["score"].tolist() == pytest.approx([float(r["score"]) for r in rows], abs=5e-7)  # 6 decimals
+    assert list(molpredict.identify_text("an alcohol", model=text_model, library=LIBRARY, top_k=3,
+                                         cache_dir=False)["smiles"]) == list(frame["smiles"][:3])
+    for bad, message in [(["ok", "  "], "texts, record 2: empty description"),
+                         ([3], "texts, record 1: a description must be a string, not int"), ([], "texts: no descriptions")]:
+        with pytest.raises(InputError, match=f"^{message}$"):
+            molpredict.identify_text(bad, model=text_model, library=LIBRARY)
+
+
 def test_spectrum_model_given_text_is_one_line_error(tmp_path):
     from molpredict.modelfile import ModelBundle, SubModel
     from molpredict.chem.molecules import Molecule
