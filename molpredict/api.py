@@ -81,15 +81,9 @@ def load_library(library: "PathLike | CandidateLibrary | None" = None, *, progre
                          f"not {type(library).__name__}")
     # read once per process and known by its file: cluster workers read it themselves (no pickled copy)
     path = library_path(library)
-    loaded = load_library_once(path, progress=progress, cache=cache)
-    if len(loaded) == 0:  # every query would be skipped with "no candidates", which reads as a query problem
-        report = getattr(loaded, "report", None)
-        why = " (no rows)"
-        if report is not None and report.n_read:
-            why = f" ({report.n_read} rows read, none usable; first: {report.skipped[0]})" if report.skipped else \
-                f" ({report.n_read} rows read, none usable)"
-        raise InputError(f"no usable structure in the library{why}", path=path)
-    return loaded
+    from molpredict.chem.candidates import check_usable
+
+    return check_usable(load_library_once(path, progress=progress, cache=cache), path)
 
 
 def iter_spectra(spectra: Any, report: "SkipReport | None" = None) -> Iterator[Any]:

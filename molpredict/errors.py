@@ -8,6 +8,7 @@ __all__ = [
     "PluginError",
     "ModelFileError",
     "ResourceError",
+    "one_line_warning",
 ]
 
 
@@ -75,3 +76,13 @@ class ResourceError(MolpredictError):
     """A computation would exceed a memory budget or needs a device that is not present."""
 
     exit_code = 5
+
+
+def one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """A ``warnings.showwarning`` for the command line: warnings as the errors are shown, one line on stderr,
+    without Python's source file and line (the message names the input concerned)."""
+    import sys
+
+    text = " ".join(str(message).split())
+    kind = "" if issubclass(category, UserWarning) else f"{category.__name__}: "
+    print(f"molpredict: warning: {kind}{text}", file=sys.stderr if file is None else file)

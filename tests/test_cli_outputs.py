@@ -189,3 +189,26 @@ def test_stdin_is_named_stdin_and_a_failed_run_prints_no_header(setup):
                             input=(setup / "q.mgf").read_text())
     lines = ok.stdout.splitlines()
     assert ok.exit_code == 0 and lines[0].startswith("query_id\t") and len(lines) == 4
+
+
+def test_the_configured_library_and_the_model_bundle_are_never_written_over(setup, monkeypatch):
+    """Without --library / --model the defaults are the inputs: `identify q.mgf -o lib.tsv` must not replace the
+    configured library with results, nor -o write into the bundle."""
+    before = (setup / "lib.tsv").read_bytes()
+    monkeypatch.setenv("MOLPREDICT_LIBRARY", str(setup / "lib.tsv"))
+    result = CliRunner().invoke(cli, ["identify", "q.mgf", "--model", "model", "-o", "lib.tsv"])
+    assert result.exit_code == 2 and _last_line(result).endswith("lib.tsv, field -o: is also --library: it would "
+                                                                 "be overwritten")
+    assert (setup / "lib.tsv").read_bytes() == before
+    result = _identify("-o", "model/bundle.json")
+    assert result.exit_code == 2 and "field -o: is inside --model model: it would change it" in _last_line(result)
+    monkeypatch.setenv("MOLPREDICT_MODEL", str(setup / "model"))
+    result = CliRunner().invoke(cli, ["identify", "q.mgf", "-o", "model/positive/x.tsv"])
+    assert result.exit_code == 2 and "is inside --model" in _last_line(result)
+
+
+def test_a_coordinates_store_that_cannot_be_opened_is_one_line(setup):
+    for root, message in [("foo://x", "the coordinates store foo://x: Protocol not known: foo"),
+                          ("q.mgf", "the coordinates store q.mgf is a file, not a folder")]:
+        result = _identify("--cache-dir", root)
+        assert result.exit_code == 2 and _last_line(result) == f"molpredict: error: {message}"

@@ -316,6 +316,11 @@ def test_demo_without_data_fetches_and_builds_a_default_library(tmp_path, serve,
     assert "now your default library" not in demo.library_for(data, str(given))[1]
     assert config.default_library() == str((data / "library.tsv").resolve())
     config.unset_value("library")
+    unusable = tmp_path / "unusable.tsv"
+    unusable.write_text("smiles\nnot_a_smiles((\n")
+    with pytest.warns(UserWarning), pytest.raises(InputError, match="no usable structure in the library"):
+        demo.library_for(data, str(unusable))
+    assert config.default_library() is None  # an unusable library never becomes the default
     library_given, described = demo.library_for(data, str(given))
     assert len(library_given) == 6 and "now your default library" in described
     assert config.default_library() == str(given.resolve())

@@ -816,6 +816,19 @@ def _kind_of(path: Path) -> str | None:
     return _SUFFIXES.get(suffixes[-1]) if suffixes else None
 
 
+def check_usable(library: CandidateLibrary, path: str | os.PathLike) -> CandidateLibrary:
+    """``library``, or the one-line :class:`InputError` when it holds no usable structure: every query would
+    then be skipped with "no candidates", which reads as a problem of the queries."""
+    if len(library) == 0:
+        report = getattr(library, "report", None)
+        why = " (no rows)"
+        if report is not None and report.n_read:
+            why = f" ({report.n_read} rows read, none usable" + (f"; first: {report.skipped[0]})" if report.skipped
+                                                                 else ")")
+        raise InputError(f"no usable structure in the library{why}", path=str(path))
+    return library
+
+
 def check_library_file(path: str | os.PathLike) -> None:
     """Raise the one-line :class:`InputError` of :func:`read_library` for a file it would refuse at once (not a
     readable file; an extension that says nothing and a header without a ``smiles`` column; a TSV whose header has

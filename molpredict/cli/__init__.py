@@ -45,19 +45,13 @@ def _add_plugin_commands() -> None:
         sys.exit(exc.exit_code)
 
 
-def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """Warnings as the errors are shown: one line on stderr, without Python's source file and line (the
-    message names the input file concerned)."""
-    text = " ".join(str(message).split())
-    kind = "" if issubclass(category, UserWarning) else f"{category.__name__}: "
-    click.echo(f"molpredict: warning: {kind}{text}", err=True)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     import warnings
 
-    warnings.showwarning = _one_line_warning  # the command line's process only: the library's callers keep theirs
+    from molpredict.errors import one_line_warning
+
+    warnings.showwarning = one_line_warning  # the command line's process only: the library's callers keep theirs
     argv = list(sys.argv[1:] if argv is None else argv)
     _preset_plugins_dir(argv)
     _add_plugin_commands()

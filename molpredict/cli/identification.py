@@ -299,9 +299,12 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     say = _say(quiet)
     show = _progress_default(progress)
     out_format = output_format(output, fmt)
+    from molpredict.config import default_library, default_model
+
+    # the defaults count: `identify q.mgf -o lib.tsv` must not write over the configured library
     check_output_files({"-o": output, "--skipped": skipped_path, "--report": report_path},
-                       {"SPECTRA": spectra_file, "--library": library, "--formulas": formulas,
-                        "--text-file": text_file})
+                       {"SPECTRA": spectra_file, "--library": library or default_library(), "--formulas": formulas,
+                        "--text-file": text_file}, {"--model": model_path or default_model()})
     if texts or text_file:
         if spectra_file is not None:
             raise InputError("give either SPECTRA or --text/--text-file, not both")

@@ -14,7 +14,8 @@ def _same_file_key(path: str) -> str:
     return os.path.normcase(os.path.realpath(path))  # symlinks and ./ spellings of one file compare equal
 
 
-def check_output_files(outputs: dict[str, str | None], inputs: dict[str, str | None] | None = None) -> None:
+def check_output_files(outputs: dict[str, str | None], inputs: dict[str, str | None] | None = None,
+                       folders: dict[str, str | None] | None = None) -> None:
     """Raise the one-line :class:`InputError` before a command starts work when an output file cannot be written
     where it is asked for, or would overwrite an input or another output.
 
@@ -24,6 +25,8 @@ def check_output_files(outputs: dict[str, str | None], inputs: dict[str, str | N
         Option name (``"-o"``, ``"--skipped"``) -> file path; None and ``-`` (stdout) are not checked.
     inputs : dict, optional
         Argument or option name -> input file path (None and ``-`` ignored).
+    folders : dict, optional
+        Option name -> an input folder (a model bundle) that no output may be written into.
     """
     taken: dict[str, str] = {}
     for name, path in (inputs or {}).items():
@@ -43,3 +46,7 @@ def check_output_files(outputs: dict[str, str | None], inputs: dict[str, str | N
         if key in taken:
             raise InputError(f"is also {taken[key]}: it would be overwritten", path=path, field=name)
         taken[key] = name
+        for folder_name, input_folder in (folders or {}).items():
+            if input_folder and key.startswith(_same_file_key(input_folder) + os.sep):
+                raise InputError(f"is inside {folder_name} {input_folder}: it would change it", path=path,
+                                 field=name)

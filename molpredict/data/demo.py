@@ -94,12 +94,15 @@ def library_for(data: Path, library: str | None = None) -> tuple[Any, str]:
 
     chosen = library or config.default_library()
     if chosen:
+        from molpredict.chem.candidates import check_usable
+
+        loaded = check_usable(read_library(chosen), chosen)  # unusable: an error here, never the default
         described = str(chosen)
         if library and config.default_library() is None:
             # the demo ends by suggesting `molpredict identify my_spectra.mgf`, which needs a default library
             config.set_value("library", str(Path(library).resolve()))
             described += "; now your default library (`molpredict config show`)"
-        return read_library(chosen), described
+        return loaded, described
     path = data / "library.tsv"
     if path.is_file():
         built = read_library(path)
@@ -186,13 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     args = parser.parse_args(argv)
 
-    from molpredict.errors import MolpredictError
+    from molpredict.errors import MolpredictError, one_line_warning
     from molpredict.identification.candidate_sources import LibrarySource
     from molpredict.identification.identify import Identifier, IdentifyOptions
     from molpredict.kernels.base import DegenerateObjectWarning
     from molpredict.modelfile import ModelBundle, default_bundle_path
 
     warnings.simplefilter("ignore", DegenerateObjectWarning)
+    warnings.showwarning = one_line_warning  # as the command line shows them
     try:
         data = find_data(args.data, url=args.url, release=args.release)
         bundle_path = default_bundle_path()

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from molpredict.errors import ModelFileError
+from molpredict.errors import InputError, ModelFileError
 from molpredict.atomic import fsync_directory
 
 __all__ = ["CoordinatesCache", "CorruptedSegment", "molecule_key", "default_cache_root", "local_directory",
@@ -160,7 +160,14 @@ class CoordinatesCache:
         url = str(root).rstrip("/") + "/" + key
         if local is None:
             import fsspec
-            self._fs, self._path = fsspec.core.url_to_fs(url)
+            try:
+                self._fs, self._path = fsspec.core.url_to_fs(url)
+            except ImportError as exc:  # fsspec names the package, e.g. "Install s3fs to access S3"
+                raise InputError(f"the coordinates store {root} needs a file system package: {exc}") from None
+            except ValueError as exc:  # "Protocol not known: foo"
+                raise InputError(f"the coordinates store {root}: {exc}") from None
+        elif local.exists() and not local.is_dir():
+            raise InputError(f"the coordinates store {root} is a file, not a folder")
         else:  # a local directory: plain file operations (fsspec's import alone is 0.1 s of a short run)
             self._fs, self._path = _LocalFiles(), str(local / key)
         self._local = "file" in (self._fs.protocol if isinstance(self._fs.protocol, tuple) else (self._fs.protocol,))
