@@ -225,10 +225,25 @@ class Registry:
                     continue
                 try:
                     impl.function(register=self._registrar(kind, name, version))
-                except (PluginError, SpecError):
-                    raise
+                except (PluginError, SpecError) as exc:
+                    if name == BUILTIN_PROVIDER:
+                        raise
+                    # a third-party plugin that registers badly is skipped whole, as one that fails to import:
+                    # it must not break the commands that do not use it
+                    self._drop(name)
+                    self._fail(name, str(exc))
+                    return
                 except Exception as exc:
                     self._fail(name, f"hook {hook_name} raised {_one_line(exc)}")
+
+    def _drop(self, plugin_name: str) -> None:
+        """Forget a plugin: its registered components and its hook implementations."""
+        for entries in self._entries.values():
+            for key in [k for k, entry in entries.items() if entry.provider == plugin_name]:
+                del entries[key]
+        self._versions.pop(plugin_name, None)
+        if self.pm.has_plugin(plugin_name):
+            self.pm.unregister(name=plugin_name)
 
     def _unknown_hooks(self, plugin_name: str) -> list[str]:
         """Hook implementations of ``plugin_name`` that match no hook spec (pluggy's check_pending, per plugin)."""

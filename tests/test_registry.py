@@ -260,3 +260,84 @@ def test_example_plugin_kernel_values(tmp_path):
     import numpy as np
     expected = np.array([[1, np.exp(-0.5), 0], [np.exp(-0.5), 1, 0], [0, 0, 1]])
     np.testing.assert_allclose(k, expected, atol=1e-12)
+
+
+def test_a_plugin_that_registers_badly_is_skipped_whole(tmp_path, monkeypatch, capsys):
+    """A third-party registration error (not a class) skips that plugin, the components it had registered
+    included, with one warning: the other commands keep working. Strict mode makes it fatal."""
+    (tmp_path / "bad.py").write_text(textwrap.dedent("""
+        from molpredict.hookspecs import hookimpl
+        @hookimpl
+        def register_input_kernels(register):
+            register("fine-kernel", "molpredict.kernels.spectra:CosineKernel")
+            register("not-a-class", 42)
+    """))
+    monkeypatch.delenv("MOLPREDICT_LOAD_PLUGINS", raising=False)
+    reg = Registry(plugins_dir=tmp_path)
+    assert [f.plugin for f in reg.failures] == ["bad"] and "must be a class" in reg.failures[0].reason
+    assert "fine-kernel" not in reg.names("input_kernel") and "ppk" in reg.names("input_kernel")
+    assert "plugin 'bad' skipped" in capsys.readouterr().err
+    monkeypatch.setenv("MOLPREDICT_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginError, match="'bad' failed .*must be a class"):
+        Registry(plugins_dir=tmp_path)
+
+
+_FAILING_KERNELS = '''
+import numpy as np
+from molpredict.hookspecs import hookimpl
+from molpredict.kernels import InputKernel
+
+class FailingKernel(InputKernel):
+    def __init__(self, fail: str = "raise") -> None:
+        self.fail = fail
+
+    def featurize(self, spectra):
+        return np.array([[float(s.n_peaks), float(s.precursor_mz or 0.0)] for s in spectra])
+
+    def pairwise(self, fa, fb):
+        if self.fail == "raise":
+            raise ValueError("boom in pairwise")
+        k = fa @ fb.T
+        if self.fail == "row-nan":
+            k[0, :] = np.nan
+        return k
+
+    def self_similarity(self, f):
+        if self.fail == "self-nan":
+            return np.full(len(f), np.nan)
+        return (f * f).sum(axis=1)
+
+@hookimpl
+def register_input_kernels(register):
+    register("failing", FailingKernel)
+'''
+
+
+@pytest.mark.parametrize("fail, message", [
+    ("raise", "plugin 'failing' failed: ValueError: boom in pairwise (at "),
+    ("row-nan", "kernel FailingKernel (molpredict_plugin_failing) returned NaN or infinite values in pairwise"),
+    ("self-nan", "kernel FailingKernel (molpredict_plugin_failing) returned NaN or infinite values in "
+                 "self_similarity")])
+def test_a_plugin_kernel_that_fails_is_a_plugin_error_naming_it(tmp_path, monkeypatch, fail, message):
+    """A plugin's kernel that raises, or returns NaN (a NaN self-similarity zeroed every score silently), stops
+    training with one line naming the plugin or kernel and exit 3, never an internal error."""
+    from identification_helpers import synthetic_spectra
+    from molpredict.io import write_mgf
+    from molpredict.registry import reset_registry
+
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "failing.py").write_text(_FAILING_KERNELS)
+    monkeypatch.delenv("MOLPREDICT_LOAD_PLUGINS", raising=False)
+    monkeypatch.setenv("MOLPREDICT_PLUGINS_DIR", str(plugins))
+    monkeypatch.setenv("MOLPREDICT_HOME", str(tmp_path / "home"))
+    reset_registry()
+    spectra, _ = synthetic_spectra(n_per=2, seed=0)
+    write_mgf(spectra, tmp_path / "train.mgf")
+    result = CliRunner().invoke(cli, ["train", str(tmp_path / "train.mgf"), "-o", str(tmp_path / "m"),
+                                      "--input-kernel", f"failing:fail={fail}", "--lam", "0.1", "--device", "cpu",
+                                      "--no-fragments", "--prior", "none", "--input-sketch", "subsample:m=8",
+                                      "--output-sketch", "subsample:m=8"])
+    lines = result.output.strip().splitlines()
+    assert result.exit_code == 3 and "Traceback" not in result.output, result.output
+    assert message in lines[-1] and "internal error" not in result.output

@@ -11,11 +11,38 @@ import os
 import click
 
 from molpredict import __version__
-from molpredict.errors import InputError, MolpredictError, ResourceError
+from molpredict.errors import InputError, MolpredictError, PluginError, ResourceError
 
 __all__ = ["cli", "MolpredictGroup"]
 
 _RESOURCE_ERRNOS = {errno.ENOSPC, errno.ENOMEM, getattr(errno, "EDQUOT", errno.ENOSPC)}
+
+
+def _plugin_frame(exc: BaseException) -> tuple[str, str] | None:
+    """``(plugin name, "file:line")`` of the innermost traceback frame in a third-party plugin's code (its
+    top-level package or plugins-directory module), or None when no plugin code is on the traceback."""
+    import inspect
+
+    from molpredict.registry import get_registry
+
+    try:
+        manager = get_registry().pm
+        owners = {}
+        for plugin in manager.get_plugins():
+            module = plugin.__name__ if inspect.ismodule(plugin) else type(plugin).__module__
+            top = module.split(".")[0]
+            if top != "molpredict":
+                owners[top] = manager.get_name(plugin)
+    except Exception:  # the registry itself is what failed: no attribution
+        return None
+    found = None
+    tb = exc.__traceback__
+    while tb is not None:
+        module = tb.tb_frame.f_globals.get("__name__", "") or ""
+        if module.split(".")[0] in owners:
+            found = (owners[module.split(".")[0]], f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}")
+        tb = tb.tb_next
+    return found
 
 
 class MolpredictGroup(click.Group):
@@ -43,6 +70,12 @@ class MolpredictGroup(click.Group):
             if os.environ.get("MOLPREDICT_DEBUG"):
                 raise
             first_line = str(exc).splitlines()[0] if str(exc) else ""
+            culprit = _plugin_frame(exc)
+            if culprit is not None:  # a kernel, model or command of a plugin raised: the plugin's problem
+                plugin, where = culprit
+                click.echo(f"molpredict: error: plugin {plugin!r} failed: {type(exc).__name__}: {first_line} "
+                           f"(at {where}; MOLPREDICT_DEBUG=1 for the traceback)", err=True)
+                ctx.exit(PluginError.exit_code)
             click.echo(f"molpredict: internal error: {type(exc).__name__}: {first_line} (a bug: run again with "
                        f"MOLPREDICT_DEBUG=1 for the traceback, and report it)", err=True)
             ctx.exit(1)

@@ -133,7 +133,8 @@ class Kernel(Component, ABC):
     def fit_features(self, features: Any) -> "Kernel":
         """Remember reference objects given as features (what :meth:`featurize` returns, e.g. stored ones)."""
         self.fit_features_ = features
-        self.fit_diag_ = np.asarray(self.self_similarity(self.fit_features_), dtype=np.float64)
+        self.fit_diag_ = self._finite(np.asarray(self.self_similarity(self.fit_features_), dtype=np.float64),
+                                      "self_similarity")
         self.n_fit_ = len(features)
         self._fit_data_dependent(self.fit_features_)
         return self
@@ -142,8 +143,21 @@ class Kernel(Component, ABC):
         if not hasattr(self, "fit_features_"):
             raise RuntimeError(f"{type(self).__name__} is not fitted: call fit(objects) first")
 
+    def _finite(self, values: np.ndarray, method: str) -> np.ndarray:
+        """``values``, or an error naming the kernel and ``method`` when any is NaN or infinite: one NaN in a
+        self-similarity silently zeroes every score of the model trained on it, and one in a block breaks the
+        eigensolver far from its cause. A plugin's kernel gets a :class:`PluginError` (exit 3)."""
+        if np.isfinite(values).all():
+            return values
+        module = type(self).__module__
+        where = f"kernel {type(self).__name__} ({module}) returned NaN or infinite values in {method}"
+        if module.split(".")[0] != "molpredict":
+            from molpredict.errors import PluginError
+            raise PluginError(where)
+        raise FloatingPointError(where)
+
     def _block(self, fa: Any, diag_a: np.ndarray, fb: Any, diag_b: np.ndarray) -> np.ndarray:
-        raw = np.asarray(self.pairwise(fa, fb), dtype=np.float64)
+        raw = self._finite(np.asarray(self.pairwise(fa, fb), dtype=np.float64), "pairwise")
         return normalize_block(raw, diag_a, diag_b) if self.normalized else raw
 
     def _transform_features(self, features: Any, out: np.ndarray) -> int:
@@ -173,7 +187,7 @@ class Kernel(Component, ABC):
         for start in range(0, n, step):
             stop = min(start + step, n)
             block = self.take(features, slice(start, stop))
-            diag = np.asarray(self.self_similarity(block), dtype=np.float64)
+            diag = self._finite(np.asarray(self.self_similarity(block), dtype=np.float64), "self_similarity")
             n_degenerate += int(np.count_nonzero(diag <= 0))
             out[start:stop] = self._block(block, diag, self.fit_features_, self.fit_diag_)
         return n_degenerate if self.normalized else 0
