@@ -282,6 +282,12 @@ def test_select_sketch_size_command(tmp_path):
     bad = CliRunner().invoke(cli, ["select-sketch-size", str(tmp_path / "train.smi"), "--val",
                                    str(tmp_path / "val.tsv"), "--grid", "a,b"])
     assert bad.exit_code == 2 and "--grid" in bad.output
+    # values that crashed (internal errors) or printed nonsense (d_eff of a negative lam) are usage errors
+    for option, value in [("--tolerance", "nan"), ("--repeats", "0"), ("--max-queries", "-3"), ("--lams", "-1"),
+                          ("--landmarks", "-1")]:
+        bad = CliRunner().invoke(cli, ["select-sketch-size", str(tmp_path / "train.smi"), "--val",
+                                       str(tmp_path / "val.tsv"), "--grid", "2", option, value])
+        assert bad.exit_code == 2 and option in bad.output and "internal error" not in bad.output, bad.output
 
 
 def test_graph_kernel_landmarks_are_refitted():

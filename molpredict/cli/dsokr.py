@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import click
 
@@ -19,10 +20,14 @@ def _int_list(text: str) -> list[int]:
 
 
 def _float_list(text: str) -> list[float]:
+    """The ridge values of --lams: positive finite numbers (d_eff(lam) of lam <= 0 means nothing)."""
     try:
-        return [float(v) for v in text.replace(" ", "").split(",") if v]
+        values = [float(v) for v in text.replace(" ", "").split(",") if v]
     except ValueError:
         raise SpecError(f"--lams {text!r}: expected comma-separated numbers") from None
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise SpecError(f"--lams {text!r}: expected positive numbers")
+    return values
 
 
 @cli.command("select-sketch-size")
@@ -37,14 +42,15 @@ def _float_list(text: str) -> list[float]:
 @click.option("--candidates", "candidates_path", default=None, type=click.Path(dir_okay=False),
               help="Candidate-set JSON {inchikey14: [[inchikey14, smiles], ...]} (default: rank among the "
                    "validation structures).")
-@click.option("--repeats", default=1, show_default=True, type=int, help="Sketch draws per size (averaged).")
-@click.option("--max-queries", default=1000, show_default=True, type=int,
+@click.option("--repeats", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Sketch draws per size (averaged).")
+@click.option("--max-queries", default=1000, show_default=True, type=click.IntRange(min=0),
               help="Use at most this many distinct validation structures (drawn with --seed); 0: all.")
-@click.option("--tolerance", default=0.01, show_default=True, type=float,
+@click.option("--tolerance", default=0.01, show_default=True, type=click.FloatRange(min=0.0, max=1.0),
               help="Plateau rule: the smallest m_y whose hit@1 is within this of the best.")
 @click.option("--lams", default="1e-2,1e-3,1e-4,1e-5", show_default=True,
               help="Ridge values for the effective dimension d_eff(lam).")
-@click.option("--landmarks", "n_landmarks", default=1000, show_default=True, type=int,
+@click.option("--landmarks", "n_landmarks", default=1000, show_default=True, type=click.IntRange(min=0),
               help="Nystrom landmarks for the effective dimension (0: skip it).")
 @click.option("--ion-mode", type=click.Choice(["positive", "negative"]), default=None,
               help="Use only spectra of this ion mode.")
@@ -66,6 +72,9 @@ def select_sketch_size(train: str, val_path: str, grid: str, output_kernel: str,
     from molpredict.models.basis import distinct_objects
 
     check_output_files({"--plot": plot_path, "--json": json_path}, {"TRAIN": train, "--val": val_path})
+    if not math.isfinite(tolerance):
+        raise SpecError(f"--tolerance {tolerance}: expected a number from 0 to 1")
+    lam_values = _float_list(lams)  # before any work
     from molpredict.models.sketch_size import effective_dimension, perfect_h_curve, plot_curve, read_structures, recommend
 
     def say(message: str) -> None:
@@ -107,7 +116,7 @@ def select_sketch_size(train: str, val_path: str, grid: str, output_kernel: str,
     rows = perfect_h_curve(train_molecules, truths, sizes, output_kernel, sketch, candidates, repeats, seed,
                            progress=None if quiet else say)
     choice = recommend(rows, tolerance)
-    deff = effective_dimension(train_molecules, output_kernel, _float_list(lams), n_landmarks, seed) \
+    deff = effective_dimension(train_molecules, output_kernel, lam_values, n_landmarks, seed) \
         if n_landmarks > 0 else []
 
     click.echo(f"{'m_y':>7} {'p_y':>7} {'hit@1':>7} {'hit@5':>7} {'hit@10':>7} {'mrr':>7} {'sec':>7}")
