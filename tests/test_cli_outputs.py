@@ -212,3 +212,12 @@ def test_a_coordinates_store_that_cannot_be_opened_is_one_line(setup):
                           ("q.mgf", "the coordinates store q.mgf is a file, not a folder")]:
         result = _identify("--cache-dir", root)
         assert result.exit_code == 2 and _last_line(result) == f"molpredict: error: {message}"
+
+
+def test_a_file_without_a_readable_spectrum_exits_non_zero(setup):
+    (setup / "bad.mgf").write_text("BEGIN IONS\nPEPMASS=abc\n100 1\nEND IONS\n")
+    result = CliRunner().invoke(cli, ["identify", "bad.mgf", "--model", "model", "--library", "lib.tsv",
+                                      "-o", "out.tsv", "--skipped", "skipped.tsv"])
+    assert result.exit_code == 2 and _last_line(result) == ("molpredict: error: bad.mgf: no readable spectrum "
+                                                             "(1 record unreadable)")
+    assert "non-numeric PEPMASS" in (setup / "skipped.tsv").read_text()  # the report is still written

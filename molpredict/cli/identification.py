@@ -410,6 +410,9 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
                    f"{'no candidates' if median is None else f'median {median} candidates'})", err=True)
         for line in skip_summary(skipped, listed_in=skipped_path):
             click.echo(f"  {line}", err=True)
+    if summary["n_queries"] == 0 and len(report):  # bad input, as evaluate and properties predict say
+        raise InputError(f"no readable spectrum ({len(report)} record{'s' if len(report) > 1 else ''} unreadable)",
+                         path="<stdin>" if spool else spectra_file)
 
 
 def skip_summary(skipped: list, listed_in: str | None = None, shown: int = 3) -> list[str]:
