@@ -398,3 +398,22 @@ def test_identify_resume_after_a_real_kill(bundle, library, tmp_path, monkeypatc
     assert out.read_text() == reference.read_text()
     assert (tmp_path / "skipped.tsv").read_text() == (tmp_path / "ref_skipped.tsv").read_text()
     assert not journal.exists()
+
+
+def test_a_second_run_on_the_same_output_is_refused_while_the_first_writes(tmp_path):
+    """Two runs writing one -o: the second used to truncate the first's .partial under it and then failed with
+    'No such file'; the journal is now a lock, and the second run says what is going on, touching nothing."""
+    from molpredict.errors import InputError
+
+    first = ResumableOutput(tmp_path / "out.tsv", "tsv", fingerprint={"run": 1})
+    first.write({"query_id": "q1", "rank": 1})
+    first.commit(1)
+    size = first.partial.stat().st_size
+    with pytest.raises(InputError, match=r"out.tsv: another molpredict run is writing it \(out.tsv.partial is "
+                                         r"locked\)"):
+        ResumableOutput(tmp_path / "out.tsv", "tsv", fingerprint={"run": 2})
+    assert first.partial.stat().st_size == size
+    first.finish()
+    assert (tmp_path / "out.tsv").read_text().splitlines()[1].startswith("q1\t")
+    second = ResumableOutput(tmp_path / "out.tsv", "tsv", fingerprint={"run": 2})  # free again
+    second.finish()

@@ -3,6 +3,7 @@ block-wise output (``identify --resume``) and the skipped-queries report (writte
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
 import math
@@ -156,6 +157,23 @@ class ResumableOutput:
         self.fingerprint = {"format": fmt, "columns": list(columns), **(fingerprint or {})}
         self.done = 0
         self.blocks: list[dict] = []
+        # the journal is this run's lock on the output: a second run on the same path would truncate the first's
+        # partial file under it (opened for append, so nothing is cut before the lock is held)
+        self._journal = open(self.journal_path, "a+b")
+        try:
+            fcntl.flock(self._journal.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._journal.close()
+            raise InputError(f"another molpredict run is writing it ({self.partial.name} is locked)",
+                             path=str(self.path)) from None
+        try:
+            self._open(resume, fmt, columns)
+        except BaseException:
+            self._journal.close()  # and with it the lock
+            raise
+
+    def _open(self, resume: bool, fmt: str, columns: Sequence[str]) -> None:
+        """Continue the partial output (``resume`` and a matching journal) or start it afresh."""
         entries = self._read_journal() if resume else []
         if entries:
             head, self.blocks = entries[0], entries[1:]
@@ -172,13 +190,11 @@ class ResumableOutput:
             self.done = last["done"]
             self.handle = io.TextIOWrapper(raw, encoding="utf-8", newline="")
             self.writer = ResultWriter(self.handle, fmt, columns, n_rows=last["n_rows"], header=False)
-            self._journal = open(self.journal_path, "r+b")
-            self._journal.truncate(self._journal_end)  # a torn last line
-            self._journal.seek(self._journal_end)
+            self._journal.truncate(self._journal_end)  # a torn last line (appends go after it)
         else:
             self.handle = io.TextIOWrapper(open(self.partial, "w+b"), encoding="utf-8", newline="")
             self.writer = ResultWriter(self.handle, fmt, columns)
-            self._journal = open(self.journal_path, "wb")
+            self._journal.truncate(0)
             self._sync()
             self._append({"fingerprint": self.fingerprint}, offset=self.handle.buffer.tell())
 
