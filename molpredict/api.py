@@ -107,7 +107,7 @@ def iter_spectra(spectra: Any, report: "SkipReport | None" = None) -> Iterator[A
     from molpredict.spectra.record import Spectrum
 
     if isinstance(spectra, (str, os.PathLike)):
-        yield from read_spectra(spectra, report=report)
+        yield from read_spectra(_checked_path(spectra), report=report)
         return
     if isinstance(spectra, Spectrum) or is_matchms_spectrum(spectra):
         spectra = [spectra]
@@ -122,6 +122,13 @@ def iter_spectra(spectra: Any, report: "SkipReport | None" = None) -> Iterator[A
             yield from_matchms(item, index)
         else:
             raise InputError(f"not a spectrum or a path: {type(item).__name__}", path="spectra", record=index)
+
+
+def _checked_path(path: "str | os.PathLike") -> "str | os.PathLike":
+    """``path``, or the one-line :class:`InputError` when a string is a file's content rather than its name."""
+    if isinstance(path, str) and "\n" in path:
+        raise InputError("spectra: a path, not a file's content (write it to a file, or give Spectrum records)")
+    return path
 
 
 def _check_spectra_container(spectra: Any) -> None:
@@ -152,7 +159,7 @@ def spectra_files(spectra: Any) -> Iterator[list[str]]:
     from molpredict.spectra.record import Spectrum
 
     if isinstance(spectra, (str, os.PathLike)):
-        yield [os.fspath(spectra)]
+        yield [os.fspath(_checked_path(spectra))]
         return
     if isinstance(spectra, Spectrum) or is_matchms_spectrum(spectra):
         spectra = [spectra]
@@ -269,6 +276,8 @@ def text_identifier(texts: Sequence[str], model: "PathLike | ModelBundle | None"
 
     if isinstance(texts, str):
         texts = [texts]
+    if isinstance(texts, (bytes, bytearray, Mapping)) or not hasattr(texts, "__iter__"):
+        raise InputError(f"texts must be a description or a list of them, not {type(texts).__name__}")
     queries = []
     for i, text in enumerate(texts, start=1):
         if not isinstance(text, str):
@@ -440,6 +449,8 @@ def train(train: Any, val: Any = (), *,
     if unknown:
         raise InputError(f"unknown training option(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
     with spectra_files(train) as paths, spectra_files(val) as val_paths:
+        if not paths:
+            raise InputError("no training spectra given (train is empty)")
         bundle, summary = train_bundle(paths, TrainOptions(**options), val_paths=val_paths, progress=progress,
                                        log=log)
     bundle.summary = summary
@@ -448,7 +459,7 @@ def train(train: Any, val: Any = (), *,
     return bundle
 
 
-def evaluate(spectra: Any, candidates: PathLike, model: "PathLike | ModelBundle | None" = None,
+def evaluate(spectra: Any, candidates: "PathLike | Mapping[str, Any]", model: "PathLike | ModelBundle | None" = None,
              *, prior: bool = True, n_boot: int = 1000, seed: int = 0, kernel_loss: bool = True,
              cluster: str | None = None, cache_dir: PathLike | None | bool = None,
              progress: bool = False) -> dict[str, Any]:
@@ -459,15 +470,14 @@ def evaluate(spectra: Any, candidates: PathLike, model: "PathLike | ModelBundle 
     ----------
     spectra : path, sequence of paths, Spectrum or matchms.Spectrum objects
         Spectra with SMILES / INCHIKEY metadata (in-memory spectra as :func:`spectra_files` writes them).
-    candidates : path
-        Candidate sets JSON ``{query_inchikey14: [[inchikey14, smiles], ...]}``.
+    candidates : path or dict
+        Candidate sets JSON ``{query_inchikey14: [[inchikey14, smiles], ...]}``, or that dict.
 
     Returns
     -------
     dict
         The command's JSON: per model, hit@k, MRR, bootstrap intervals, per-structure means, calibration.
     """
-    from molpredict.chem.candidates import load_candidate_sets
     from molpredict.identification.evaluate import evaluate as run_evaluation
     from molpredict.identification.scoring import executor_for
 
@@ -475,15 +485,30 @@ def evaluate(spectra: Any, candidates: PathLike, model: "PathLike | ModelBundle 
     if bundle.input_type != "spectrum":
         raise InputError(f"the model takes {bundle.input_type} input, not spectra", path=str(bundle.path))
     _check_flag("prior", prior)
+    _check_number("n_boot", n_boot, integer=True, minimum=0)
+    _check_number("seed", seed, integer=True)
+    sets = _candidate_sets(candidates)
     cache_root = coordinates_root(cache_dir)
     with spectra_files(spectra) as paths:
         executor = executor_for(cluster)
         try:
-            return run_evaluation(paths, [(str(bundle.path), bundle)], load_candidate_sets(candidates),
+            return run_evaluation(paths, [(str(bundle.path), bundle)], sets,
                                   cache_root=cache_root, n_boot=n_boot, seed=seed, kernel_loss=kernel_loss,
                                   progress=progress, executor=executor, prior=prior)
         finally:
             executor.close()
+
+
+def _candidate_sets(candidates: Any) -> dict[str, list[tuple[str, str]]]:
+    """Candidate sets from a JSON file or a dict of the same shape (checked as the file's reader checks it)."""
+    from molpredict.chem.candidates import candidate_sets_from, load_candidate_sets
+
+    if isinstance(candidates, (str, os.PathLike)):
+        return load_candidate_sets(candidates)
+    if not isinstance(candidates, Mapping):
+        raise InputError(f"candidates must be a candidate-sets JSON file or a dict of sets, not "
+                         f"{type(candidates).__name__}")
+    return candidate_sets_from(dict(candidates))
 
 
 def predict_properties(spectra: Any, model: Any) -> "pd.DataFrame":

@@ -176,6 +176,21 @@ def test_train_and_evaluate_take_spectra_in_memory_as_from_their_file(workdir):
     np.testing.assert_array_equal(model(again).W_, model(reference).W_)
     with pytest.raises(InputError, match="not a spectrum or a path: int"):
         molpredict.evaluate([training[0], 5], "sets.json", model="mymodel")
+    # the sets as a dict, as read from the file (the same checks)
+    as_dict = untimed(molpredict.evaluate("queries.mgf", sets, model="mymodel", n_boot=0, cache_dir=False))
+    assert json.dumps(as_dict, sort_keys=True) == json.dumps(from_file, sort_keys=True)
+    for wrong, message in [(dict(candidates={"K": "CCO"}), "candidates, record K: expected a list of"),
+                           (dict(candidates=3), "candidates must be a candidate-sets JSON file or a dict of sets"),
+                           (dict(n_boot=2.5), "n_boot must be an integer, not 2.5"),
+                           (dict(n_boot=-1), "n_boot must be >= 0, not -1")]:
+        with pytest.raises(InputError, match=message):
+            molpredict.evaluate("queries.mgf", **{"candidates": "sets.json", "model": "mymodel", **wrong})
+    with pytest.raises(InputError, match="no training spectra given"):
+        molpredict.train([], **params)
+    with pytest.raises(InputError, match="a path, not a file's content"):
+        molpredict.identify((workdir / "queries.mgf").read_text(), model="mymodel", library="library.tsv")
+    with pytest.raises(InputError, match="texts must be a description or a list of them, not int"):
+        molpredict.identify_text(5, model="mymodel", library="library.tsv")
 
 
 def test_matchms_round_trip_and_reader_agreement(workdir):

@@ -41,6 +41,7 @@ __all__ = [
     "read_library",
     "shares_one_formula",
     "load_candidate_sets",
+    "candidate_sets_from",
     "in_key_order",
     "candidate_set_molecules",
     "describe_smiles",
@@ -901,6 +902,12 @@ def load_candidate_sets(path: str | os.PathLike) -> dict[str, list[tuple[str, st
             data = json.load(handle)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"not a candidate-set JSON file ({type(exc).__name__})", path=path) from None
+    return candidate_sets_from(data, path)
+
+
+def candidate_sets_from(data: Any, path: str | os.PathLike = "candidates") -> dict[str, list[tuple[str, str]]]:
+    """The candidate sets of a parsed JSON value (or a dict built in Python), checked: what
+    :func:`load_candidate_sets` returns; ``path`` names the source in errors."""
     if not isinstance(data, dict):
         raise InputError("not a candidate-set JSON file (expected an object keyed by InChIKey first block)",
                          path=path)
