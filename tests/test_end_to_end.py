@@ -313,6 +313,11 @@ def test_old_bundle_loads_says_how_to_upgrade_and_upgrades(workspace, trained, h
     assert (tmp_path / "after.tsv").read_bytes() == (tmp_path / "before.tsv").read_bytes()
     result = runner.invoke(cli, ["model", "upgrade", str(old)])
     assert result.exit_code == 0 and "already current" in result.stderr
+    # a current bundle written elsewhere is a copy, said as one; never written inside itself
+    result = runner.invoke(cli, ["model", "upgrade", str(old), "-o", str(tmp_path / "copy")])
+    assert result.exit_code == 0 and f"{old} is already current: copied to {tmp_path / 'copy'}" in result.stderr
+    result = runner.invoke(cli, ["model", "upgrade", str(old), "-o", str(old / "inside")])
+    assert result.exit_code == 2 and "is inside the bundle it would be written from" in result.output
 
 
 HEAVY = ("torch", "dask", "distributed", "sklearn", "scipy.special", "zarr", "fsspec", "pandas", "rdkit",

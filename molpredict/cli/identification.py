@@ -672,14 +672,20 @@ def model_upgrade(model_path, output, quiet) -> None:
     bundle = _load_bundle(model_path)
     load_s = time.perf_counter() - t0
     stale = bundle.refitted_on_load()
-    target = Path(output) if output else bundle.path
-    if not stale and (output is None or Path(output).resolve() == Path(bundle.path).resolve()):
-        say(f"{bundle.path}: already current (loaded in {load_s:.2f} s); nothing to do")
+    source = Path(bundle.path)
+    target = Path(output) if output else source
+    if output and source.resolve() in Path(output).resolve().parents:
+        raise InputError("is inside the bundle it would be written from", path=output, field="-o")
+    if not stale and target.resolve() == source.resolve():
+        say(f"{source}: already current (loaded in {load_s:.2f} s); nothing to do")
         return
     path = bundle.save(target)
+    if not stale:
+        say(f"{source} is already current: copied to {path}")
+        return
     t0 = time.perf_counter()
     _load_bundle(str(path))
-    say(f"upgraded {bundle.path} -> {path}: loads in {time.perf_counter() - t0:.2f} s (was {load_s:.2f} s)")
+    say(f"upgraded {source} -> {path}: loads in {time.perf_counter() - t0:.2f} s (was {load_s:.2f} s)")
 
 
 # ----------------------------------------------------------------------------------------------------------
