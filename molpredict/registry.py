@@ -302,18 +302,24 @@ class Registry:
         """
         return self.entry(kind, name).load()
 
+    def check_names(self, kind: str, name: str, params: Any = ()) -> tuple[type, list[str]]:
+        """``(class, its parameter names)`` of the component ``name``, or the :class:`SpecError` naming an unknown
+        name or an unknown parameter among ``params`` (names; values are checked when it is built)."""
+        cls = self.get(kind, name)
+        valid = cls.param_names() if hasattr(cls, "param_names") else list(
+            inspect.signature(cls.__init__).parameters)[1:]
+        unknown = sorted(set(params) - set(valid))
+        if unknown:
+            raise SpecError(f"{kind.replace('_', ' ')} {name!r} has no parameter(s) {', '.join(unknown)}; "
+                            f"valid: {', '.join(valid) or '(none)'}")
+        return cls, list(valid)
+
     def create(self, kind: str, spec: "str | ComponentSpec", **overrides: Any) -> Any:
         """Instantiate a component from a spec; ``overrides`` fill parameters the spec does not set."""
         spec = parse_spec(spec)
         if spec.is_grid:
             raise SpecError(f"{spec} is a grid; choose one value (or let the model search it on validation data)")
-        cls = self.get(kind, spec.name)
-        valid = cls.param_names() if hasattr(cls, "param_names") else list(
-            inspect.signature(cls.__init__).parameters)[1:]
-        unknown = sorted(set(spec.params) - set(valid))
-        if unknown:
-            raise SpecError(f"{kind.replace('_', ' ')} {spec.name!r} has no parameter(s) {', '.join(unknown)}; "
-                            f"valid: {', '.join(valid) or '(none)'}")
+        cls, valid = self.check_names(kind, spec.name, spec.params)
         params = {k: v for k, v in overrides.items() if k in valid}
         params.update(spec.params)
         try:

@@ -262,13 +262,7 @@ def check_component_names(options: TrainOptions, registry: Any = None) -> None:
         # parsed as they are built: the model by build_model, its components by create_component (";" for ",")
         spec = parse_spec(text if kind == "model" else nested_spec(text))
         for name in spec.name.split("|"):
-            cls = registry.get(kind, name.strip())
-            valid = cls.param_names() if hasattr(cls, "param_names") else list(
-                inspect.signature(cls.__init__).parameters)[1:]
-            unknown = sorted(set(spec.params) - set(valid))
-            if unknown:
-                raise SpecError(f"{kind.replace('_', ' ')} {name.strip()!r} has no parameter(s) "
-                                f"{', '.join(unknown)}; valid: {', '.join(valid) or '(none)'}")
+            registry.check_names(kind, name.strip(), spec.params)
 
 
 def build_model(model_spec: str, params: dict[str, Any], registry: Any = None) -> Any:
