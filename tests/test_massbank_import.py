@@ -324,3 +324,175 @@ def test_demo_without_data_fetches_and_builds_a_default_library(tmp_path, serve,
     library_given, described = demo.library_for(data, str(given))
     assert len(library_given) == 6 and "now your default library" in described
     assert config.default_library() == str(given.resolve())
+
+
+# -- bad input: one-line errors naming the option or file, skip-and-report for records ---------------------------
+
+def _cli(*args):
+    from click.testing import CliRunner
+    from molpredict.cli import cli
+
+    return CliRunner().invoke(cli, ["data", "import-massbank", *map(str, args), "--no-progress"])
+
+
+def test_cli_bad_fractions_name_the_option(tmp_path):
+    rule = "the fractions must be from 0 to 1 and sum to at most 1"
+    for options, message in [
+        (["--train-fraction", "nan"], "--train-fraction nan"),
+        (["--val-fraction", "inf"], "--val-fraction inf"),
+        (["--train-fraction", "1.5"], "--train-fraction 1.5"),
+        (["--val-fraction", "-0.1"], "--val-fraction -0.1"),
+        (["--train-fraction", "0.8", "--val-fraction", "0.5"],
+         "--train-fraction 0.8 and --val-fraction 0.5 leave -0.3 for test"),
+    ]:
+        result = _cli(FIXTURES, "-o", tmp_path / "out", *options)
+        assert result.exit_code == 2, options
+        assert result.stderr.strip().splitlines() == [f"molpredict: error: {message}: {rule}"]
+        assert not list(tmp_path.rglob("*.mgf"))
+    # the bounds are fractions too: 1 - 0.9 - 0.1 is a tiny negative number, taken as 0
+    result = _cli(FIXTURES, "-o", tmp_path / "out", "--train-fraction", "0.9", "--val-fraction", "0.1")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "test_pos.mgf").read_text() == ""
+
+
+@pytest.mark.parametrize("fractions", [(("train", float("nan")), ("val", 0.1), ("test", 0.9)),
+                                       (("train", 1.5), ("val", 0.0), ("test", -0.5))])
+def test_library_rejects_non_finite_or_out_of_range_fractions(tmp_path, fractions):
+    with pytest.raises(InputError, match="each must be a number from 0 to 1") as e:
+        import_massbank(FIXTURES, tmp_path / "out", fractions=fractions)
+    assert "train=" in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def _copy_fixtures(tmp_path) -> Path:
+    root = tmp_path / "records"
+    shutil.copytree(FIXTURES, root)
+    return root
+
+
+def test_skip_summary_names_the_files(tmp_path):
+    root = _copy_fixtures(tmp_path)
+    record = root / "Contributor_A" / "MSBNK-TEST-AC000001.txt"
+    record.write_text(record.read_text().replace("161.06 96508.4 999", "161.06 abc 999"))
+    template = (root / "Contributor_B" / "MSBNK-TEST-BC000001.txt").read_text()   # no SMILES
+    for n in range(2, 6):
+        (root / "Contributor_B" / f"MSBNK-TEST-BD00000{n}.txt").write_text(
+            template.replace("MSBNK-TEST-BC000001", f"MSBNK-TEST-BD00000{n}"))
+    result = _cli(root, "-o", tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    assert "  skipped 1: no precursor m/z (Contributor_B/MSBNK-TEST-BC000002.txt)" in lines
+    assert "  skipped 1: unparsable peak list (Contributor_A/MSBNK-TEST-AC000001.txt: PK$PEAK line 33: " \
+           "non-numeric peak '161.06 abc 999')" in lines
+    listed = tmp_path / "out" / "skipped.tsv"
+    assert f"  skipped 5: no SMILES (Contributor_B/MSBNK-TEST-BC000001.txt, Contributor_B/MSBNK-TEST-BD000002.txt, " \
+           f"Contributor_B/MSBNK-TEST-BD000003.txt and 2 more, all in {listed})" in lines
+    assert lines[0] == f"molpredict: {root}: 3 of 12 records imported into {tmp_path / 'out'}"
+    rows = [line.split("\t") for line in listed.read_text().splitlines()]
+    assert rows[0] == ["file", "record", "accession", "reason", "detail"] and len(rows) == 1 + 9
+    assert ["Contributor_B/MSBNK-TEST-BD000005.txt", "", "MSBNK-TEST-BD000005", "no SMILES", ""] in rows
+
+
+def test_repeated_accession_is_imported_once_and_reported(tmp_path):
+    root = _copy_fixtures(tmp_path)
+    shutil.copy(root / "Contributor_A" / "MSBNK-TEST-AC000001.txt", root / "Contributor_B" / "copy.txt")
+    summary = import_massbank(root, tmp_path / "out")
+    text = "".join(p.read_text() for p in (tmp_path / "out").glob("*.mgf"))
+    assert text.count("TITLE=MSBNK-TEST-AC000001\n") == 1
+    assert summary["n_records"] == 9 and summary["n_imported"] == 4
+    assert summary["skipped"]["repeated ACCESSION, the first copy kept"] == 1
+    result = _cli(root, "-o", tmp_path / "out2")
+    assert "  skipped 1: repeated ACCESSION, the first copy kept (Contributor_B/copy.txt: MSBNK-TEST-AC000001 is " \
+           "also in Contributor_A/MSBNK-TEST-AC000001.txt)" in result.stderr.splitlines()
+
+
+def _broken_files(root: Path) -> dict[str, str]:
+    """Write one broken record file of each kind under ``root``; ``{file name: reason}``."""
+    good = (FIXTURES / "Contributor_A" / "MSBNK-TEST-AC000002.txt").read_text()
+    (root / "empty.txt").write_bytes(b"")
+    (root / "blank.txt").write_bytes(b"\n  \n")
+    (root / "binary.txt").write_bytes(bytes(range(256)) * 3)
+    (root / "utf16.txt").write_bytes(good.encode("utf-16"))
+    (root / "utf16le.txt").write_bytes(good.encode("utf-16-le"))       # no byte-order mark
+    (root / "latin1.txt").write_bytes(good.replace("Mellein", "Mell\u00e9in").encode("latin-1"))
+    (root / "noacc.txt").write_text("\n".join(line for line in good.splitlines() if not line.startswith("ACC")))
+    utf16 = "UTF-16 text (MassBank records are UTF-8: convert it, e.g. iconv -f UTF-16 -t UTF-8)"
+    return {"empty.txt": "empty file", "blank.txt": "empty file", "binary.txt": "binary file, not text",
+            "utf16.txt": utf16, "utf16le.txt": utf16, "noacc.txt": "no ACCESSION line",
+            "latin1.txt": "not UTF-8 text (byte 0xe9 at offset"}
+
+
+def test_broken_files_are_counted_reported_and_skipped(tmp_path):
+    root = _copy_fixtures(tmp_path)
+    expected = _broken_files(root)
+    # a UTF-8 byte-order mark is harmless: that record is imported
+    bom = (FIXTURES / "Contributor_A" / "MSBNK-TEST-AC000001.txt").read_text().replace("AC000001", "AC000009")
+    (root / "bom.txt").write_bytes(b"\xef\xbb\xbf" + bom.encode())
+    summary = import_massbank(root, tmp_path / "out")
+    assert summary["n_records"] == 8 + len(expected) + 1 and summary["n_imported"] == 5
+    reasons = {e["file"]: e["reason"] for e in summary["skipped_records"]}
+    for name, reason in expected.items():
+        assert reasons[name].startswith(reason), (name, reasons[name])
+    assert summary["not_records"] == ["README.txt"]
+    assert "TITLE=MSBNK-TEST-AC000009\n" in "".join(p.read_text() for p in (tmp_path / "out").glob("*.mgf"))
+    # the same from an archive: the broken members are reported, the others imported
+    zpath = tmp_path / "records.zip"
+    with zipfile.ZipFile(zpath, "w") as z:
+        for p in sorted(root.rglob("*.txt")):
+            z.write(p, "x/" + p.relative_to(root).as_posix())
+    from_zip = import_massbank(zpath, tmp_path / "zout")
+    assert {e["file"]: e["reason"] for e in from_zip["skipped_records"]} == {f"x/{k}": v for k, v in reasons.items()}
+    result = _cli(root, "-o", tmp_path / "out2")
+    assert result.exit_code == 0 and "Traceback" not in result.output
+    assert "  skipped 2: empty file (blank.txt, empty.txt)" in result.stderr.splitlines()
+    assert "  ignored 1 file that is not a MassBank record (README.txt)" in result.stderr.splitlines()
+
+
+def test_lone_broken_record_file_is_a_one_line_error(tmp_path):
+    (tmp_path / "e.txt").write_bytes(b"")
+    with pytest.raises(InputError, match=r"e\.txt: empty file"):
+        import_massbank(tmp_path / "e.txt", tmp_path / "out")
+    (tmp_path / "u.txt").write_bytes("ACCESSION: X\n".encode("utf-16"))
+    with pytest.raises(InputError, match=r"u\.txt: UTF-16 text"):
+        import_massbank(tmp_path / "u.txt", tmp_path / "out")
+
+
+def test_truncated_archive_is_named_and_earlier_outputs_kept(tmp_path):
+    out = tmp_path / "out"
+    import_massbank(FIXTURES, out)
+    before = {p.name: p.read_text() for p in out.iterdir()}
+    payload = _tiny_release(tmp_path)
+    cut = tmp_path / "MassBank-cut.tar.gz"
+    cut.write_bytes(payload[:len(payload) // 2])
+    with pytest.raises(InputError) as e:
+        import_massbank(cut, out)
+    assert str(e.value).startswith(f"{cut}: truncated archive") and "\n" not in str(e.value)
+    result = _cli(cut, "-o", out)
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [f"molpredict: error: {e.value}"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="no MassBank record files"):
+        import_massbank(tmp_path / "empty", out)
+    assert {p.name: p.read_text() for p in out.iterdir()} == before    # nothing lost
+
+
+def test_fetch_of_a_page_that_is_not_an_archive_names_the_url(tmp_path, serve):
+    from click.testing import CliRunner
+    from molpredict.cli import cli
+
+    url, _ = serve(b"<!DOCTYPE html>\n<html><body>Sign in to continue</body></html>\n")
+    with pytest.raises(InputError) as e:
+        massbank.fetch_massbank(tmp_path / "mb", release="x", url=url, progress=False)
+    assert str(e.value) == f"{url}: not a MassBank release archive (got an HTML page; is the URL right?)"
+    assert not list((tmp_path / "mb").iterdir())     # the downloaded page is gone
+    result = CliRunner().invoke(cli, ["data", "fetch", "massbank", "-o", str(tmp_path / "mb"), "--url", url,
+                                      "--no-progress"])
+    assert result.exit_code == 2
+    assert result.stderr.strip().splitlines() == [f"molpredict: error: {e.value}"]
+    # an archive with no records: the error names the URL too, not the deleted download
+    empty = tmp_path / "empty.tar.gz"
+    with tarfile.open(empty, "w:gz") as t:
+        t.add(FIXTURES / "README.txt", arcname="x/README.txt")
+    url, _ = serve(empty.read_bytes())
+    with pytest.raises(InputError, match=f"^{url}: no MassBank record files found"):
+        massbank.fetch_massbank(tmp_path / "mb2", release="x", url=url, progress=False)

@@ -697,29 +697,61 @@ def data() -> None:
     """Get training data: import MassBank records into split MGF files."""
 
 
-def _print_import(summary: dict, out: str) -> None:
-    click.echo(f"molpredict: {summary['n_imported']} of {summary['n_records']} records imported into {out}",
-               err=True)
+def _print_import(summary: dict, out: str, shown: int = 3) -> None:
+    """The import's summary on stderr; each skip reason says where, as `identify` does:
+    ``skipped 2: no precursor m/z (A/x.txt, B/y.txt)`` (files relative to the input named first), past ``shown``
+    files how many more and where all are listed."""
+    click.echo(f"molpredict: {summary['source']}: {summary['n_imported']} of {summary['n_records']} records "
+               f"imported into {out}", err=True)
     for name, n in summary["files"].items():
         click.echo(f"  {name}: {n} spectra", err=True)
-    for reason, n in summary["skipped"].items():
-        click.echo(f"  skipped {n}: {reason}", err=True)
+    by_reason: dict[str, list[dict]] = {}
+    for entry in summary["skipped_records"]:
+        by_reason.setdefault(entry["reason"], []).append(entry)
+    for reason, entries in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+        places = [entry["file"] + (f" record {entry['record']}" if entry["record"] is not None else "")
+                  + (f": {entry['detail']}" if entry["detail"] else "") for entry in entries[:shown]]
+        where = ("; " if any(entry["detail"] for entry in entries[:shown]) else ", ").join(places)
+        if len(entries) > shown:
+            where += f" and {len(entries) - shown} more, all in {summary['skipped_list']}"
+        click.echo(f"  skipped {len(entries)}: {reason} ({where})", err=True)
+    others = summary["not_records"]
+    if others:
+        more = f" and {len(others) - shown} more" if len(others) > shown else ""
+        what = "file that is not a MassBank record" if len(others) == 1 else "files that are not MassBank records"
+        click.echo(f"  ignored {len(others)} {what} ({', '.join(others[:shown])}{more})", err=True)
+
+
+def _split_fractions(train: float, val: float) -> tuple[tuple[str, float], ...]:
+    """The three split fractions from the two options (test takes the rest), or a one-line error naming the
+    options and their values (the library's own check can only name the splits)."""
+    import math
+
+    rule = "the fractions must be from 0 to 1 and sum to at most 1"
+    for option, value in (("--train-fraction", train), ("--val-fraction", val)):
+        if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+            raise InputError(f"{option} {value:g}: {rule}")
+    # rounded: 1 - 0.7 - 0.2 is 0.10000000000000003, and 1 - 0.9 - 0.1 a tiny negative, not what was meant
+    test = round(1.0 - train - val, 12) + 0.0
+    if test < 0:
+        raise InputError(f"--train-fraction {train:g} and --val-fraction {val:g} leave {test:g} for test: {rule}")
+    return ("train", train), ("val", val), ("test", test)
 
 
 @data.command("import-massbank")
 @click.argument("path", type=click.Path(exists=False))
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Output directory.")
-@click.option("--train-fraction", default=0.8, show_default=True, type=float)
-@click.option("--val-fraction", default=0.1, show_default=True, type=float)
+@click.option("--train-fraction", default=0.8, show_default=True, type=float,
+              help="Share of structures in train, from 0 to 1.")
+@click.option("--val-fraction", default=0.1, show_default=True, type=float,
+              help="Share of structures in val; test gets the rest (the two must sum to at most 1).")
 @_progress_option
 def import_massbank(path, output, train_fraction, val_fraction, progress) -> None:
     """Import MassBank records (a MassBank-data checkout, or a .zip / .tar.gz release archive) into
     {train,val,test}_{pos,neg}.mgf, split by a hash of the InChIKey first block (structure-disjoint)."""
     from molpredict.data.massbank import import_massbank as run
 
-    test_fraction = 1.0 - train_fraction - val_fraction
-    summary = run(path, output, fractions=(("train", train_fraction), ("val", val_fraction),
-                                           ("test", round(test_fraction, 12))),
+    summary = run(path, output, fractions=_split_fractions(train_fraction, val_fraction),
                   progress=_progress_default(progress))
     _print_import(summary, output)
 

@@ -12,15 +12,19 @@ Split
 Structure-disjoint: a record goes to the split of its InChIKey first block ``b`` (the 2D skeleton), decided by
 ``u = int(sha256(b)[:8 bytes], big-endian) / 2**64``: train when ``u < 0.8``, val when ``u < 0.9``, else test
 (fractions configurable). The same structure therefore always lands in the same split, in every release.
-Files: ``{train,val,test}_{pos,neg}.mgf``.
+Files: ``{train,val,test}_{pos,neg}.mgf``, and ``skipped.tsv``: each record not imported, with its file and
+the reason (broken files, records lacking a field, repeated accessions: the import reports them and goes on).
 """
 from __future__ import annotations
 
+import codecs
 import hashlib
+import math
 import os
 import re
 import tarfile
 import zipfile
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +35,8 @@ from molpredict.errors import InputError, MolpredictError, ResourceError
 __all__ = [
     "MassBankRecord",
     "parse_record",
+    "RecordFile",
+    "iter_record_files",
     "iter_record_texts",
     "split_of",
     "import_massbank",
@@ -123,7 +129,7 @@ def parse_record(text: str, source: str = "<record>") -> MassBankRecord:
             tag, value = f"{tag} {subtag}", rest.strip()
         fields.setdefault(tag, []).append(value)
     if not accession:
-        raise InputError("no ACCESSION line: not a MassBank record", path=source)
+        raise InputError("no ACCESSION line: not a MassBank record", path=source, field="ACCESSION")
     return MassBankRecord(accession, fields, peaks)
 
 
@@ -132,64 +138,171 @@ def _is_record_name(name: str) -> bool:
     return base.endswith(".txt") and not base.startswith(".")
 
 
-def iter_record_texts(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
-    """``(source name, text)`` of every ``*.txt`` file in a directory tree, ``.zip`` or ``.tar(.gz)`` archive.
+@dataclass
+class RecordFile:
+    """One ``*.txt`` file of a MassBank input: its text, or why it cannot hold a record.
 
-    Files are visited in sorted name order (deterministic output). Files that do not start like a MassBank
-    record (``ACCESSION:``) are skipped silently (READMEs, lists of contributors...).
+    Attributes
+    ----------
+    source : str
+        Where it is: the file's path, or ``archive:member``.
+    name : str
+        Its path relative to the input (``Contributor/MSBNK-...txt``, or the archive member): for messages.
+    text : str or None
+        The decoded text (UTF-8, without a byte-order mark); None when ``problem`` is set.
+    problem : str or None
+        Why the file cannot hold a record: ``"empty file"``, ``"binary file, not text"``, ``"UTF-16 text..."``.
+    is_record : bool
+        False for a readable text file without a single MassBank tag line (a README): not a record at all.
+    """
+
+    source: str
+    name: str
+    text: str | None
+    problem: str | None = None
+    is_record: bool = True
+
+
+# A line that only a MassBank record has: a file with one is a (maybe broken) record, a file with none is
+# documentation that happens to end in .txt.
+_TAG_LINE = re.compile(r"^(?:ACCESSION|RECORD_TITLE|DATE|AUTHORS|LICENSE|COPYRIGHT|PUBLICATION|COMMENT|"
+                       r"(?:CH|SP|AC|MS|PK)\$[A-Z_/]+):", re.MULTILINE)
+_TEXT_BYTES = b"\t\n\f\r" + bytes(range(32, 256))
+_UTF16 = "UTF-16 text (MassBank records are UTF-8: convert it, e.g. iconv -f UTF-16 -t UTF-8)"
+
+
+def _decode(data: bytes) -> tuple[str | None, str | None]:
+    """``(text, None)``, or ``(None, why these bytes are not the text of a record)``."""
+    if not data.strip():
+        return None, "empty file"
+    if data.startswith((codecs.BOM_UTF32_LE, codecs.BOM_UTF32_BE)):  # before UTF-16: FF FE starts both
+        return None, "UTF-32 text (MassBank records are UTF-8)"
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return None, _UTF16
+    sample = data[:4096]
+    if b"\x00" in sample:
+        # ASCII text saved as UTF-16 without a byte-order mark: every other byte is NUL
+        for half in (sample[0::2], sample[1::2]):
+            if half.count(0) > 0.9 * len(half):
+                return None, _UTF16
+        return None, "binary file, not text"
+    if len(sample.translate(None, _TEXT_BYTES)) > 0.05 * len(sample):  # what is left: control characters
+        return None, "binary file, not text"
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # decoding with replacement would put U+FFFD into names silently: a wrong answer, not a skip
+        return None, f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}; MassBank records " \
+                     f"are UTF-8)"
+    return text.removeprefix("\ufeff"), None
+
+
+def _record_file(source: str, name: str, data: bytes) -> RecordFile:
+    text, problem = _decode(data)
+    if problem is not None:
+        return RecordFile(source, name, None, problem)
+    is_record = text.lstrip().startswith("ACCESSION:") or _TAG_LINE.search(text) is not None
+    return RecordFile(source, name, text, None, is_record)
+
+
+def _broken_archive(path: Path, exc: BaseException) -> InputError:
+    """The one-line error for an archive that fails part-way (its records cannot all be read)."""
+    reason = " ".join(str(exc).split())
+    if isinstance(exc, EOFError) or "unexpected end" in reason:
+        return InputError("truncated archive: it ends before its last record (an interrupted download or copy? "
+                          "get it again)", path=str(path))
+    return InputError(f"corrupt archive ({reason or type(exc).__name__}): get it again", path=str(path))
+
+
+def iter_record_files(path: str | os.PathLike) -> Iterator[RecordFile]:
+    """Every ``*.txt`` file in a directory tree, ``.zip`` or ``.tar(.gz)`` archive, or one ``.txt`` file.
+
+    Files are visited in sorted name order (deterministic output). A file that cannot be read as text (empty,
+    binary, UTF-16, not UTF-8) comes with its ``problem`` set, so that the import reports it and goes on.
+
+    Raises
+    ------
+    InputError
+        ``path`` is missing, of an unknown kind, not a readable archive, or an archive that is truncated or
+        corrupt part-way; a lone ``.txt`` file that is not a readable MassBank record.
     """
     path = Path(path)
     if not path.exists():
         raise InputError("no such file or directory", path=str(path))
 
-    def keep(text: str) -> bool:
-        return text.lstrip("\ufeff").startswith("ACCESSION:")
-
     if path.is_dir():
         for file in sorted(p for p in path.rglob("*.txt") if p.is_file()):
-            text = file.read_text(encoding="utf-8", errors="replace")
-            if keep(text):
-                yield str(file), text
+            name = file.relative_to(path).as_posix()
+            try:
+                data = file.read_bytes()
+            except OSError as exc:
+                yield RecordFile(str(file), name, None, f"unreadable ({exc.strerror or exc})")
+                continue
+            yield _record_file(str(file), name, data)
         return
-    name = path.name.lower()
-    if name.endswith(".zip"):
+    lower = path.name.lower()
+    if lower.endswith(".zip"):
         try:
             archive = zipfile.ZipFile(path)
-        except zipfile.BadZipFile as exc:
-            raise InputError(f"not a readable zip archive ({exc})", path=str(path)) from None
+        except (zipfile.BadZipFile, EOFError) as exc:
+            raise InputError(f"not a readable zip archive, or a truncated one ({exc})", path=str(path)) from None
         with archive:
             for info in sorted(archive.infolist(), key=lambda i: i.filename):
                 if info.is_dir() or not _is_record_name(info.filename):
                     continue
-                text = archive.read(info).decode("utf-8", errors="replace")
-                if keep(text):
-                    yield f"{path}:{info.filename}", text
+                source = f"{path}:{info.filename}"
+                try:
+                    data = archive.read(info)
+                except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError) as exc:
+                    # a zip's members are stored apart: one bad member does not spoil the others
+                    yield RecordFile(source, info.filename, None,
+                                     f"unreadable in the archive ({' '.join(str(exc).split())})")
+                    continue
+                yield _record_file(source, info.filename, data)
         return
-    if name.endswith((".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tar.xz")):
+    if lower.endswith((".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tar.xz")):
         try:
             archive = tarfile.open(path, "r:*")
-        except (tarfile.TarError, OSError) as exc:
+        except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
             raise InputError(f"not a readable tar archive ({exc})", path=str(path)) from None
         with archive:
-            # A release tarball is already sorted by path; sorting members would need two passes over gzip.
-            members = sorted((m for m in archive.getmembers() if m.isfile() and _is_record_name(m.name)),
-                             key=lambda m: m.name)
+            # A compressed tar is one stream: past a truncation or corruption no member can be read, so the
+            # whole import stops (the outputs of an earlier import are left as they were).
+            try:
+                # A release tarball is already sorted by path; sorting members would need two passes over gzip.
+                members = sorted((m for m in archive.getmembers() if m.isfile() and _is_record_name(m.name)),
+                                 key=lambda m: m.name)
+            except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+                raise _broken_archive(path, exc) from None
             for member in members:
-                handle = archive.extractfile(member)
-                if handle is None:
-                    continue
-                text = handle.read().decode("utf-8", errors="replace")
-                if keep(text):
-                    yield f"{path}:{member.name}", text
+                try:
+                    handle = archive.extractfile(member)
+                    data = handle.read() if handle is not None else b""
+                except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+                    raise _broken_archive(path, exc) from None
+                yield _record_file(f"{path}:{member.name}", member.name, data)
         return
-    if name.endswith(".txt"):
-        text = path.read_text(encoding="utf-8", errors="replace")
-        if not keep(text):
+    if lower.endswith(".txt"):
+        found = _record_file(str(path), path.name, path.read_bytes())
+        if found.problem is not None:
+            raise InputError(f"{found.problem}: not a MassBank record file", path=str(path))
+        if not found.is_record:
             raise InputError("not a MassBank record file (no ACCESSION: line first)", path=str(path))
-        yield str(path), text
+        yield found
         return
     raise InputError("expected a directory of MassBank records, a .zip or .tar.gz archive, or a .txt record",
                      path=str(path))
+
+
+def iter_record_texts(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
+    """``(source name, text)`` of every readable record file under ``path`` (see :func:`iter_record_files`).
+
+    Files that are not records (READMEs) or cannot be read as text are left out: use
+    :func:`iter_record_files` to see them.
+    """
+    for found in iter_record_files(path):
+        if found.problem is None and found.is_record:
+            yield found.source, found.text
 
 
 def _split_records(text: str) -> Iterator[str]:
@@ -309,10 +422,51 @@ def check_record(record: MassBankRecord):
     return molecule
 
 
+def _check_fractions(fractions: Iterable[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
+    """The fractions as ``(name, float)`` pairs, or a one-line error naming each of them."""
+    fractions = tuple((str(n), float(f)) for n, f in fractions)
+    total = sum(f for _, f in fractions)
+    # NaN passes every comparison unnoticed (abs(nan - 1) > tol is False): test for finite numbers first
+    if any(not (math.isfinite(f) and 0.0 <= f <= 1.0) for _, f in fractions) or abs(total - 1.0) > 1e-9:
+        given = ", ".join(f"{n}={f:g}" for n, f in fractions)
+        raise InputError(f"split fractions {given}: each must be a number from 0 to 1 and they must sum to 1 "
+                         f"(they sum to {total:g})")
+    return fractions
+
+
+def _parse_failure(exc: InputError) -> tuple[str, str | None]:
+    """``(reason, detail)`` of a record :func:`parse_record` rejected: the reason groups, the detail locates."""
+    if exc.field == "ACCESSION":
+        return "no ACCESSION line", None
+    if exc.field == "PK$PEAK":
+        return "unparsable peak list", f"PK$PEAK {exc.message}"
+    return "unparsable record", exc.message
+
+
+SKIPPED_FILE = "skipped.tsv"
+
+
+def _write_skipped(path: Path, skipped: list[dict]) -> None:
+    """``file  record  accession  reason  detail``, one skipped record a line (the summary shows a few)."""
+    columns = ("file", "record", "accession", "reason", "detail")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write("\t".join(columns) + "\n")
+        for entry in skipped:
+            cells = ("" if entry[c] is None else " ".join(str(entry[c]).split()) for c in columns)
+            handle.write("\t".join(cells) + "\n")
+
+
 def import_massbank(path: str | os.PathLike, out_dir: str | os.PathLike,
                     fractions: Iterable[tuple[str, float]] = DEFAULT_FRACTIONS,
                     progress: bool = False) -> dict:
     """Import MassBank records into ``out_dir/{split}_{pos,neg}.mgf``.
+
+    A record that cannot be imported is skipped, and listed in ``out_dir/skipped.tsv`` and in the summary:
+    a file that is empty, binary, not UTF-8 or lacks its ``ACCESSION`` line, a record with an unparsable peak
+    list or without what the import needs (see :func:`check_record`), and a record whose ``ACCESSION`` an
+    earlier file already had (the first one is kept). Text files with no MassBank tag at all (READMEs) are not
+    records: they are listed apart. The output files are replaced together at the end; after an error
+    (a truncated archive) those of an earlier import are left as they were.
 
     Parameters
     ----------
@@ -321,47 +475,79 @@ def import_massbank(path: str | os.PathLike, out_dir: str | os.PathLike,
     out_dir : str or Path
         Created if needed; existing split files are replaced.
     fractions : iterable of (name, fraction)
-        The splits in order with their fractions (summing to 1).
+        The splits in order with their fractions: finite numbers from 0 to 1 summing to 1.
     progress : bool
         Show a tqdm counter on stderr.
 
     Returns
     -------
     dict
-        ``{"files": {name: n_spectra}, "n_records": int, "n_imported": int, "skipped": {reason: count},
-        "n_structures": {split: n}, "licenses": {licence: n}}``.
+        ``{"source": str(path), "files": {name: n_spectra}, "n_records": int, "n_imported": int,
+        "skipped": {reason: count}, "skipped_records": [{"file", "record", "accession", "reason", "detail"}],
+        "skipped_list": str, "not_records": [file], "n_structures": {split: n}, "licenses": {licence: n}, "split": {...}}``.
+        ``n_records`` counts the record files, broken ones included, and the records of files holding several;
+        ``file`` is relative to ``path``, ``record`` the 1-based position in a file of several records (else
+        None), ``skipped_list`` the path of ``skipped.tsv``.
+
+    Raises
+    ------
+    InputError
+        Bad fractions; ``path`` missing, of an unknown kind, or an archive that is unreadable, truncated or
+        corrupt; no record file in it.
     """
-    fractions = tuple((str(n), float(f)) for n, f in fractions)
-    total = sum(f for _, f in fractions)
-    if abs(total - 1.0) > 1e-9 or any(f < 0 for _, f in fractions):
-        raise InputError(f"split fractions must be non-negative and sum to 1, got {total}")
+    fractions = _check_fractions(fractions)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     names = [f"{split}_{suffix}.mgf" for split, _ in fractions for suffix in ("pos", "neg")]
     tmp_handles: dict[str, IO[str]] = {}
     counts: Counter = Counter()
-    skipped: Counter = Counter()
     licenses: Counter = Counter()
     structures: dict[str, set] = {split: set() for split, _ in fractions}
+    skipped: list[dict] = []
+    not_records: list[str] = []
+    first_seen: dict[str, str] = {}  # accession -> where it was first read: repeats are reported against it
     n_records = 0
-    iterator: Iterable = iter_record_texts(path)
+
+    def skip(file: str, record: int | None, reason: str, accession: str | None = None,
+             detail: str | None = None) -> None:
+        skipped.append({"file": file, "record": record, "accession": accession, "reason": reason,
+                        "detail": detail})
+
+    iterator: Iterable[RecordFile] = iter_record_files(path)
     if progress:
         from tqdm import tqdm
         iterator = tqdm(iterator, desc="MassBank records", unit=" files", file=__import__("sys").stderr)
     try:
         for name in names:
             tmp_handles[name] = open(out / f".{name}.tmp", "w", encoding="utf-8")
-        for source, text in iterator:
-            for chunk in _split_records(text):
+        for found in iterator:
+            if found.problem is not None:
                 n_records += 1
+                skip(found.name, None, found.problem)
+                continue
+            if not found.is_record:
+                not_records.append(found.name)
+                continue
+            chunks = list(_split_records(found.text))
+            for index, chunk in enumerate(chunks, start=1):
+                n_records += 1
+                record_no = index if len(chunks) > 1 else None
                 try:
-                    record = parse_record(chunk, source)
+                    record = parse_record(chunk, found.source)
                 except InputError as exc:
-                    skipped[f"unparsable record ({exc.message.split(':')[-1].strip()})"] += 1
+                    reason, detail = _parse_failure(exc)
+                    skip(found.name, record_no, reason, exc.record if isinstance(exc.record, str) else None,
+                         detail)
                     continue
+                where = found.name if record_no is None else f"{found.name} record {record_no}"
+                if record.accession in first_seen:
+                    skip(found.name, record_no, "repeated ACCESSION, the first copy kept", record.accession,
+                         f"{record.accession} is also in {first_seen[record.accession]}")
+                    continue
+                first_seen[record.accession] = where
                 result = check_record(record)
                 if isinstance(result, str):
-                    skipped[result] += 1
+                    skip(found.name, record_no, result, record.accession)
                     continue
                 split = split_of(result.inchikey14, fractions)
                 ion_mode, entry = record_to_mgf(record, result)
@@ -370,22 +556,27 @@ def import_massbank(path: str | os.PathLike, out_dir: str | os.PathLike,
                 counts[name] += 1
                 structures[split].add(result.inchikey14)
                 licenses[_clean(record.first("LICENSE")) or "unknown"] += 1
+        if n_records == 0:
+            raise InputError("no MassBank record files found (expected *.txt files starting with ACCESSION:)",
+                             path=str(path))
+        _write_skipped(out / f".{SKIPPED_FILE}.tmp", skipped)
         for name, handle in tmp_handles.items():
             handle.close()
             os.replace(out / f".{name}.tmp", out / name)
+        os.replace(out / f".{SKIPPED_FILE}.tmp", out / SKIPPED_FILE)
     finally:
         for name, handle in tmp_handles.items():
             if not handle.closed:
                 handle.close()
+        for name in [*names, SKIPPED_FILE]:
             try:
                 os.remove(out / f".{name}.tmp")
             except FileNotFoundError:
                 pass
-    if n_records == 0:
-        raise InputError("no MassBank record files found (expected *.txt files starting with ACCESSION:)",
-                         path=str(path))
-    return {"files": {name: counts.get(name, 0) for name in names}, "n_records": n_records,
-            "n_imported": sum(counts.values()), "skipped": dict(skipped.most_common()),
+    reasons = Counter(entry["reason"] for entry in skipped)
+    return {"source": str(path), "files": {name: counts.get(name, 0) for name in names}, "n_records": n_records,
+            "n_imported": sum(counts.values()), "skipped": dict(reasons.most_common()),
+            "skipped_records": skipped, "skipped_list": str(out / SKIPPED_FILE), "not_records": not_records,
             "n_structures": {k: len(v) for k, v in structures.items()}, "licenses": dict(licenses.most_common()),
             "split": {"hash": "sha256(InChIKey first block), first 8 bytes big-endian / 2**64",
                       "fractions": dict(fractions)}}
@@ -465,6 +656,22 @@ def download(url: str, path: str | os.PathLike, progress: bool = True, timeout: 
             bar.close()
 
 
+def _check_archive(path: Path, url: str) -> None:
+    """Raise a one-line :class:`InputError` naming ``url`` unless ``path`` starts like a (compressed) tar."""
+    with open(path, "rb") as handle:
+        head = handle.read(512)
+    if head.startswith((b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00")) or head[257:262] == b"ustar":
+        return
+    start = head.lstrip().lower()
+    if start.startswith((b"<!doctype html", b"<html", b"<?xml")) or b"<html" in start:
+        got = "got an HTML page"   # a login, error or mirror index page served with status 200
+    elif not head:
+        got = "got an empty file"
+    else:
+        got = f"got {path.stat().st_size} bytes that are not a .tar.gz"
+    raise InputError(f"not a MassBank release archive ({got}; is the URL right?)", path=url)
+
+
 def fetch_massbank(out_dir: str | os.PathLike, release: str = DEFAULT_RELEASE, keep_archive: bool = False,
                    progress: bool = True, timeout: float = 60.0, url: str | None = None) -> dict:
     """Download a MassBank-data release archive and import it into ``out_dir`` (see :func:`import_massbank`).
@@ -477,7 +684,8 @@ def fetch_massbank(out_dir: str | os.PathLike, release: str = DEFAULT_RELEASE, k
     ResourceError
         The download failed (no network, unknown release...), in one line.
     InputError
-        The downloaded file is not a readable archive of MassBank records (it is deleted).
+        The downloaded file is not a readable archive of MassBank records (it is deleted; the error names the
+        URL, not the deleted file).
     """
     url = url or release_url(release)
     out = Path(out_dir)
@@ -490,13 +698,19 @@ def fetch_massbank(out_dir: str | os.PathLike, release: str = DEFAULT_RELEASE, k
                             f"`molpredict data import-massbank ARCHIVE -o DIR`)") from None
     ok = False
     try:
+        _check_archive(archive, url)
         summary = import_massbank(archive, out, progress=progress)
         ok = True
+    except InputError as exc:
+        if exc.path != str(archive):
+            raise
+        # the archive is deleted below: name what the user gave instead
+        raise InputError(exc.message, path=url, record=exc.record, field=exc.field) from None
     finally:
         if not (keep_archive and ok):
             try:
                 os.remove(archive)
             except FileNotFoundError:
                 pass
-    summary["url"] = url
+    summary["url"] = summary["source"] = url
     return summary
