@@ -213,13 +213,14 @@ def _tiny_release(tmp_path, every_split: bool = False) -> bytes:
 def serve():
     """``serve(payload, cut_first=None, ranges=True) -> (url, range headers seen)``: one file over HTTP on
     127.0.0.1 in a thread; ``cut_first`` bytes only in the first response (then the connection closes);
-    ``ranges=False`` ignores Range headers (always 200 with the whole file)."""
+    ``ranges=False`` ignores Range headers (always 200 with the whole file); ``trickle`` sends a byte every
+    ``trickle`` seconds."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     servers = []
 
-    def start(payload: bytes, cut_first: int | None = None, ranges: bool = True):
+    def start(payload: bytes, cut_first: int | None = None, ranges: bool = True, trickle: float | None = None):
         seen: list[str | None] = []
 
         class Handler(BaseHTTPRequestHandler):
@@ -240,6 +241,16 @@ def serve():
                 if cut_first is not None and len(seen) == 1:
                     self.wfile.write(body[:cut_first])
                     self.close_connection = True
+                    return
+                if trickle is not None:  # one byte every `trickle` seconds, for as long as the client reads
+                    import time
+                    try:
+                        for i in range(len(body)):
+                            self.wfile.write(body[i:i + 1])
+                            self.wfile.flush()
+                            time.sleep(trickle)
+                    except OSError:
+                        pass
                     return
                 self.wfile.write(body)
 
@@ -275,6 +286,18 @@ def test_fetch_resumes_an_interrupted_download(tmp_path, serve, capsys):
     import_massbank(FIXTURES, tmp_path / "direct")
     for name in ("train_pos.mgf", "val_pos.mgf", "test_pos.mgf", "train_neg.mgf", "test_neg.mgf"):
         assert (out / name).read_text() == (tmp_path / "direct" / name).read_text()
+
+
+def test_a_download_that_trickles_stops_instead_of_hanging(tmp_path, serve):
+    """A byte now and then resets the socket timeout forever: the download must receive STALL_BYTES every
+    ``timeout`` seconds, else it stops (the part kept to resume) with one line."""
+    import time
+
+    url, _ = serve(b"x" * 200_000, trickle=0.05)
+    t0 = time.monotonic()
+    with pytest.raises(ResourceError, match=r"stalled: less than 64 KiB in 0.5 s after \d+ bytes .*to resume"):
+        massbank.download(url, tmp_path / "slow.tar.gz", progress=False, timeout=0.5)
+    assert time.monotonic() - t0 < 5 and (tmp_path / "slow.tar.gz.part").is_file()
 
 
 def test_download_restarts_when_the_server_ignores_ranges(tmp_path, serve):

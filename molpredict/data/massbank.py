@@ -23,6 +23,7 @@ import math
 import os
 import re
 import tarfile
+import time
 import zipfile
 import zlib
 from collections import Counter
@@ -590,6 +591,10 @@ def release_url(release: str = DEFAULT_RELEASE) -> str:
     return f"https://github.com/MassBank/MassBank-data/archive/refs/tags/{release}.tar.gz"
 
 
+#: bytes a download must receive every ``timeout`` seconds (see :func:`download`)
+STALL_BYTES = 64 * 1024
+
+
 def download(url: str, path: str | os.PathLike, progress: bool = True, timeout: float = 60.0,
              chunk_size: int = 1 << 20) -> Path:
     """Download ``url`` to ``path``, resuming an interrupted download.
@@ -636,11 +641,19 @@ def download(url: str, path: str | os.PathLike, progress: bool = True, timeout: 
                            desc=path.name, file=__import__("sys").stderr)
             with open(part, "ab" if resumed else "wb") as handle:
                 received = done
-                for chunk in iter(lambda: response.read(chunk_size), b""):
+                # the socket timeout fires only when nothing at all arrives: a server that trickles a byte now
+                # and then would hold the download forever, so at least STALL_BYTES must come every `timeout` s
+                checkpoint, checkpoint_bytes = time.monotonic(), received
+                for chunk in iter(lambda: response.read1(chunk_size), b""):
                     handle.write(chunk)
                     received += len(chunk)
                     if bar is not None:
                         bar.update(len(chunk))
+                    if received - checkpoint_bytes >= STALL_BYTES:
+                        checkpoint, checkpoint_bytes = time.monotonic(), received
+                    elif time.monotonic() - checkpoint > timeout:
+                        raise OSError(f"stalled: less than {STALL_BYTES // 1024} KiB in {timeout:g} s after "
+                                      f"{received} bytes (run again to resume)")
             if total is not None and received < total:
                 raise OSError(f"connection closed after {received} of {total} bytes (run again to resume)")
         os.replace(part, path)
