@@ -596,7 +596,7 @@ def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot
         plot_curves(results, plot)
         say(f"top-k curves written to {plot}")
     if as_json:
-        # the results hold null, never NaN (see finite_or_none): allow_nan=False keeps it so for strict parsers
+        # the results hold null, never NaN (see json_safe): allow_nan=False keeps it so for strict parsers
         click.echo(json.dumps(results, indent=2, allow_nan=False))
     else:
         click.echo(format_report(results))

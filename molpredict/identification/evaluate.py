@@ -52,12 +52,13 @@ from molpredict.engine.decoding import (bootstrap_ci, group_means, query_metrics
 from molpredict.errors import InputError, ResourceError
 from molpredict.identification.candidate_sources import SetSource
 from molpredict.identification.identify import Identifier, IdentifierState, IdentifyOptions
+from molpredict.io.results import json_safe
 from molpredict.kernels.base import DegenerateObjectWarning
 from molpredict.modelfile import ModelBundle
 from molpredict.identification.scoring import Executor, InProcessExecutor, Query, chunked, shared_candidate_scores
 
 __all__ = ["KS", "LabelledQuery", "collect_queries", "parsable_candidate_sets", "labelled_queries", "RankedBlock",
-           "evaluate_block", "rank_queries", "summarize_ranks", "finite_or_none", "evaluate",
+           "evaluate_block", "rank_queries", "summarize_ranks", "evaluate",
            "evaluate_text", "format_report", "plot_curves"]
 
 KS = (1, 5, 10, 20)
@@ -534,7 +535,7 @@ def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, M
         raise InputError("nothing to evaluate: " + _nothing_evaluable(len(spectra), reasons),
                          path=", ".join(str(p) for p in spectra_paths))
     # the command prints this as JSON, and strict parsers (jq, JSON.parse) reject NaN: undefined numbers are null
-    return finite_or_none(results)
+    return json_safe(results)
 
 
 def _nothing_evaluable(n_read: int, skipped: Counter, what: str = "spectra") -> str:
@@ -545,24 +546,6 @@ def _nothing_evaluable(n_read: int, skipped: Counter, what: str = "spectra") -> 
         text += (" (" + "; ".join(f"{n} {reason}" for reason, n in skipped.most_common(5))
                  + (f"; {more} more reasons" if more > 0 else "") + ")")
     return text
-
-
-def finite_or_none(value: Any) -> Any:
-    """``value`` with every non-finite float (NaN, infinities) replaced by None, recursively through dicts, lists
-    and tuples (tuples become lists); numpy scalars become Python numbers.
-
-    Undefined metrics (an interval without resamples, a mean over no query) are NaN in the arithmetic; strict JSON
-    has no NaN, so what the commands print, and what :func:`evaluate` returns beside them, says null instead.
-    """
-    if isinstance(value, dict):
-        return {k: finite_or_none(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [finite_or_none(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def _view_summary(ranks: dict[str, Any], counts: tuple[np.ndarray, np.ndarray], n_boot: int,
@@ -728,7 +711,7 @@ def evaluate_text(pairs_paths: Sequence[str | Path], bundles: Sequence[tuple[str
         metrics["time_s"] = round(time.perf_counter() - t0, 3)
         metrics["timings"] = {k: round(v, 3) for k, v in identifier.timings.items()}
         results[label] = metrics
-    return finite_or_none(results)  # as :func:`evaluate`: null, not NaN, for undefined numbers
+    return json_safe(results)  # as :func:`evaluate`: null, not NaN, for undefined numbers
 
 
 def _pct(x: float | None, width: int = 0, digits: int = 2) -> str:

@@ -15,7 +15,7 @@ from molpredict.errors import InputError
 from molpredict.atomic import atomic_write, replace_atomically
 
 __all__ = ["OUTPUT_COLUMNS", "OUTPUT_FORMATS", "output_format", "ResultWriter", "ResumableOutput", "write_skipped",
-           "read_result_rows", "read_skipped"]
+           "read_result_rows", "read_skipped", "json_safe"]
 
 #: columns read back as numbers (the optional ones only when a results file has them)
 _NUMERIC_COLUMNS = {"rank", "score", "confidence", "n_candidates", "record", "probability", "spectrum_score",
@@ -58,10 +58,19 @@ def _cell(value: Any) -> str:
     return str(value).replace("\t", " ").replace("\n", " ")
 
 
-def _json_value(value: Any) -> Any:
-    """A JSON-safe cell: numpy scalars as Python numbers, NaN and infinities as null (strict JSON has neither)."""
-    if hasattr(value, "item") and not isinstance(value, (str, bytes)):
-        value = value.item()
+def json_safe(value: Any) -> Any:
+    """``value`` for strict JSON: numpy scalars as Python numbers, NaN and infinities as null (strict JSON has
+    neither, and jq or JSON.parse refuse them), recursively through dicts, lists and tuples (tuples become lists).
+
+    Output rows (one cell at a time), ``evaluate``'s metrics and ``properties evaluate``'s go through it: an
+    undefined number (an interval without resamples, R^2 of constant targets) is NaN in the arithmetic.
+    """
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    if hasattr(value, "item") and getattr(value, "size", 1) == 1 and not isinstance(value, (str, bytes)):
+        value = value.item()  # a numpy scalar (or one-value array)
     if isinstance(value, float) and not math.isfinite(value):
         return None
     return value
@@ -107,7 +116,7 @@ class ResultWriter:
         if self._header_due:
             self._write_header()
         if self.fmt == "json":
-            obj = {c: _json_value(row.get(c)) for c in self.columns}
+            obj = {c: json_safe(row.get(c)) for c in self.columns}
             self.handle.write(("\n" if self.n_rows == 0 else ",\n") + json.dumps(obj, allow_nan=False))
         elif self.fmt == "csv":
             self._csv.writerow([_cell(row.get(c)) for c in self.columns])

@@ -7,7 +7,6 @@ where targets are needed, a SMILES RDKit cannot parse, an ion mode the model lac
 """
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
@@ -15,6 +14,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from molpredict.errors import InputError
+from molpredict.io.results import json_safe
 from molpredict.properties.metrics import property_metrics
 from molpredict.properties.model import MODES, PropertyBundle, PropertyPredictor
 from molpredict.properties.targets import PROPERTY_NAMES, compute_properties
@@ -224,10 +224,10 @@ def evaluate_properties(spectra: Any, bundle: PropertyBundle) -> tuple[dict[str,
         raise InputError("no spectrum to evaluate: none has a usable SMILES and an ion mode the model has")
     Y = Y[kept]
     levels = bundle.quantiles
-    result = {"properties": {name: {k: round(v, 6) if math.isfinite(v) else None
-                                    for k, v in property_metrics(Y[:, t], F[:, t, :], levels).items()}
-                             for t, name in enumerate(bundle.names)},
-              "n_spectra": len(kept)}
+    result = json_safe({"properties": {name: {k: round(v, 6) for k, v in
+                                              property_metrics(Y[:, t], F[:, t, :], levels).items()}
+                                       for t, name in enumerate(bundle.names)},
+                        "n_spectra": len(kept)})
     return result, skipped
 
 
