@@ -103,19 +103,26 @@ def iter_spectra(spectra: Any, report: "SkipReport | None" = None) -> Iterator[A
         An object that is none of these, or a file that cannot be read.
     """
     from molpredict.io import read_spectra
+
+    for item in _spectra_items(spectra):
+        if isinstance(item, (str, os.PathLike)):
+            yield from read_spectra(item, report=report)
+        else:
+            yield item
+
+
+def _spectra_items(spectra: Any) -> Iterator[Any]:
+    """What :func:`iter_spectra` and :func:`spectra_files` take, item by item: a path (checked to be one), or a
+    molpredict Spectrum (a matchms one converted; ``record`` its 1-based position where it has none)."""
     from molpredict.io.matchms import from_matchms, is_matchms_spectrum
     from molpredict.spectra.record import Spectrum
 
-    if isinstance(spectra, (str, os.PathLike)):
-        yield from read_spectra(_checked_path(spectra), report=report)
-        return
-    if isinstance(spectra, Spectrum) or is_matchms_spectrum(spectra):
+    if isinstance(spectra, (str, os.PathLike)) or isinstance(spectra, Spectrum) or is_matchms_spectrum(spectra):
         spectra = [spectra]
     _check_spectra_container(spectra)
-    items = iter(spectra)
-    for index, item in enumerate(items, start=1):
+    for index, item in enumerate(spectra, start=1):
         if isinstance(item, (str, os.PathLike)):
-            yield from read_spectra(item, report=report)
+            yield _checked_path(item)
         elif isinstance(item, Spectrum):
             yield item if item.record is not None else _with_record(item, index)
         elif is_matchms_spectrum(item):
@@ -155,15 +162,10 @@ def spectra_files(spectra: Any) -> Iterator[list[str]]:
     import tempfile
 
     from molpredict.io import write_mgf
-    from molpredict.io.matchms import from_matchms, is_matchms_spectrum
-    from molpredict.spectra.record import Spectrum
 
-    if isinstance(spectra, (str, os.PathLike)):
+    if isinstance(spectra, (str, os.PathLike)):  # the common case: no temporary folder
         yield [os.fspath(_checked_path(spectra))]
         return
-    if isinstance(spectra, Spectrum) or is_matchms_spectrum(spectra):
-        spectra = [spectra]
-    _check_spectra_container(spectra)
     with tempfile.TemporaryDirectory(prefix="molpredict-spectra-") as directory:
         paths: list[str] = []
         run: list[Any] = []
@@ -175,17 +177,12 @@ def spectra_files(spectra: Any) -> Iterator[list[str]]:
                 paths.append(path)
                 run.clear()
 
-        for item in spectra:
+        for item in _spectra_items(spectra):
             if isinstance(item, (str, os.PathLike)):
                 flush()
                 paths.append(os.fspath(item))
-            elif isinstance(item, Spectrum):
-                run.append(item)
-            elif is_matchms_spectrum(item):
-                run.append(from_matchms(item, len(run) + 1))
             else:
-                raise InputError(f"not a spectrum or a path: {type(item).__name__}", path="spectra",
-                                 record=len(run) + 1)
+                run.append(item)
         flush()
         yield paths
 
