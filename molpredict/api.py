@@ -250,8 +250,10 @@ def coordinates_root(cache_dir: "PathLike | None | bool") -> "Path | str | None 
     """The candidate-coordinates store a run uses: ``cache_dir`` as a path, an fsspec URL (``s3://bucket/coords``)
     as it is (a ``Path`` would fold its ``//`` into a local folder ``s3:/bucket``), None for the default one, False
     for none."""
-    if cache_dir is False or not cache_dir:
-        return False if cache_dir is False else None
+    if cache_dir is False:
+        return False
+    if not cache_dir:
+        return None
     return str(cache_dir) if "://" in str(cache_dir) else Path(cache_dir)
 
 
