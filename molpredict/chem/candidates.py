@@ -837,14 +837,19 @@ def check_library_file(path: str | os.PathLike) -> None:
     path = Path(path)
     _check_file(path)
     kind = _kind_of(path)
-    if kind in (None, "tsv"):
-        try:
-            _read_header(path)
-        except InputError as exc:
-            if kind == "tsv":
-                raise
-            raise InputError("not a candidate library (expected .tsv, .tsv.gz, .smi or .sdf, or a TSV with a "
-                             "'smiles' column)", path=path) from exc
+    if kind is None:
+        _check_unnamed_kind(path)
+    elif kind == "tsv":
+        _read_header(path)
+
+
+def _check_unnamed_kind(path: Path) -> None:
+    """A file whose extension says nothing is read as TSV only when its header has a ``smiles`` column."""
+    try:
+        _read_header(path)
+    except InputError:
+        raise InputError("not a candidate library (expected .tsv, .tsv.gz, .smi or .sdf, or a TSV with a "
+                         "'smiles' column)", path=path) from None
 
 
 def read_library(path: str | os.PathLike, *, cache: bool | None = None, n_jobs: int = 1,
@@ -854,15 +859,15 @@ def read_library(path: str | os.PathLike, *, cache: bool | None = None, n_jobs: 
     extension says nothing is read as TSV when its header has a ``smiles`` column; anything else is a one-line
     ``InputError``."""
     path = Path(path)
+    _check_file(path)
     kind = _kind_of(path)
-    if kind not in ("smiles", "sdf"):
-        check_library_file(path)
-    else:
-        _check_file(path)
     if kind == "smiles":
         return CandidateLibrary.from_smiles_file(path, n_jobs=n_jobs, progress=progress)
     if kind == "sdf":
         return CandidateLibrary.from_sdf(path, n_jobs=n_jobs, progress=progress)
+    if kind is None:
+        _check_unnamed_kind(path)
+    # a .tsv's header is read by from_tsv, and not at all when its cache entry answers
     return CandidateLibrary.from_tsv(path, cache=cache, n_jobs=n_jobs, progress=progress)
 
 
