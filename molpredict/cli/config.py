@@ -32,8 +32,10 @@ def config_set(key: str, value: str) -> None:
     from molpredict.errors import InputError
 
     # what it names must be usable, or every later `identify` fails with a message about another file
-    if key == "model" and Path(value).is_dir() and not (Path(value) / "bundle.json").is_file():
-        raise InputError("not a model bundle (no bundle.json): train one with `molpredict train`", path=value)
+    if key == "model" and Path(value).is_dir():
+        from molpredict.modelfile import BUNDLE_FILE
+        if not (Path(value) / BUNDLE_FILE).is_file():
+            raise InputError(f"not a model bundle (no {BUNDLE_FILE}): train one with `molpredict train`", path=value)
     if key == "library" and Path(value).is_file():
         from molpredict.chem.candidates import check_library_file
         check_library_file(value)
