@@ -45,12 +45,10 @@ def summarize_spectra(path: str) -> dict:
     precursor_min, precursor_max = np.inf, -np.inf
     n_precursor = 0
     for s in read_spectra(path, report=report):
-        cleaned = cleaning(s)
-        reason = (f"MS level {s.ms_level} (not {cleaning.ms_level})" if cleaned is None else
-                  "no peaks after cleaning" if cleaned.n_peaks == 0 else None)
-        if reason:
-            cleaning_skips[reason] += 1
-            examples_of = cleaning_examples.setdefault(reason, [])
+        outcome = cleaning.clean_or_reason(s)
+        if isinstance(outcome, str):
+            cleaning_skips[outcome] += 1
+            examples_of = cleaning_examples.setdefault(outcome, [])
             if len(examples_of) < _EXAMPLES:
                 examples_of.append(s.record if s.record is not None else len(n_peaks) + 1)
         n_peaks.append(s.n_peaks)
@@ -107,6 +105,16 @@ def _counts(counter: dict, top: int = _TOP) -> str:
     return text or "-"
 
 
+def _reason_lines(counts: dict[str, int], examples: dict[str, list[int]], shown: int = 5) -> list[str]:
+    """``  reason: count (records 4, 9, ...)`` per reason."""
+    lines = []
+    for reason, count in counts.items():
+        records = [str(r) for r in examples[reason][:shown]]
+        more = ", ..." if count > len(records) else ""
+        lines.append(f"  {reason}: {count} (record{'s' if count > 1 else ''} {', '.join(records)}{more})")
+    return lines
+
+
 @spectra.command("info")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -122,16 +130,10 @@ def spectra_info(file: str, as_json: bool) -> None:
         f"spectra: {n}",
         f"skipped records: {info['skipped']}",
     ]
-    for reason, count in info["skipped_by_reason"].items():
-        records = [str(r) for r in info["skipped_examples"][reason][:5]]
-        more = ", ..." if count > len(records) else ""
-        lines.append(f"  {reason}: {count} (record{'s' if count > 1 else ''} {', '.join(records)}{more})")
+    lines += _reason_lines(info["skipped_by_reason"], info["skipped_examples"])
     lines.append(f"cleaning would skip: {sum(info['cleaning_would_skip'].values())} (the default cleaning that "
                  f"training and identification apply)")
-    for reason, count in info["cleaning_would_skip"].items():
-        records = [str(r) for r in info["cleaning_examples"][reason][:5]]
-        more = ", ..." if count > len(records) else ""
-        lines.append(f"  {reason}: {count} (record{'s' if count > 1 else ''} {', '.join(records)}{more})")
+    lines += _reason_lines(info["cleaning_would_skip"], info["cleaning_examples"])
     lines += [
         f"ion modes: {_counts(info['ion_modes'])}",
         f"adducts: {_counts(info['adducts'])}",

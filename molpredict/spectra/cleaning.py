@@ -288,6 +288,16 @@ class CleaningPipeline:
             return spectrum
         return spectrum.with_peaks(mz, intensities)
 
+    def clean_or_reason(self, spectrum: Spectrum) -> Spectrum | str:
+        """The cleaned spectrum, or why training cannot use it: another MS level, or no peak left (the reasons
+        ``train`` counts and ``spectra info`` foresees)."""
+        cleaned = self(spectrum)
+        if cleaned is None:
+            return f"MS level {spectrum.ms_level} (not {self.ms_level})"
+        if cleaned.n_peaks == 0:
+            return "no peaks after cleaning"
+        return cleaned
+
     def apply(self, spectra: Iterable[Spectrum]) -> Iterator[Spectrum]:
         """Clean a stream of spectra, dropping those the MS-level filter rejects (empty ones are kept)."""
         for spectrum in spectra:

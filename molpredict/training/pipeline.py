@@ -230,12 +230,9 @@ def load_labelled(paths: Iterable[str | Path], options: TrainOptions, progress: 
                 continue
             if not spectrum.formula:  # the formula-annotation kernel reads it; the label structure knows it
                 spectrum.metadata["formula"] = molecule.formula
-            cleaned = cleaning(spectrum)
-            if cleaned is None:
-                out.skipped[f"MS level {spectrum.ms_level} (not {cleaning.ms_level})"] += 1
-                continue
-            if cleaned.n_peaks == 0:
-                out.skipped["no peaks after cleaning"] += 1
+            cleaned = cleaning.clean_or_reason(spectrum)
+            if isinstance(cleaned, str):
+                out.skipped[cleaned] += 1
                 continue
             out.spectra.setdefault(mode, []).append(cleaned)
             out.molecules.setdefault(mode, []).append(molecule)
