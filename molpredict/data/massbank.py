@@ -38,7 +38,6 @@ __all__ = [
     "parse_record",
     "RecordFile",
     "iter_record_files",
-    "iter_record_texts",
     "split_of",
     "import_massbank",
     "release_url",
@@ -293,17 +292,6 @@ def iter_record_files(path: str | os.PathLike) -> Iterator[RecordFile]:
         return
     raise InputError("expected a directory of MassBank records, a .zip or .tar.gz archive, or a .txt record",
                      path=str(path))
-
-
-def iter_record_texts(path: str | os.PathLike) -> Iterator[tuple[str, str]]:
-    """``(source name, text)`` of every readable record file under ``path`` (see :func:`iter_record_files`).
-
-    Files that are not records (READMEs) or cannot be read as text are left out: use
-    :func:`iter_record_files` to see them.
-    """
-    for found in iter_record_files(path):
-        if found.problem is None and found.is_record:
-            yield found.source, found.text
 
 
 def _split_records(text: str) -> Iterator[str]:
