@@ -12,7 +12,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -416,22 +418,32 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
 
 
 def skip_summary(skipped: list, listed_in: str | None = None, shown: int = 3) -> list[str]:
-    """One line per skip reason, most frequent first, saying where: ``skipped 2: no peaks (a.mgf records 4, 9)``;
-    past ``shown`` records, how many more and where all of them are listed."""
-    by_reason: dict[str, list] = {}
-    for s in skipped:
-        by_reason.setdefault(s.reason, []).append(s)
-    lines = []
-    for reason, entries in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+    """One line per skip reason of identify's skips, saying where: ``skipped 2: no peaks (a.mgf records 4, 9)``
+    (see :func:`_reason_lines`)."""
+    def where(entries: list) -> str:
         places: dict[str, list[str]] = {}
-        for s in entries[:shown]:
+        for s in entries:
             places.setdefault(s.file or "", []).append(str(s.record) if s.record is not None else (s.query_id or "?"))
-        where = "; ".join(f"{file} record{'s' if len(records) > 1 else ''} {', '.join(records)}" if file else
-                          ", ".join(records) for file, records in places.items())
-        if len(entries) > shown:
-            where += f" and {len(entries) - shown} more" + (f", all in {listed_in}" if listed_in else
-                                                             ", all with --skipped FILE")
-        lines.append(f"skipped {len(entries)}: {reason} ({where})")
+        return "; ".join(f"{file} record{'s' if len(records) > 1 else ''} {', '.join(records)}" if file else
+                         ", ".join(records) for file, records in places.items())
+
+    return _reason_lines(skipped, lambda s: s.reason, where,
+                         f"in {listed_in}" if listed_in else "with --skipped FILE", shown)
+
+
+def _reason_lines(entries: list, reason_of: Callable[[Any], str], where: Callable[[list], str], all_of: str,
+                  shown: int) -> list[str]:
+    """``skipped N: reason (where)`` per reason, most frequent first: ``where`` places the first ``shown``
+    entries of a reason, past them how many more and where all of them are (``all_of``)."""
+    by_reason: dict[str, list] = {}
+    for entry in entries:
+        by_reason.setdefault(reason_of(entry), []).append(entry)
+    lines = []
+    for reason, group in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+        text = where(group[:shown])
+        if len(group) > shown:
+            text += f" and {len(group) - shown} more, all {all_of}"
+        lines.append(f"skipped {len(group)}: {reason} ({text})")
     return lines
 
 
@@ -705,16 +717,14 @@ def _print_import(summary: dict, out: str, shown: int = 3) -> None:
                f"imported into {out}", err=True)
     for name, n in summary["files"].items():
         click.echo(f"  {name}: {n} spectra", err=True)
-    by_reason: dict[str, list[dict]] = {}
-    for entry in summary["skipped_records"]:
-        by_reason.setdefault(entry["reason"], []).append(entry)
-    for reason, entries in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+    def where(entries: list[dict]) -> str:
         places = [entry["file"] + (f" record {entry['record']}" if entry["record"] is not None else "")
-                  + (f": {entry['detail']}" if entry["detail"] else "") for entry in entries[:shown]]
-        where = ("; " if any(entry["detail"] for entry in entries[:shown]) else ", ").join(places)
-        if len(entries) > shown:
-            where += f" and {len(entries) - shown} more, all in {summary['skipped_list']}"
-        click.echo(f"  skipped {len(entries)}: {reason} ({where})", err=True)
+                  + (f": {entry['detail']}" if entry["detail"] else "") for entry in entries]
+        return ("; " if any(entry["detail"] for entry in entries) else ", ").join(places)
+
+    for line in _reason_lines(summary["skipped_records"], lambda entry: entry["reason"], where,
+                              f"in {summary['skipped_list']}", shown):
+        click.echo(f"  {line}", err=True)
     others = summary["not_records"]
     if others:
         more = f" and {len(others) - shown} more" if len(others) > shown else ""
