@@ -295,14 +295,12 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     from molpredict.identification.identify import read_formula_hints
     from molpredict.io.results import ResultWriter, ResumableOutput, output_format, write_skipped
     from molpredict.io import SkipReport, read_spectra
-
     from molpredict.cli.paths import check_output_files
+    from molpredict.config import default_library, default_model
 
     say = _say(quiet)
     show = _progress_default(progress)
     out_format = output_format(output, fmt)
-    from molpredict.config import default_library, default_model
-
     # the defaults count: `identify q.mgf -o lib.tsv` must not write over the configured library
     check_output_files({"-o": output, "--skipped": skipped_path, "--report": report_path},
                        {"SPECTRA": spectra_file, "--library": library or default_library(), "--formulas": formulas,
