@@ -264,15 +264,9 @@ def check_spectra_model(bundle: "ModelBundle") -> None:
                          f"(molpredict.identify_text from Python)", path=str(bundle.path))
 
 
-def text_identifier(texts: Sequence[str], model: "PathLike | ModelBundle | None" = None,
-                    library: "PathLike | CandidateLibrary | None" = None, *, top_k: int = 10,
-                    sources: Sequence[str] | None = None, cache_dir: PathLike | None | bool = None,
-                    progress: bool = False) -> tuple["Identifier", list[tuple[str, str]]]:
-    """``(identifier, queries)`` for descriptions against a text model: the descriptions checked and with their
-    whitespace collapsed, as ``(text1, description), ...``; the library read with its cache."""
-    from molpredict.identification.candidate_sources import LibrarySource
-    from molpredict.identification.identify import Identifier
-
+def text_queries(texts: "str | Sequence[str]", where: str = "texts") -> list[tuple[str, str]]:
+    """Descriptions as queries ``(text1, description), ...``, whitespace collapsed; a one-line
+    :class:`InputError` naming ``where`` and the position of what is not a non-empty string."""
     if isinstance(texts, str):
         texts = [texts]
     if isinstance(texts, (bytes, bytearray, Mapping)) or not hasattr(texts, "__iter__"):
@@ -280,13 +274,25 @@ def text_identifier(texts: Sequence[str], model: "PathLike | ModelBundle | None"
     queries = []
     for i, text in enumerate(texts, start=1):
         if not isinstance(text, str):
-            raise InputError(f"a description must be a string, not {type(text).__name__}", path="texts", record=i)
+            raise InputError(f"a description must be a string, not {type(text).__name__}", path=where, record=i)
         text = " ".join(text.split())
         if not text:
-            raise InputError("empty description", path="texts", record=i)
+            raise InputError("empty description", path=where, record=i)
         queries.append((f"text{i}", text))
     if not queries:
-        raise InputError("no descriptions", path="texts")
+        raise InputError("no descriptions", path=where)
+    return queries
+
+
+def text_identifier(model: "PathLike | ModelBundle | None" = None,
+                    library: "PathLike | CandidateLibrary | None" = None, *, top_k: int = 10,
+                    sources: Sequence[str] | None = None, cache_dir: PathLike | None | bool = None,
+                    progress: bool = False) -> "Identifier":
+    """The identifier of descriptions (:func:`text_queries`) against a text model; the library read with its
+    cache."""
+    from molpredict.identification.candidate_sources import LibrarySource
+    from molpredict.identification.identify import Identifier
+
     bundle = load_model(model)
     if bundle.input_type != "text":
         raise InputError(f"the model takes {bundle.input_type} input, not text: give SPECTRA",
@@ -294,7 +300,7 @@ def text_identifier(texts: Sequence[str], model: "PathLike | ModelBundle | None"
     options = identify_options(top_k=top_k, sources=sources)
     lib = load_library(library, progress=progress, cache=True)
     return Identifier(bundle, LibrarySource(lib, options), options, cache_root=coordinates_root(cache_dir),
-                      progress=progress), queries
+                      progress=progress)
 
 
 def identify_text(texts: "str | Sequence[str]", model: "PathLike | ModelBundle | None" = None,
@@ -314,8 +320,9 @@ def identify_text(texts: "str | Sequence[str]", model: "PathLike | ModelBundle |
 
     from molpredict.io.results import OUTPUT_COLUMNS
 
-    identifier, queries = text_identifier(texts, model, library, top_k=top_k, sources=sources,
-                                          cache_dir=cache_dir, progress=progress)
+    queries = text_queries(texts)
+    identifier = text_identifier(model, library, top_k=top_k, sources=sources, cache_dir=cache_dir,
+                                 progress=progress)
     frame = pd.DataFrame(list(identifier.run_text(queries)), columns=list(OUTPUT_COLUMNS))
     frame.attrs["summary"] = identifier.summary()
     return frame

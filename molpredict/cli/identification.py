@@ -481,7 +481,7 @@ def _identify_text(texts: list[str], text_file: str | None, model_path: str | No
                    sources, top_k: int, output: str | None, out_format: str, cache_dir: str | None,
                    no_cache: bool, show: bool, quiet: bool) -> None:
     """``identify --text``: every description against the whole library (or its --source rows)."""
-    from molpredict.api import text_identifier
+    from molpredict.api import text_identifier, text_queries
     from molpredict.atomic import atomic_write
     from molpredict.io.results import ResultWriter
     from molpredict.io.text_pairs import read_text_lines
@@ -490,15 +490,14 @@ def _identify_text(texts: list[str], text_file: str | None, model_path: str | No
     texts = list(texts) + (read_text_lines(text_file) if text_file else [])
     if not texts:
         raise InputError("no descriptions", path=text_file)
-    if any(not t.strip() for t in texts):
-        raise InputError("--text: empty description")
+    queries = text_queries(texts, where="--text")  # before the model and the library are read
     bundle = _load_bundle(model_path, say)
     if bundle.input_type != "text":  # before the library is read
         raise InputError(f"the model takes {bundle.input_type} input, not text: give SPECTRA",
                          path=str(bundle.path))
-    identifier, queries = text_identifier(texts, bundle, _load_library(library, say, show, cache=True),
-                                          top_k=top_k, sources=list(sources) or None,
-                                          cache_dir=_cache_root(cache_dir, no_cache), progress=show)
+    identifier = text_identifier(bundle, _load_library(library, say, show, cache=True), top_k=top_k,
+                                 sources=list(sources) or None, cache_dir=_cache_root(cache_dir, no_cache),
+                                 progress=show)
     t0 = time.perf_counter()
     with (atomic_write(output, newline="") if output and output != "-" else contextlib.nullcontext(sys.stdout)
           ) as handle:
