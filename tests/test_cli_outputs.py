@@ -221,3 +221,23 @@ def test_a_file_without_a_readable_spectrum_exits_non_zero(setup):
     assert result.exit_code == 2 and _last_line(result) == ("molpredict: error: bad.mgf: no readable spectrum "
                                                              "(1 record unreadable)")
     assert "non-numeric PEPMASS" in (setup / "skipped.tsv").read_text()  # the report is still written
+
+
+def test_a_skip_summary_of_many_reasons_stays_short_and_counts_every_skip():
+    """A small library against a large file: one "no candidates" reason per formula. The summary lists the most
+    frequent reasons and counts the rest in one line, so the counts still add up to every skip."""
+    from molpredict.cli.identification import MAX_REASON_LINES, skip_summary
+    from molpredict.identification.identify import Skipped
+
+    skipped = [Skipped(query_id=f"q{i}", reason=f"no candidates in the library (formula C{k}H4)", file="a.mgf",
+                       record=i) for i, k in enumerate([1] * 5 + [2] * 4 + list(range(3, 30)))]
+    lines = skip_summary(skipped, shown=2)
+    assert len(lines) == MAX_REASON_LINES
+    assert lines[0] == ("skipped 5: no candidates in the library (formula C1H4) (a.mgf records 0, 1 and 3 more, all "
+                        "with --skipped FILE)")
+    assert lines[1].startswith("skipped 4: no candidates in the library (formula C2H4) (a.mgf records 5, 6 and 2")
+    assert lines[-1] == "skipped 20 more for 20 other reasons (all with --skipped FILE)"  # 29 reasons, 9 listed
+    counted = sum(int(line.split()[1].rstrip(":")) for line in lines)
+    assert counted == len(skipped)
+    few = skip_summary(skipped[:9], shown=2)  # two reasons: no summary line
+    assert len(few) == 2 and not any("other reasons" in line for line in few)

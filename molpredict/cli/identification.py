@@ -429,19 +429,33 @@ def skip_summary(skipped: list, listed_in: str | None = None, shown: int = 3) ->
                          f"in {listed_in}" if listed_in else "with --skipped FILE", shown)
 
 
+#: the most reason lines a skip summary prints; past them one line counts the rest (a small library against a
+#: large file gives one "no candidates in the library (formula ...)" reason per formula: hundreds of lines)
+MAX_REASON_LINES = 10
+
+
 def _reason_lines(entries: list, reason_of: Callable[[Any], str], where: Callable[[list], str], all_of: str,
-                  shown: int) -> list[str]:
+                  shown: int, max_lines: int = MAX_REASON_LINES) -> list[str]:
     """``skipped N: reason (where)`` per reason, most frequent first: ``where`` places the first ``shown``
-    entries of a reason, past them how many more and where all of them are (``all_of``)."""
+    entries of a reason, past them how many more and where all of them are (``all_of``). Past ``max_lines``
+    reasons, one line counts the entries of the others."""
     by_reason: dict[str, list] = {}
     for entry in entries:
         by_reason.setdefault(reason_of(entry), []).append(entry)
+    ordered = sorted(by_reason.items(), key=lambda kv: -len(kv[1]))
+    if len(ordered) > max_lines:  # the last line counts the rest, so the summary stays within max_lines
+        listed, rest = ordered[:max_lines - 1], ordered[max_lines - 1:]
+    else:
+        listed, rest = ordered, []
     lines = []
-    for reason, group in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+    for reason, group in listed:
         text = where(group[:shown])
         if len(group) > shown:
             text += f" and {len(group) - shown} more, all {all_of}"
         lines.append(f"skipped {len(group)}: {reason} ({text})")
+    if rest:
+        lines.append(f"skipped {sum(len(group) for _, group in rest)} more for {len(rest)} other reasons (all "
+                     f"{all_of})")
     return lines
 
 
