@@ -232,3 +232,32 @@ def test_local_workers_keep_malloc_and_drop_the_profiler():
         assert all("MALLOC_TRIM_THRESHOLD_" not in e and e.get("OMP_NUM_THREADS") == "1" for e in env.values())
     finally:
         executor.close()
+
+
+def _ignores_sigint(pid: int) -> bool:
+    """From the kernel's view of process ``pid``: is SIGINT in its ignored set?"""
+    with open(f"/proc/{pid}/status") as status:
+        mask = next(int(line.split()[1], 16) for line in status if line.startswith("SigIgn:"))
+    return bool(mask & (1 << (signal.SIGINT - 1)))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the signal masks from /proc")
+def test_local_workers_ignore_ctrl_c_and_this_process_keeps_its_handler():
+    """Ctrl-C reaches the whole foreground process group: the local cluster's workers ignore it (each printed a page
+    of tracebacks), this process still turns it into KeyboardInterrupt, and the workers end with the executor."""
+    assert not _ignores_sigint(os.getpid())
+    before = signal.getsignal(signal.SIGINT)
+    executor = DaskExecutor.connect("local:1")
+    try:
+        pids = list(executor.client.run(os.getpid).values())
+        assert pids and all(_ignores_sigint(pid) for pid in pids)
+        assert signal.getsignal(signal.SIGINT) is before and not _ignores_sigint(os.getpid())
+    finally:
+        executor.close()
+    for pid in pids:  # gone (or a zombie being reaped) once the executor is closed
+        try:
+            os.kill(pid, 0)
+            state = open(f"/proc/{pid}/stat").read().split()[2]
+            assert state == "Z", f"worker {pid} still running"
+        except (ProcessLookupError, FileNotFoundError):
+            pass

@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -531,7 +532,7 @@ class DaskExecutor(Executor):
             saved = os.environ.pop("MALLOC_TRIM_THRESHOLD_", None)
             try:
                 with dask.config.set(local_worker_config(dask.config.get("distributed.nanny.pre-spawn-environ",
-                                                                         {}))):
+                                                                         {}))), _workers_ignore_interrupts():
                     cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
                                            dashboard_address=None)
             finally:
@@ -609,6 +610,27 @@ class DaskExecutor(Executor):
             except Exception:  # closing is best effort: the run's result is already out
                 pass
         self._owned = []
+
+
+@contextmanager
+def _workers_ignore_interrupts() -> Iterator[None]:
+    """Within the block, SIGINT is ignored, so processes started in it ignore it too (an ignored signal stays ignored
+    through exec, and Python then installs no KeyboardInterrupt handler).
+
+    Ctrl-C in a terminal reaches every process of the foreground group: the local cluster's workers each printed a
+    page of tracebacks while this process stopped cleanly. They end with this process (the nannies stop them, or
+    they die with it as daemon processes). Off the main thread, where signal handlers cannot be set, nothing changes.
+    """
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def executor_for(cluster: str | None) -> Executor:
