@@ -2,6 +2,11 @@
 SISOKR, and added to it; writes ``formula_transformer.json``.
 
 Usage: python benchmarks/formula_transformer.py --data ../shared/data [--bundle MODEL_DIR] [--out DIR] [--quick]
+       [--encoder SPEC] [--device cpu|cuda|auto] [--epochs N] [--patience N] [--rank-epochs N]
+       [--output-kernel SPEC] [--output-sketch SPEC]
+
+``--encoder kernel-formula`` measures the transformer beside the kernel features
+(``docs/benchmarks/kernel_formula.md``); ``--epochs 0`` with it scores its warm start, the ridge fit alone.
 
 Protocol (validation only; test figures are taken elsewhere, once): DSOKR trains on train_pos (cleaned by the
 default pipeline, as ``molpredict train`` cleans); the val_pos structures that have a ``val_formula256.json``
@@ -79,13 +84,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="train on the first N train_pos spectra")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu", help="DSOKR's device: cpu, cuda or auto")
+    parser.add_argument("--rank-epochs", type=int, default=0, help="DSOKR's ranking fine-tune epochs")
+    parser.add_argument("--patience", type=int, default=None)
+    parser.add_argument("--output-kernel", default=None, help="DSOKR's output kernel (default: DSOKR's)")
+    parser.add_argument("--output-sketch", default=None, help="DSOKR's output sketch (default: DSOKR's)")
     parser.add_argument("--quick", action="store_true", help="a smoke test: 1,500 training spectra, 2 epochs")
     args = parser.parse_args(argv)
     import torch
     if args.threads:
         torch.set_num_threads(args.threads)
     from molpredict.chem.candidates import load_candidate_sets
-    from molpredict.models.dsokr import DSOKR
     if args.quick:
         args.limit = args.limit or 1500
         args.epochs = args.epochs or 2
@@ -109,15 +118,31 @@ def main(argv: list[str] | None = None) -> int:
                               "n_train_structures": len({m.inchikey14 for m in y}), "n_stop": len(stop),
                               "n_eval": len(evl), "environment": environment(), "models": {}}
 
-    from molpredict.chem.candidates import candidate_set_molecules
-    params: dict[str, Any] = dict(encoder=args.encoder, n_members=args.members, seed=args.seed, device="cpu")
+    params: dict[str, Any] = dict(encoder=args.encoder, n_members=args.members, seed=args.seed, device=args.device,
+                                  rank_epochs=args.rank_epochs)
+    if args.patience is not None:
+        params["patience"] = args.patience
+    if args.output_kernel is not None:
+        params["output_kernel"] = args.output_kernel
+    if args.output_sketch is not None:
+        params["output_sketch"] = args.output_sketch
     if args.epochs is not None:
         params["epochs"] = args.epochs
     if args.lr is not None:
         params["lr"] = args.lr
+    from molpredict.kernels.workers import rows_on_workers
+    with rows_on_workers():  # large kernel-row requests on every core, as ``molpredict train`` computes them
+        return _fit_and_score(args, params, parts, f256, fsets, train, y, clock, report)
+
+
+def _fit_and_score(args: Any, params: dict, parts: dict, f256: dict, fsets: dict, train: list, y: list, clock: Any,
+                   report: dict) -> int:
+    from molpredict.chem.candidates import candidate_set_molecules
+    from molpredict.models.dsokr import DSOKR
     sx, sy = parts["stop"]
     with clock("dsokr/fit"):
         dsokr = DSOKR(**params).fit(train, y, val=(sx, sy, [candidate_set_molecules(f256[m.inchikey14]) for m in sy]))
+    print(json.dumps({"dsokr_history": dsokr.history_}, default=str), file=sys.stderr, flush=True)
     if args.bundle:
         from molpredict.modelfile import ModelBundle
         sisokr = ModelBundle.load(args.bundle).models["positive"].model

@@ -52,6 +52,7 @@ ENCODERS = {
     "mlp": "molpredict.engine.encoders:MLPEncoder",
     "formula-transformer": "molpredict.engine.formula_transformer:FormulaTransformerEncoder",
     "kernel-mlp": "molpredict.engine.encoders:KernelMLPEncoder",
+    "kernel-formula": "molpredict.engine.kernel_formula:KernelFormulaEncoder",
     "transformer": "molpredict.engine.encoders:TransformerEncoder",
     "text-embedding": "molpredict.engine.encoders:TextEmbeddingEncoder",
 }

@@ -19,7 +19,7 @@ encoder with a trainable head; fine-tuned end to end only when asked or, with ``
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -89,6 +89,16 @@ class Encoder(Component, ABC):
     @abstractmethod
     def build(self, out_dim: int) -> nn.Module:
         """A new network mapping :meth:`to_tensor`'s output to a (batch, out_dim) float tensor."""
+
+    def warm_starts(self, network: nn.Module, features: Any, psi: torch.Tensor, target: torch.Tensor
+                    ) -> Iterator[dict[str, Any]]:
+        """Starting points for a freshly built ``network`` (default: none, training starts from its initialisation).
+
+        An encoder that can start from a closed-form fit loads each candidate start into ``network`` in place and
+        yields a description of it (JSON-able); DSOKR scores each on its validation data and keeps the best (the
+        first, without validation data). ``psi[target]`` (n, rank) are the training coordinates, on the device.
+        """
+        return iter(())
 
     def get_state(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         """Preprocessing state: (arrays, JSON metadata)."""

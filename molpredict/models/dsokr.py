@@ -27,7 +27,9 @@ With validation data, each member keeps the weights of its best epoch by ``val_m
 decoding the validation inputs against candidate sets: the distinct validation structures unless candidates are
 given as a third element of ``val``; higher is better) or ``loss`` (mean squared RKHS distance ||h(x) -
 psi_y(y)||^2 on validation pairs, lower is better); training stops after ``patience`` epochs without
-improvement.
+improvement. An encoder that offers starting points (:meth:`Encoder.warm_starts
+<molpredict.engine.encoders.Encoder.warm_starts>`, e.g. ``kernel-formula``'s ridge solutions) has each scored
+before the first epoch; the best start counts as epoch -1 and is kept unless an epoch beats it.
 """
 from __future__ import annotations
 
@@ -388,6 +390,20 @@ class DSOKR(Model):
         n = self._n(features)
         history: dict[str, Any] = {"rank": basis.rank_, "train_loss": [], "val": [], "best_epoch": None}
         best, best_state, waited, cache = -np.inf, None, 0, {}
+        starts = []
+        for start in self.encoder_.warm_starts(network, features, psi, target):
+            if val is None:
+                starts.append(start)
+                break  # the first start, nothing to choose with
+            score = self._val_score(self._forward(network, val["features"], device), basis, val, cache)
+            starts.append({**start, "val": score if val["metric"] == "mrr" else -score})
+            if score > best:  # best_epoch -1: the start itself, kept unless an epoch ranks better
+                best, history["best_epoch"] = score, -1
+                best_state = {k: v.detach().clone() for k, v in network.state_dict().items()}
+        if starts:
+            history["warm_starts"] = starts
+            if best_state is not None:
+                network.load_state_dict(best_state)
         for epoch in range(int(self.epochs)):
             network.train()
             order = rng.permutation(n)
