@@ -43,6 +43,13 @@ def test_bad_ridge_values_are_refused(ridge):
         KernelFormulaEncoder(ridge=ridge)._check()
 
 
+def test_transformer_settings_are_checked_in_this_encoders_name():
+    with pytest.raises(SpecError, match=r"^kernel-formula: d_model \(30\) must be a multiple of nhead \(4\)"):
+        KernelFormulaEncoder(d_model=30)._check()
+    with pytest.raises(SpecError, match="^kernel-formula: explanations"):
+        KernelFormulaEncoder(layers=0)._check()
+
+
 def test_untrained_network_is_the_ridge_fit_on_the_kernel_features():
     """epochs=0: DSOKR's network is exactly the warm start, W(lam) phi(x) (the transformer's head is zero)."""
     x, y = _labelled(40, 0)

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from molpredict.engine.encoders import Encoder, landmark_features
-from molpredict.engine.formula_transformer import PeakSetTransformer, PeakTokens, _columns, peak_tokens
+from molpredict.engine.formula_transformer import FormulaTransformerEncoder, PeakSetTransformer, PeakTokens
 from molpredict.engine.nystrom import Nystrom
 from molpredict.errors import ModelFileError, SpecError
 
@@ -140,12 +140,17 @@ class KernelFormulaEncoder(Encoder):
             raise SpecError(f"kernel-formula: ridge must be positive numbers separated by '/', got {self.ridge!r}")
         return values
 
+    def _tokens(self) -> FormulaTransformerEncoder:
+        """The transformer's encoder (its tokens and its network), with this encoder's parameters."""
+        return FormulaTransformerEncoder(self.explanations, self.max_peaks, self.ppm, self.mz_tolerance, self.d_model,
+                                         self.nhead, self.layers, self.dim_feedforward, self.dropout)
+
     def _check(self) -> None:
         self._ridge_values()
-        if int(self.explanations) < 1 or int(self.max_peaks) < 1 or int(self.layers) < 1:
-            raise SpecError("kernel-formula: explanations, max_peaks and layers must be >= 1")
-        if int(self.d_model) % int(self.nhead):
-            raise SpecError(f"kernel-formula: d_model ({self.d_model}) must be a multiple of nhead ({self.nhead})")
+        try:
+            self._tokens()._check()
+        except SpecError as exc:  # the same checks, in this encoder's name
+            raise SpecError(str(exc).replace("formula-transformer:", "kernel-formula:", 1)) from None
 
     def fit(self, inputs: Sequence[Any], device: torch.device | None = None) -> "KernelFormulaEncoder":
         self._check()
@@ -156,9 +161,7 @@ class KernelFormulaEncoder(Encoder):
     def featurize(self, inputs: Sequence[Any]) -> KernelAndTokens:
         inputs = list(inputs)
         features = np.asarray(self.features_.transform(inputs), dtype=np.float32)
-        tokens = peak_tokens(inputs, int(self.explanations), int(self.max_peaks), float(self.ppm),
-                             float(self.mz_tolerance))
-        return KernelAndTokens(features, tokens)
+        return KernelAndTokens(features, self._tokens().featurize(inputs))
 
     def take(self, features: KernelAndTokens, index: np.ndarray) -> KernelAndTokens:
         return KernelAndTokens(features.features[index], features.tokens.take(index))
@@ -170,10 +173,7 @@ class KernelFormulaEncoder(Encoder):
 
     def build(self, out_dim: int) -> nn.Module:
         self._check()
-        cols = _columns(int(self.explanations))
-        transformer = PeakSetTransformer(cols["width"], cols["precursor"], int(self.d_model), int(self.nhead),
-                                         int(self.layers), int(self.dim_feedforward), float(self.dropout), out_dim)
-        return KernelPlusPeakSet(self.features_.dim_, transformer, out_dim, bool(self.freeze_kernel))
+        return KernelPlusPeakSet(self.features_.dim_, self._tokens().build(out_dim), out_dim, bool(self.freeze_kernel))
 
     def warm_starts(self, network: nn.Module, features: KernelAndTokens, psi: torch.Tensor, target: torch.Tensor
                     ) -> Iterator[dict[str, Any]]:
