@@ -40,7 +40,7 @@ import numpy as np
 from molpredict import __version__
 from molpredict.cache import file_sha256, home_dir, known_file_sha256  # noqa: F401  (re-exported: home and hashes)
 from molpredict.errors import ModelFileError, PluginError, SpecError
-from molpredict.specs import ComponentSpec, Grid, parse_spec
+from molpredict.specs import ComponentSpec, Grid, is_no_sketch, parse_spec
 from molpredict.spectra.record import ION_MODES  # the bundle is keyed by ion mode (re-exported)
 
 __all__ = [
@@ -117,7 +117,7 @@ def model_components(model: Any) -> list[dict[str, str]]:
         if value is None or not isinstance(value, (str, ComponentSpec)):
             continue
         text = str(value)
-        if kind == "sketch" and text.strip().lower() in ("", "none", "identity"):
+        if kind == "sketch" and is_no_sketch(text):
             continue  # no sketch (make_sketch's identity): nothing to look up in the registry
         try:
             name = parse_spec(text).name

@@ -18,7 +18,8 @@ from typing import Any
 
 from molpredict.errors import SpecError
 
-__all__ = ["Grid", "ComponentSpec", "nested_spec", "parse_spec", "parse_value", "parse_values", "format_value"]
+__all__ = ["Grid", "ComponentSpec", "nested_spec", "parse_spec", "parse_value", "parse_values", "format_value",
+           "is_no_sketch"]
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,12 @@ class ComponentSpec:
         if not self.params:
             return self.name
         return self.name + ":" + ",".join(f"{k}={format_value(v)}" for k, v in self.params.items())
+
+
+def is_no_sketch(spec: Any) -> bool:
+    """Whether a sketch spec means no sketch: None, empty, ``none`` or ``identity`` (any case), which
+    :func:`~molpredict.engine.sketches.make_sketch` turns into the identity; not a registered name."""
+    return spec is None or str(spec).strip().lower() in ("", "none", "identity")
 
 
 def nested_spec(text: Any) -> str:

@@ -95,6 +95,13 @@ def test_a_typo_in_a_component_spec_fails_before_the_training_data_is_read(setup
                                   ("--output-sketch", "subsampel:m=10", "unknown sketch 'subsampel'")]:
         result = CliRunner().invoke(cli, ["train", "missing.mgf", "-o", "m", option, spec])
         assert result.exit_code == 2 and message in _last_line(result), result.output
+    # "no sketch" is a spec, not a registered name (README: "none for no sketch"): past the check, to the data
+    for option in ("--input-sketch", "--output-sketch"):
+        for spec in ("none", "identity", "None", "subsample|none"):
+            result = CliRunner().invoke(cli, ["train", "missing.mgf", "-o", "m", option, spec])
+            assert result.exit_code == 2 and "missing.mgf" in _last_line(result), result.output
+    result = CliRunner().invoke(cli, ["train", "missing.mgf", "-o", "m", "--input-sketch", "none:m=3"])
+    assert result.exit_code == 2 and "unknown sketch 'none'" in _last_line(result), result.output
 
 
 def test_what_escapes_the_library_is_still_one_line(setup, monkeypatch):

@@ -38,6 +38,7 @@ import scipy.sparse as sp
 
 from molpredict.component import Component
 from molpredict.errors import ResourceError, SpecError
+from molpredict.specs import is_no_sketch
 from molpredict.kernels.base import Kernel
 
 __all__ = [
@@ -655,7 +656,7 @@ def make_sketch(spec: "str | Sketch | None", **overrides: Any) -> Sketch:
     give :class:`IdentitySketch`. ``overrides`` (e.g. ``seed``) fill parameters the spec does not set."""
     if isinstance(spec, Sketch):
         return spec
-    if spec is None or str(spec).strip().lower() in ("", "none", "identity"):
+    if is_no_sketch(spec):
         return IdentitySketch()
     from molpredict.registry import create
     return create("sketch", spec, **overrides)

@@ -22,7 +22,7 @@ from molpredict.engine.lipschitz import LOSSES, LossSpec, fit_linear, pinball_lo
 from molpredict.engine.nystrom import Nystrom
 from molpredict.errors import InputError, ModelFileError, SpecError
 from molpredict.models.regression import Regressor, check_targets
-from molpredict.specs import nested_spec
+from molpredict.specs import is_no_sketch, nested_spec
 
 __all__ = ["SketchedLipschitzRegressor", "parse_floats", "validation_loss"]
 
@@ -155,8 +155,7 @@ class SketchedLipschitzRegressor(Regressor):
 
     # -- fitting ---------------------------------------------------------------------------------------------
     def _features(self, inputs: Sequence[Any], device: torch.device) -> torch.Tensor:
-        sketch = None if self.sketch is None or str(self.sketch).strip().lower() in ("", "none", "identity") \
-            else nested_spec(self.sketch)
+        sketch = None if is_no_sketch(self.sketch) else nested_spec(self.sketch)
         self.features_ = Nystrom(nested_spec(self.input_kernel), sketch, float(self.rel_cutoff),
                                  seed=self.seed).fit(inputs, device=device)
         Z = self.features_.train_features_.T.contiguous()

@@ -20,7 +20,7 @@ import numpy as np
 
 from molpredict.errors import InputError, SpecError
 from molpredict.modelfile import ION_MODES, ModelBundle, SubModel, file_sha256, json_ready
-from molpredict.specs import Grid, nested_spec, parse_spec
+from molpredict.specs import Grid, is_no_sketch, nested_spec, parse_spec
 from molpredict.spectra.record import spectrum_ion_mode
 
 __all__ = ["TrainOptions", "DEFAULT_MODEL", "LabelledSet", "load_labelled", "train_bundle", "train_text_bundle",
@@ -259,6 +259,8 @@ def check_component_names(options: TrainOptions, registry: Any = None) -> None:
         # parsed as they are built: the model by build_model, its components by create_component (";" for ",")
         spec = parse_spec(text if kind == "model" else nested_spec(text))
         for name in spec.name.split("|"):
+            if kind == "sketch" and is_no_sketch(name) and not spec.params:
+                continue  # no sketch: make_sketch's IdentitySketch, not a registered name
             registry.check_names(kind, name.strip(), spec.params)
 
 
