@@ -59,7 +59,8 @@ _quiet_option = click.option("-q", "--quiet", is_flag=True, help="No status mess
 _cluster_option = click.option(
     "--cluster", default=None, metavar="local:N|tcp://HOST:PORT",
     help="Run the blocks on a Dask cluster: local:N (N worker processes here) or a scheduler address "
-         "(default: $MOLPREDICT_CLUSTER, else in-process). Output is identical to the in-process run.")
+         "(default: $MOLPREDICT_CLUSTER, else in-process). Output has the in-process run's rows and ranks; the "
+         "last digits of scores can differ with the thread count.")
 
 
 def _executor(cluster: str | None, say):
@@ -68,6 +69,10 @@ def _executor(cluster: str | None, say):
     executor = executor_for(cluster)
     if not executor.in_process:
         say(f"cluster: {executor.name} ({executor.n_threads()} worker threads)")
+        # Ctrl-C can land inside the client's wait for its event loop, whose cancelled callback tornado then logs
+        # as a page of traceback; what the run did is said by its own lines and exit code
+        import logging
+        logging.getLogger("tornado.application").setLevel(logging.CRITICAL)
     return executor
 
 

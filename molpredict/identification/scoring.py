@@ -23,6 +23,7 @@ block: :class:`InProcessExecutor` (the default) runs them here, one after anothe
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 import threading
@@ -493,14 +494,19 @@ class DaskExecutor(Executor):
         Blocks in flight (default: twice the cluster's threads, at least 4).
     owned : sequence, optional
         Objects to close with the executor (the client and the LocalCluster it started).
+    local : bool
+        The workers are this run's own (``local:N``): their logs are silenced before they are stopped, so that an
+        interrupted run ends with its one line (a worker stopped while another fetched from it logged a traceback).
     """
 
     in_process = False
 
-    def __init__(self, client: Any, window: int | None = None, owned: Sequence[Any] = ()) -> None:
+    def __init__(self, client: Any, window: int | None = None, owned: Sequence[Any] = (), local: bool = False
+                 ) -> None:
         self.client = client
         self.window = window
         self._owned = list(owned)
+        self._local = bool(local)
         self.name = f"dask {client.scheduler.address}"
 
     @classmethod
@@ -539,7 +545,8 @@ class DaskExecutor(Executor):
                 if saved is not None:
                     os.environ["MALLOC_TRIM_THRESHOLD_"] = saved
             client = Client(cluster)
-            return cls(client, window, owned=[client, cluster])
+            client.run(_quiet_logs, "distributed.worker.state_machine", logging.ERROR)
+            return cls(client, window, owned=[client, cluster], local=True)
         if "://" not in address:
             raise InputError(f"--cluster {address!r}: expected local:N or a scheduler address tcp://HOST:PORT")
         try:
@@ -604,12 +611,24 @@ class DaskExecutor(Executor):
             remote_state.release()
 
     def close(self) -> None:
+        if self._local and self._owned:
+            try:
+                self.client.run(_quiet_logs, "distributed", logging.CRITICAL)
+            except Exception:  # best effort: the workers are being stopped anyway
+                pass
         for thing in self._owned:
             try:
                 thing.close()
             except Exception:  # closing is best effort: the run's result is already out
                 pass
         self._owned = []
+
+
+def _quiet_logs(name: str, level: int) -> None:
+    """On a local worker: log ``name`` at ``level`` and above only. At the start, "distributed.worker.state_machine"
+    at ERROR (no warning for a block cancelled by an interrupted run; failures are logged at ERROR, and a block's
+    own error reaches this process through its future); before the workers are stopped, all of "distributed"."""
+    logging.getLogger(name).setLevel(level)
 
 
 @contextmanager
