@@ -106,6 +106,9 @@ def test_train_summary_and_bundle(workspace, trained):
     # the calibration (not the fusion) also fitted on the mass-window sets; the FDR bound kept with it
     from molpredict.identification.calibration import FDR_Z
     assert with_prior["calibration"]["validation"]["n_queries"] > with_prior["fusion"]["validation"]["n_sets"]
+    # the training log counts the queries the fusion's figures are on, not the calibration's extra sets
+    line = next(line for line in result.stderr.splitlines() if "positive with prior:" in line)
+    assert f"({with_prior['fusion']['validation']['n_sets']} queries)" in line, line
     assert with_prior["calibration"]["fdr"] == {"z": FDR_Z, "clusters": "rank1"}
     info = CliRunner().invoke(cli, ["model", "info", str(model_dir)])
     assert info.exit_code == 0

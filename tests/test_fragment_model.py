@@ -421,8 +421,12 @@ def test_train_with_fragments_keeps_a_fragment_model_only_when_fused(tmp_path):
     (tmp_path / "sets.json").write_text(json.dumps(sets))
     options = TrainOptions(model=FAKE_MODEL, ion_modes=["positive"], fragments=True,
                            val_candidates=[str(tmp_path / "sets.json")], fragment_model_structures=20)
+    said: list[str] = []
     bundle, _ = train_bundle([tmp_path / "train_pos.mgf"], options, val_paths=[tmp_path / "val_pos.mgf"],
-                             progress=False, log=lambda message: None)
+                             progress=False, log=said.append)
+    n_structures = len({s.inchikey[:14] for s in train})
+    assert n_structures < 20  # the message counts the structures used, not the option's ceiling
+    assert f"fitting the fragmentation model on {n_structures} training structures" in said, said
     sub = bundle.for_mode("positive")
     reads = any(t in ("fragments", "fragment_model")
                 for v in sub.scoring.values()

@@ -397,10 +397,13 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
                     from molpredict.chem.fragment_model import FragmentModel, spectra_by_structure
                     from molpredict.chem.fragments import FragmentScorer
                     sub.fragments = FragmentScorer().get_params()
-                    say(f"fitting the fragmentation model on {options.fragment_model_structures} training structures")
+                    groups = spectra_by_structure(spectra, molecules, options.fragment_model_structures,
+                                                  options.seed)
+                    n_structures = len({m.inchikey14 or m.smiles for m in molecules})
+                    say(f"fitting the fragmentation model on {len(groups)} training structures"
+                        + (f" (a seeded sample of the {n_structures})" if len(groups) < n_structures else ""))
                     try:
-                        sub.fragment_model = FragmentModel(seed=options.seed).fit(spectra_by_structure(
-                            spectra, molecules, options.fragment_model_structures, options.seed))
+                        sub.fragment_model = FragmentModel(seed=options.seed).fit(groups)
                     except InputError as exc:  # e.g. no fragment explains any training peak: fuse without it
                         say(f"no fragmentation model: {exc.message}")
                 metric = options.select_by if options.select_by not in (None, "kernel-loss") else "mrr"

@@ -731,6 +731,8 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
             firsts.append(first.combine_flat(data.view(names).terms, data.offsets))
         data = add_second_pass_terms(data, second, firsts, max(RERANK_SIZES), log=say)
     scoring, report = {}, {}
+    # the fusion's metrics are on its own sets (calibration-only sets are scored, not ranked for it)
+    n_fusion = data.n_queries if fusion_queries is None else int(np.count_nonzero(fusion_queries))
     for variant, names in variants:
         view = data.view([*names, *second])
         fusion, calibrator, variant_report = fit_scoring(view, metric=metric, seed=seed, fusion_kind=kinds[variant],
@@ -746,7 +748,7 @@ def fit_submodel_scoring(sub: Any, val_spectra: Sequence[Any],
             + (f", re-ranking its top {fusion.rerank.k} with " + ", ".join(fusion.rerank.terms)
                if fusion.rerank is not None else "")
             + f"; validation hit@1 {100 * fused['hit@1']:.1f}%, hit@10 {100 * fused['hit@10']:.1f}%, "
-              f"MRR {fused['mrr']:.3f} ({data.n_queries} queries); calibration {cal['method']} on "
+              f"MRR {fused['mrr']:.3f} ({n_fusion} queries); calibration {cal['method']} on "
               f"{cal['feature_set']}, ECE (out of fold) {cal['ece_out_of_fold']:.3f}, per structure "
               f"{cal['ece_out_of_fold_per_structure']:.3f}")
     sub.scoring = scoring
