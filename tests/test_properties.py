@@ -13,7 +13,7 @@ from molpredict.errors import InputError, ModelFileError
 from molpredict.io import read_spectra, write_mgf
 from molpredict.properties import predict_properties
 from molpredict.properties.metrics import crossing_share, interval_coverage, pinball_score, property_metrics, r2_score
-from molpredict.properties.model import PropertyBundle, apply_offsets, conformal_offsets
+from molpredict.properties.model import PropertyBundle, PropertyPredictor, apply_offsets, conformal_offsets
 from molpredict.properties.pipeline import evaluate_properties, train_properties
 from molpredict.properties.targets import PROPERTY_NAMES, clip_to_ranges, compute_properties
 from molpredict.spectra.record import Spectrum
@@ -22,6 +22,8 @@ SMILES = ["CCO", "OC(=O)c1ccccc1", "CC(C)Cc1ccc(cc1)C(C)C(=O)O", "CCN", "c1ccc2c
           "CC(C)NCC(O)c1ccc(O)cc1", "CN1C=NC2=C1C(=O)N(C(=O)N2C)C", "OC(=O)CCC(=O)O", "Nc1ncnc2[nH]cnc12",
           "CCCCCCCCCCCCCCCC(=O)O", "c1ccccc1O", "CC(=O)Oc1ccccc1C(=O)O", "CCCCCC", "CCOC(=O)C", "NCCc1ccc(O)c(O)c1",
           "CC(C)(C)c1ccc(O)cc1", "O=C(O)c1ccncc1", "CCCCCCCCO", "C1CCCCC1O"]
+#: the fixture's training and validation structures (disjoint, as --val must be)
+TRAIN_SMILES, VAL_SMILES = SMILES[:14], SMILES[14:]
 FAST = ["--sketch", "subsample:m=25", "--lam", "1e-2,1e-3", "--kernel",
         "mkl:kernels=cosine+precursor+mass-defect,weights=uniform", "-q"]
 
@@ -90,12 +92,12 @@ def test_offsets_never_cross_the_median_and_clipping_keeps_ranges():
 # a small fixture: spectra whose precursor is the [M+H]+ of real structures, with fragment peaks
 # ----------------------------------------------------------------------------------------------------------
 
-def _spectra(seed: int, copies: int, mode: str = "positive") -> list[Spectrum]:
+def _spectra(seed: int, copies: int, mode: str = "positive", structures: list[str] = SMILES) -> list[Spectrum]:
     from rdkit import Chem
     from rdkit.Chem import Descriptors
     rng = np.random.default_rng(seed)
     out = []
-    for i, smiles in enumerate(SMILES):
+    for i, smiles in enumerate(structures):
         mass = Descriptors.ExactMolWt(Chem.MolFromSmiles(smiles))
         for c in range(copies):
             k = int(rng.integers(3, 8))
@@ -113,8 +115,8 @@ def _spectra(seed: int, copies: int, mode: str = "positive") -> list[Spectrum]:
 def files(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("properties")
     paths = {"train": root / "train.mgf", "val": root / "val.mgf", "neg": root / "neg.mgf"}
-    write_mgf(_spectra(0, 3), paths["train"])
-    write_mgf(_spectra(1, 2), paths["val"])
+    write_mgf(_spectra(0, 3, structures=TRAIN_SMILES), paths["train"])
+    write_mgf(_spectra(1, 2, structures=VAL_SMILES), paths["val"])
     write_mgf(_spectra(2, 1, "negative"), paths["neg"])
     return paths
 
@@ -136,7 +138,7 @@ def test_cli_train_predict_evaluate_round_trip(files, model_dir, tmp_path):
     assert result.exit_code == 0, result.output
     import pandas as pd
     table = pd.read_csv(tsv, sep="\t")
-    assert len(table) == len(SMILES) * 2
+    assert len(table) == len(VAL_SMILES) * 2
     assert list(table.columns[:4]) == ["id", "file", "record", "ion_mode"]
     assert {"logp", "logp_low", "logp_high", "qed_high"} <= set(table.columns)
     assert np.all(table["logp_low"] <= table["logp"]) and np.all(table["logp"] <= table["logp_high"])
@@ -144,7 +146,7 @@ def test_cli_train_predict_evaluate_round_trip(files, model_dir, tmp_path):
                                  "-q"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
-    assert set(report) == {"properties", "n_spectra"} and report["n_spectra"] == len(SMILES) * 2
+    assert set(report) == {"properties", "n_spectra"} and report["n_spectra"] == len(VAL_SMILES) * 2
     assert list(report["properties"]) == list(PROPERTY_NAMES)
     for metrics in report["properties"].values():
         assert set(metrics) == {"r2", "mae", "pinball", "coverage", "crossing"}
@@ -238,7 +240,9 @@ def test_two_ion_modes_in_one_bundle(files, tmp_path):
         "sketch": "subsample:m=15", "lam": 1e-2, "max_iter": 30,
         "input_kernel": "mkl:kernels=cosine+precursor,weights=uniform"}, min_spectra=10)
     assert bundle.ion_modes == ["positive", "negative"] and not skipped
-    assert np.all(bundle.predictors["negative"].offsets_ == 0)  # no validation spectra: raw quantiles
+    # no validation spectra: the intervals are calibrated on held-out training structures (20% of them)
+    negative = bundle.predictors["negative"]
+    assert negative.n_val_ == round(0.2 * len(SMILES)) and negative.n_train_ + negative.n_val_ == len(SMILES)
     table, _ = __import__("molpredict.properties.pipeline", fromlist=["predict_table"]).predict_table(
         list(read_spectra(files["neg"])) + list(read_spectra(files["val"]))[:3], bundle)
     assert list(table["ion_mode"]) == ["negative"] * len(SMILES) + ["positive"] * 3
@@ -301,3 +305,59 @@ def test_identify_properties_adds_columns_and_the_report_shows_them(model_dir, t
     assert shown[first["query_id"]]["logp"] == pytest.approx(
         [first["prop_logp"], first["prop_logp_low"], first["prop_logp_high"]], rel=1e-3)  # rounded
     assert "Predicted properties of the unknown" in (tmp_path / "r.html").read_text()
+
+
+def test_without_val_the_intervals_are_calibrated_on_held_out_structures(files):
+    """Without --val, the raw quantiles of a model on its own training spectra are far too narrow (QA: 30
+    spectra, 80% intervals covering none of the validation values); held-out training structures calibrate
+    them instead, so on new structures they cover more, and the split keeps each structure on one side."""
+    from molpredict.properties.pipeline import split_by_structure
+
+    params = {"sketch": "subsample:m=25", "lam": "1e-2+1e-3",
+              "input_kernel": "mkl:kernels=cosine+precursor+mass-defect,weights=uniform"}
+    said: list[str] = []
+    bundle, _ = train_properties(files["train"], None, params=params, log=said.append)
+    predictor = bundle.predictors["positive"]
+    n_train = len(TRAIN_SMILES) * 3
+    held_structures = round(0.2 * len(TRAIN_SMILES))
+    assert predictor.n_val_ == 3 * held_structures and predictor.n_train_ + predictor.n_val_ == n_train
+    assert said == [f"positive: no validation spectra: {3 * held_structures} training spectra of "
+                    f"{held_structures} structures held out to calibrate the intervals"]
+    assert np.any(predictor.offsets_ != 0)
+    raw = PropertyPredictor(predictor.regressor, predictor.names)  # the same fit without the widening
+    raw.offsets_ = np.zeros(len(predictor.names))
+    val = list(read_spectra(files["val"]))
+    truth = compute_properties([s.metadata["smiles"] for s in val])
+
+    def coverage(model):
+        F = model.predict(val)
+        return float(np.mean((F[..., 0] <= truth) & (truth <= F[..., -1])))
+    assert coverage(predictor) > coverage(raw) and coverage(predictor) >= 0.6, (coverage(predictor), coverage(raw))
+    spectra = _spectra(7, 2)
+    fit, held = split_by_structure(spectra, np.arange(len(spectra)), 0.25, np.random.default_rng(0))
+    keys = [s.metadata["smiles"] for s in spectra]
+    assert not {keys[i] for i in fit} & {keys[i] for i in held} and len(fit) + len(held) == len(spectra)
+    assert len({keys[i] for i in held}) == 5  # a quarter of the 20 structures
+
+
+def test_train_refuses_what_it_would_destroy_or_misuse(files, tmp_path):
+    runner = CliRunner()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("precious")
+    result = runner.invoke(cli, ["properties", "train", str(files["train"]), "-o", str(mine), *FAST])
+    assert result.exit_code != 0 and "exists and is not a property model" in result.output
+    assert (mine / "notes.txt").read_text() == "precious"  # was deleted by the save before
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "bundle.json").write_text("{}")  # an identification bundle
+    result = runner.invoke(cli, ["properties", "train", str(files["train"]), "-o", str(bundle), *FAST])
+    assert result.exit_code != 0 and (bundle / "bundle.json").is_file()
+    for option, value, message in [("--max-train", "-5", "--max-train"), ("--lam", "abc", "separated by commas")]:
+        result = runner.invoke(cli, ["properties", "train", str(files["train"]), "-o", str(tmp_path / "m"),
+                                     option, value])
+        assert result.exit_code == 2 and message in result.output, result.output
+    result = runner.invoke(cli, ["properties", "train", str(files["train"]), "--val", str(files["train"]), "-o",
+                                 str(tmp_path / "m"), *FAST])
+    assert result.exit_code == 2 and "validation spectra share 14 structures with the training" in result.output
+    assert not (tmp_path / "m").exists()

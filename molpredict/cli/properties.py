@@ -46,7 +46,7 @@ def properties() -> None:
 @click.argument("train", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--val", "val_path", multiple=True, type=click.Path(dir_okay=False),
               help="Labelled validation spectra (structures disjoint from TRAIN; repeatable): choose lam, "
-                   "calibrate the intervals.")
+                   "calibrate the intervals. Without it, 20% of the training structures are held out for that.")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Model directory to write.")
 @click.option("--levels", default="0.1,0.5,0.9", show_default=True, help="Quantile levels, comma-separated.")
 @click.option("--lam", default="1e-4,1e-5", show_default=True,
@@ -55,7 +55,8 @@ def properties() -> None:
 @click.option("--sketch", default=None, help="Sketch spec, or 'none' for the exact machine (default: the "
                                              "regressor's).")
 @click.option("--regressor", default="lipschitz", show_default=True, help="Registered regressor.")
-@click.option("--max-train", default=None, type=int, help="At most this many training spectra per ion mode.")
+@click.option("--max-train", default=None, type=click.IntRange(min=1),
+              help="At most this many training spectra per ion mode.")
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda or cuda:N.")
 @click.option("-q", "--quiet", is_flag=True, help="No messages on stderr.")
@@ -64,15 +65,24 @@ def properties_train(train: tuple[str, ...], val_path: tuple[str, ...], output: 
                      seed: int, device: str, quiet: bool) -> None:
     """Train a property model on the labelled spectra in TRAIN files (SMILES give the targets; one model per ion
     mode, e.g. TRAIN = train_pos.mgf train_neg.mgf) and write it to -o."""
+    from molpredict.properties.model import check_output_dir
     from molpredict.properties.pipeline import train_properties
 
-    params = {"lam": lam.replace(",", "+").replace(" ", ""), "seed": seed, "device": device}
+    check_output_dir(output)  # before the training: an existing folder of other files is never replaced
+    try:
+        lams = [float(v) for v in lam.split(",") if v.strip()]
+    except ValueError:
+        lams = []
+    if not lams or not all(v >= 0 for v in lams):
+        raise click.BadParameter(f"expected numbers >= 0 separated by commas, not {lam!r}", param_hint="--lam")
+    params = {"lam": "+".join(f"{v:g}" for v in lams), "seed": seed, "device": device}
     if input_kernel is not None:
         params["input_kernel"] = input_kernel
     if sketch is not None:
         params["sketch"] = sketch
+    say = (lambda message: None) if quiet else (lambda message: click.echo(f"molpredict: {message}", err=True))
     bundle, skipped = train_properties(list(train), list(val_path) or None, levels=_levels(levels), regressor=regressor,
-                                       params=params, max_train=max_train, seed=seed)
+                                       params=params, max_train=max_train, seed=seed, log=say)
     _report_skips(skipped, quiet)
     path = bundle.save(output)
     if not quiet:

@@ -23,7 +23,7 @@ import numpy as np
 
 from molpredict.errors import InputError, ModelFileError
 
-__all__ = ["PropertyPredictor", "PropertyBundle", "conformal_offsets", "apply_offsets", "BUNDLE_FILE"]
+__all__ = ["PropertyPredictor", "PropertyBundle", "conformal_offsets", "apply_offsets", "check_output_dir", "BUNDLE_FILE"]
 
 BUNDLE_FILE = "properties.json"
 TENSORS_FILE = "tensors.safetensors"
@@ -140,6 +140,24 @@ class PropertyPredictor:
         return predictor
 
 
+def check_output_dir(path: str | os.PathLike) -> None:
+    """Raise ModelFileError unless ``path`` may receive a property model: it does not exist, is an empty
+    directory, or holds a property model (which saving replaces). Anything else, files of yours or an
+    identification bundle, is never deleted to make room."""
+    path = Path(path)
+    if not path.exists():
+        return
+    if path.is_dir() and not any(path.iterdir()):
+        return
+    marker = path / BUNDLE_FILE
+    try:
+        is_model = marker.is_file() and json.loads(marker.read_text()).get("format") == FORMAT_NAME
+    except (OSError, ValueError, AttributeError):
+        is_model = False
+    if not is_model:
+        raise ModelFileError(f"{path}: exists and is not a property model; choose another output path")
+
+
 class PropertyBundle:
     """One :class:`PropertyPredictor` per ion mode, saved as a directory::
 
@@ -173,10 +191,18 @@ class PropertyBundle:
         return None
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write the bundle (atomically replacing a directory at ``path``); ModelFileError on failure."""
+        """Write the bundle, atomically replacing a property model at ``path``.
+
+        Raises
+        ------
+        ModelFileError
+            ``path`` exists and is not a property model (it is never overwritten: see :func:`check_output_dir`),
+            or writing failed.
+        """
         from safetensors.numpy import save_file
 
         path = Path(path)
+        check_output_dir(path)
         tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
