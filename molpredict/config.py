@@ -108,6 +108,10 @@ def set_value(key: str, value: str) -> Path:
     path = Path(value).expanduser().resolve()
     exists = path.is_file() if setting.what == "file" else path.is_dir()
     if not exists:
+        if setting.what == "file" and path.is_dir():
+            raise InputError(f"is a directory, not a {key} file", path=str(path))
+        if setting.what == "directory" and path.exists():
+            raise InputError(f"is a file, not a {key} bundle directory", path=str(path))
         raise InputError(f"no such {setting.what} (the {key} must exist)", path=str(path))
     values = read_config()
     values[key] = str(path)

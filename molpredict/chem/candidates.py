@@ -532,12 +532,15 @@ class CandidateLibrary:
 
     # -- summaries and writing -----------------------------------------------------------------------------
     def info(self) -> dict[str, Any]:
-        """Rows, distinct InChIKeys / formulas, sources with counts, mass range: a JSON-ready summary."""
+        """Rows, distinct InChIKeys / formulas, sources with counts (rows without one under ``"(none)"``), mass
+        range: a JSON-ready summary."""
         mass = self.monoisotopic_mass
         sources: dict[str, int] = {}
         if self.has_column("source"):
             counts = pc.value_counts(self._table.column("source")).to_pylist()
-            sources = {str(c["values"]): int(c["counts"]) for c in sorted(counts, key=lambda c: -c["counts"])}
+            # rows without a source are counted under "(none)", not the string "None"
+            sources = {"(none)" if c["values"] in (None, "") else str(c["values"]): int(c["counts"])
+                       for c in sorted(counts, key=lambda c: -c["counts"])}
         formulas = pc.value_counts(self._table.column("formula")).to_pylist()
         top = sorted(formulas, key=lambda c: -c["counts"])[:5]
         return {

@@ -54,6 +54,12 @@ def main(argv: list[str] | None = None) -> None:
     warnings.showwarning = one_line_warning  # the command line's process only: the library's callers keep theirs
     argv = list(sys.argv[1:] if argv is None else argv)
     _preset_plugins_dir(argv)
+    directory = os.environ.get("MOLPREDICT_PLUGINS_DIR")
+    if directory and os.path.exists(directory) and not os.path.isdir(directory):
+        # before the registry reads it: one message (the registry warned "does not exist", then click refused it)
+        click.echo(f"molpredict: error: {directory}: is a file, not a plugins directory (--plugins-dir or "
+                   f"MOLPREDICT_PLUGINS_DIR)", err=True)
+        sys.exit(2)
     _add_plugin_commands()
     cli.main(args=argv, prog_name="molpredict")
 

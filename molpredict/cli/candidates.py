@@ -17,12 +17,20 @@ def candidates() -> None:
     """Candidate libraries: build one from structures, or summarise one (schema: candidates/README.md)."""
 
 
+def _check_jobs(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    """-j/--jobs: a positive count, or negative (joblib: -1 all cores, -k all but k-1); 0 means nothing."""
+    if value == 0:
+        raise click.BadParameter("0 workers cannot run: give a positive count, or -1 for all cores",
+                                 ctx=ctx, param=param)
+    return value
+
+
 @candidates.command("build")
 @click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="Library TSV to write (.tsv or .tsv.gz).")
 @click.option("--source", default=None, help="Source label for records that have none.")
-@click.option("-j", "--jobs", default=-1, show_default=True, type=int,
+@click.option("-j", "--jobs", default=-1, show_default=True, type=int, callback=_check_jobs,
               help="Worker processes for RDKit (-1: all cores).")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr (default: when stderr is a terminal).")
@@ -77,6 +85,9 @@ def _tsv_recomputed(path: Path, source: str | None, jobs: int, progress: bool):
     return library
 
 
+_SKIPS_SHOWN = 20  # skipped rows listed by `info --json` (the text lists 5)
+
+
 @candidates.command("info")
 @click.argument("library_path", metavar="LIBRARY", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object.")
@@ -85,11 +96,13 @@ def info(library_path: str, as_json: bool) -> None:
     from molpredict.chem.candidates import read_library
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # reported as a count below
+        warnings.simplefilter("ignore", UserWarning)  # the skipped rows are listed below instead
         library = read_library(library_path)
     summary = library.info()
     if library.report is not None:
         summary["skipped"] = library.report.n_skipped
+        summary["skipped_first"] = [{"line": s.line, "field": s.field, "reason": s.reason}
+                                    for s in library.report.skipped[:_SKIPS_SHOWN]]
     if as_json:
         click.echo(json.dumps(summary, indent=2))
         return
@@ -108,4 +121,11 @@ def info(library_path: str, as_json: bool) -> None:
         for name, count in summary["top_formulas"].items():
             click.echo(f"  {name:<20} {count}")
     if summary.get("skipped"):
-        click.echo(f"skipped rows {summary['skipped']} (see warnings)")
+        click.echo(f"skipped rows {summary['skipped']}")
+        for row in summary["skipped_first"][:5]:
+            where = ", ".join(part for part in (f"line {row['line']}" if row["line"] is not None else None,
+                                                f"field {row['field']}" if row["field"] is not None else None)
+                              if part)
+            click.echo(f"  {where + ': ' if where else ''}{row['reason']}")
+        if summary["skipped"] > 5:
+            click.echo(f"  ... and {summary['skipped'] - 5} more")

@@ -445,6 +445,28 @@ def _write_skipped(path: Path, skipped: list[dict]) -> None:
             handle.write("\t".join(cells) + "\n")
 
 
+def _make_out_dir(out: Path) -> list[Path]:
+    """Create ``out`` (and missing parents); return the directories this call created, deepest first, for
+    :func:`_remove_created` to take back after a failure."""
+    created = []
+    for directory in (out, *out.parents):
+        if directory.exists() or directory.is_symlink():
+            break
+        created.append(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    return created
+
+
+def _remove_created(created: list[Path]) -> None:
+    """Remove the directories :func:`_make_out_dir` created, deepest first, as long as they are empty (a
+    directory that existed before, or holds anything, such as a partial download kept to resume, stays)."""
+    for directory in created:
+        try:
+            directory.rmdir()
+        except OSError:
+            return
+
+
 def import_massbank(path: str | os.PathLike, out_dir: str | os.PathLike,
                     fractions: Iterable[tuple[str, float]] = DEFAULT_FRACTIONS,
                     progress: bool = False) -> dict:
@@ -462,7 +484,8 @@ def import_massbank(path: str | os.PathLike, out_dir: str | os.PathLike,
     path : str or Path
         A directory tree of ``*.txt`` records, a ``.zip`` / ``.tar.gz`` archive of them, or one record file.
     out_dir : str or Path
-        Created if needed; existing split files are replaced.
+        Created if needed (and removed again, when this call created it, if the import fails); existing split
+        files are replaced.
     fractions : iterable of (name, fraction)
         The splits in order with their fractions: finite numbers from 0 to 1 summing to 1.
     progress : bool
@@ -485,8 +508,20 @@ def import_massbank(path: str | os.PathLike, out_dir: str | os.PathLike,
         corrupt; no record file in it.
     """
     fractions = _check_fractions(fractions)
+    if not Path(path).exists():  # before the output directory is made
+        raise InputError("no such file or directory", path=str(path))
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    created = _make_out_dir(out)
+    try:
+        return _import_into(path, out, fractions, progress)
+    except BaseException:
+        _remove_created(created)  # nothing left behind by a failed import (an earlier import's files stay)
+        raise
+
+
+def _import_into(path: str | os.PathLike, out: Path, fractions: tuple[tuple[str, float], ...],
+                 progress: bool) -> dict:
+    """The body of :func:`import_massbank`, once ``out`` exists."""
     names = [f"{split}_{suffix}.mgf" for split, _ in fractions for suffix in ("pos", "neg")]
     tmp_handles: dict[str, IO[str]] = {}
     counts: Counter = Counter()
@@ -679,6 +714,8 @@ def fetch_massbank(out_dir: str | os.PathLike, release: str = DEFAULT_RELEASE, k
 
     The download resumes where an interrupted one stopped (:func:`download`). ``url`` replaces the GitHub
     release archive (a mirror, or a local server in tests); it must serve a ``.tar.gz`` of record files.
+    ``out_dir`` is created if needed; after a failure it is removed again when this call created it and nothing
+    is in it (a partial download kept to resume stays).
 
     Raises
     ------
@@ -690,7 +727,16 @@ def fetch_massbank(out_dir: str | os.PathLike, release: str = DEFAULT_RELEASE, k
     """
     url = url or release_url(release)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    created = _make_out_dir(out)
+    try:
+        return _fetch_into(out, url, release, keep_archive, progress, timeout)
+    except BaseException:
+        _remove_created(created)  # an empty directory is not left behind (a partial download to resume is)
+        raise
+
+
+def _fetch_into(out: Path, url: str, release: str, keep_archive: bool, progress: bool, timeout: float) -> dict:
+    """The body of :func:`fetch_massbank`, once ``out`` exists."""
     archive = out / f"MassBank-data-{release}.tar.gz"
     try:
         download(url, archive, progress=progress, timeout=timeout)
