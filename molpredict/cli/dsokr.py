@@ -55,7 +55,8 @@ def _float_list(text: str) -> list[float]:
 @click.option("--ion-mode", type=click.Choice(["positive", "negative"]), default=None,
               help="Use only spectra of this ion mode.")
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False), help="Write the curve as PNG.")
+@click.option("--plot", "plot_path", default=None, type=click.Path(dir_okay=False),
+              help="Write the curve as an image (format from the extension: .png, .pdf, .svg, ...).")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False),
               help="Write the curve, d_eff and the recommendation as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress messages on stderr.")
@@ -68,10 +69,11 @@ def select_sketch_size(train: str, val_path: str, grid: str, output_kernel: str,
     --tolerance of the best)."""
     import numpy as np
 
-    from molpredict.cli.paths import check_output_files
+    from molpredict.cli.paths import check_output_files, check_plot_file
     from molpredict.models.basis import distinct_objects
 
     check_output_files({"--plot": plot_path, "--json": json_path}, {"TRAIN": train, "--val": val_path})
+    check_plot_file(plot_path)  # its format and matplotlib: a failure after the curve would lose it (and --json)
     if not math.isfinite(tolerance):
         raise SpecError(f"--tolerance {tolerance}: expected a number from 0 to 1")
     lam_values = _float_list(lams)  # before any work
@@ -128,9 +130,6 @@ def select_sketch_size(train: str, val_path: str, grid: str, output_kernel: str,
                    f"m ~ d_eff log d_eff = {row['suggested_m']})")
     click.echo(f"recommended m_y = {choice['m']} (hit@1 {choice['value']:.3f}, best {choice['best']:.3f}, "
                f"tolerance {tolerance:g})")
-    if plot_path:
-        plot_curve(rows, plot_path, choice, title=f"Perfect h ({output_kernel}, {sketch})")
-        say(f"wrote {plot_path}")
     if json_path:
         from molpredict.atomic import atomic_write
         with atomic_write(json_path) as handle:
@@ -138,3 +137,6 @@ def select_sketch_size(train: str, val_path: str, grid: str, output_kernel: str,
                        "sketch": sketch, "repeats": repeats, "n_queries": len(truths), "curve": rows,
                        "effective_dimension": deff, "recommendation": choice}, handle, indent=2)
         say(f"wrote {json_path}")
+    if plot_path:  # after the JSON: a plot that fails keeps it
+        plot_curve(rows, plot_path, choice, title=f"Perfect h ({output_kernel}, {sketch})")
+        say(f"wrote {plot_path}")

@@ -62,6 +62,34 @@ _cluster_option = click.option(
          "(default: $MOLPREDICT_CLUSTER, else in-process). Output has the in-process run's rows and ranks; the "
          "last digits of scores can differ with the thread count.")
 
+#: the coordinates store (molpredict/identification/coordinates_cache.py) keeps int8 codes with a per-row scale, and
+#: a cached run scores with the decoded values, its first run included: not the same numbers as --no-cache's
+_CACHE_DIR_HELP = ("Candidate-coordinates cache, a directory or an fsspec URL such as s3://bucket/coords (default: "
+                   "$MOLPREDICT_HOME/coordinates, else the user cache directory's coordinates). It keeps the "
+                   "coordinates in int8 with a per-row scale.")
+_NO_CACHE_HELP = ("Do not read or write the coordinates cache: compute the candidates' coordinates every run, in "
+                  "full precision. The cache keeps them in int8, so scores differ from these in the last digits "
+                  "and near-ties can swap ranks.")
+
+
+class _PositiveFinite(click.FloatRange):
+    """A click.FloatRange (``min=0, min_open=True``) that also refuses nan and inf (which pass its comparisons, to
+    fail after the loading), saying it as the library's check does (``ppm must be > 0, not -5.0``)."""
+
+    name = "float"  # "'abc' is not a valid float", not "... a valid float range"
+
+    def convert(self, value, param, ctx):
+        import math
+
+        number = click.types.FloatParamType.convert(self, value, param, ctx)
+        name = param.name if param is not None else "the value"
+        if not math.isfinite(number):
+            self.fail(f"{name} must be a finite number, not {number!r}", param, ctx)
+        try:
+            return super().convert(number, param, ctx)
+        except click.BadParameter:
+            self.fail(f"{name} must be {'>' if self.min_open else '>='} {self.min:g}, not {number!r}", param, ctx)
+
 
 def _executor(cluster: str | None, say):
     from molpredict.identification.scoring import executor_for
@@ -168,6 +196,7 @@ def train(train_files, output, val_files, model_spec, input_kernel, output_kerne
     check_output_files({"--summary-json": summary_json},
                        {f"TRAIN {i + 1}": path for i, path in enumerate(train_files)} |
                        {f"--val {i + 1}": path for i, path in enumerate(val_files)})
+    _check_train_candidates(train_files, val_files, val_candidates, calibration_candidates, train_library)
     say = _say(quiet)
     modes = None if ion_mode is None else (["positive", "negative"] if ion_mode == "both" else [ion_mode])
     options = TrainOptions(model=model_spec, input_kernel=input_kernel, output_kernel=output_kernel,
@@ -190,6 +219,32 @@ def train(train_files, output, val_files, model_spec, input_kernel, output_kerne
         from molpredict.atomic import atomic_write
         with atomic_write(summary_json) as handle:
             handle.write(json.dumps(json_ready(summary), indent=2) + "\n")
+
+
+def _check_train_candidates(train_files, val_files, val_candidates, calibration_candidates, train_library) -> None:
+    """Refuse, before any work, the candidate-set options ``train`` would ignore (see
+    :func:`molpredict.training.pipeline._validation_sets`: the sets are for the validation structures, so they
+    need --val; the calibration sets are used only beside selection sets, from --val-candidates or a library; a
+    text model is not ranked against candidate sets) and candidate files that do not exist."""
+    from molpredict.cli.paths import check_input_files
+    from molpredict.io.text_pairs import split_inputs
+
+    given = [name for name, value in (("--val-candidates", val_candidates),
+                                      ("--calibration-candidates", calibration_candidates)) if value]
+    if not given:
+        return
+    if split_inputs(list(train_files) + list(val_files), what="train"):
+        raise InputError(f"{' and '.join(given)} apply to spectra: a text model is not selected or calibrated on "
+                         f"candidate sets")
+    if not val_files:
+        raise InputError(f"{' and '.join(given)} need{'s' if len(given) == 1 else ''} --val (the candidate sets "
+                         f"are for the validation structures)")
+    if calibration_candidates and not val_candidates:
+        from molpredict.config import default_library
+        if not (train_library or default_library()):
+            raise InputError("--calibration-candidates needs --val-candidates or --library (the calibration is "
+                             "fitted beside the selection on validation candidate sets)")
+    check_input_files({"--val-candidates": val_candidates, "--calibration-candidates": calibration_candidates})
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -232,7 +287,8 @@ def _load_library(library: str | None, say, progress: bool, cache: bool | None =
               help="Candidate library (default: `molpredict config set library LIB` or $MOLPREDICT_LIBRARY).")
 @click.option("--by", type=click.Choice(["formula", "mass"]), default=None,
               help="Candidate selection (default: formula when the query has one, else mass).")
-@click.option("--ppm", default=10.0, show_default=True, type=float, help="Mass window for --by mass.")
+@click.option("--ppm", default=10.0, show_default=True, type=_PositiveFinite(min=0, min_open=True),
+              help="Mass window for --by mass.")
 @click.option("--source", "sources", multiple=True, help="Only library rows of this source (repeatable).")
 @click.option("--formulas", default=None, type=click.Path(dir_okay=False),
               help="TSV of query_id<TAB>formula hints (override the spectra's FORMULA).")
@@ -245,10 +301,8 @@ def _load_library(library: str | None, say, progress: bool, cache: bool | None =
               help="Write the skipped queries (query_id, file, record, reason) as TSV.")
 @click.option("--report", "report_path", default=None, type=click.Path(dir_okay=False),
               help="Also write a self-contained HTML report (structures, spectra, index); spectra only.")
-@click.option("--cache-dir", default=None, type=str,
-              help="Candidate-coordinates cache, a directory or an fsspec URL such as s3://bucket/coords "
-                   "(default: $MOLPREDICT_HOME/coordinates).")
-@click.option("--no-cache", is_flag=True, help="Do not read or write the coordinates cache.")
+@click.option("--cache-dir", default=None, type=str, help=_CACHE_DIR_HELP)
+@click.option("--no-cache", is_flag=True, help=_NO_CACHE_HELP)
 @click.option("--prior", "prior", type=click.Choice(["on", "off"]), default="on", show_default=True,
               help="Fuse the bundle's structure prior into the score (when it has one); off: spectrum evidence only.")
 @_cluster_option
@@ -315,6 +369,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
             raise InputError("give either SPECTRA or --text/--text-file, not both")
         if report_path:
             raise InputError("--report draws spectra: it is not available for text queries")
+        _refuse_spectra_options(click.get_current_context())
         _identify_text(list(texts), text_file, model_path, library, sources, top_k, output, out_format,
                        cache_dir, no_cache, show, quiet)
         return
@@ -337,6 +392,7 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
         bundle = _load_bundle(model_path, say)
         check_spectra_model(bundle)  # before the library is read
         lib = _load_library(library, say, show)
+        _check_sources(lib, sources, library)
         properties, columns = load_properties(properties_path)
         options = identify_options(by=by, ppm=ppm, precision_window=not ppm_only, sources=sources, top_k=top_k,
                                    formulas=hints, block_queries=block_queries, prior=prior == "on",
@@ -348,6 +404,10 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
             from molpredict.report.page import Report, ReportOptions
             html = Report(ReportOptions(top_k=min(top_k, 5)))
             spectra = html.watch(unique_ids(spectra))   # the ids the rows will carry
+        seen = None
+        if hints:
+            seen = _SeenIds()
+            spectra = seen.watch(spectra)
         t0 = time.perf_counter()
         stdin_name = "-" if spool else None
         executor = _executor(cluster, say)  # a bad --cluster fails before a header reaches stdout or a file
@@ -415,6 +475,13 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
                    f"{'no candidates' if median is None else f'median {median} candidates'})", err=True)
         for line in skip_summary(skipped, listed_in=skipped_path):
             click.echo(f"  {line}", err=True)
+    if seen is not None:
+        unused = seen.unused(hints)
+        if unused:  # a warning, not a status message: shown with -q too (as the library's skipped rows are)
+            import warnings
+            warnings.warn(f"{formulas}: {len(unused)} formula hint{'s' if len(unused) > 1 else ''} "
+                          f"name{'' if len(unused) > 1 else 's'} no query in the input (first: {unused[0]})",
+                          UserWarning, stacklevel=2)
     if summary["n_queries"] == 0 and len(report):  # bad input, as evaluate and properties predict say
         raise InputError(f"no readable spectrum ({len(report)} record{'s' if len(report) > 1 else ''} unreadable)",
                          path="<stdin>" if spool else spectra_file)
@@ -462,6 +529,69 @@ def _reason_lines(entries: list, reason_of: Callable[[Any], str], where: Callabl
         lines.append(f"skipped {sum(len(group) for _, group in rest)} more for {len(rest)} other reasons (all "
                      f"{all_of})")
     return lines
+
+
+#: identify's options (parameter names) that only spectra use: a text query (--text, --text-file) has no precursor,
+#: formula or spectrum to apply them to (--report has its own message)
+_SPECTRA_ONLY = ("by", "ppm", "ppm_only", "formulas", "formula_per_candidate", "prior", "properties_path",
+                 "skipped_path", "cluster", "resume", "block_queries")
+
+
+def _refuse_spectra_options(ctx: click.Context) -> None:
+    """Raise the one-line :class:`InputError` naming the spectra-only options the user set (on the command line or
+    from the environment) to other values than their defaults, which text queries would silently ignore."""
+    from click.core import ParameterSource
+
+    given = []
+    for param in ctx.command.params:
+        if param.name not in _SPECTRA_ONLY:
+            continue
+        source = ctx.get_parameter_source(param.name)
+        if source in (None, ParameterSource.DEFAULT, ParameterSource.DEFAULT_MAP):
+            continue
+        if ctx.params.get(param.name) == param.get_default(ctx):
+            continue
+        given.append(next((opt for opt in param.opts if opt.startswith("--")), param.opts[0]))
+    if given:
+        raise InputError(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to spectra only: not "
+                         f"available for text queries (--text, --text-file)")
+
+
+def _check_sources(lib, sources, library: str | None) -> None:
+    """Raise the one-line :class:`InputError` when no row of the loaded library has any of the ``--source`` labels
+    (every query would be skipped for want of candidates), listing the sources the library has."""
+    if not sources or len(lib.select_by_source(list(sources))):
+        return
+    if lib.has_column("source"):
+        import numpy as np
+
+        labels = sorted({str(v) for v in np.asarray(lib.source, dtype=object) if v is not None and v == v and
+                         str(v) != ""})
+        shown = ", ".join(labels[:20]) + (f" and {len(labels) - 20} more" if len(labels) > 20 else "")
+        has = f"its sources: {shown}" if labels else "its source column is empty"
+    else:
+        has = "it has no source column"
+    raise InputError(f"no library row has --source {', '.join(sources)} ({has})", path=lib.path or library)
+
+
+class _SeenIds:
+    """The ids of the spectra a run reads (made unique, and their original ids), for the --formulas hints that name
+    none of them; passes the spectra through unchanged."""
+
+    def __init__(self) -> None:
+        self.ids: set[str] = set()
+
+    def watch(self, spectra):
+        from molpredict.identification.identify import ORIGINAL_ID, unique_ids
+
+        for spectrum in unique_ids(spectra):
+            self.ids.add(str(spectrum.id))
+            if ORIGINAL_ID in spectrum.metadata:
+                self.ids.add(str(spectrum.metadata[ORIGINAL_ID]))
+            yield spectrum
+
+    def unused(self, hints: dict[str, str]) -> list[str]:
+        return [query for query in hints if query not in self.ids]
 
 
 def _run_fingerprint(spectra_file, spool, model_path, library, by, ppm, precision_window, sources, formulas,
@@ -514,7 +644,9 @@ def _identify_text(texts: list[str], text_file: str | None, model_path: str | No
     if bundle.input_type != "text":  # before the library is read
         raise InputError(f"the model takes {bundle.input_type} input, not text: give SPECTRA",
                          path=str(bundle.path))
-    identifier = text_identifier(bundle, _load_library(library, say, show, cache=True), top_k=top_k,
+    lib = _load_library(library, say, show, cache=True)
+    _check_sources(lib, sources, library)
+    identifier = text_identifier(bundle, lib, top_k=top_k,
                                  sources=list(sources) or None, cache_dir=_cache_root(cache_dir, no_cache),
                                  progress=show)
     t0 = time.perf_counter()
@@ -542,13 +674,13 @@ def _identify_text(texts: list[str], text_file: str | None, model_path: str | No
 @click.option("--library", default=None, type=click.Path(dir_okay=False),
               help="Text pairs only: rank every description against this whole library (e.g. molecules.tsv).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON (one object per model).")
-@click.option("--plot", default=None, type=click.Path(dir_okay=False), help="Write top-k curves to this PNG.")
+@click.option("--plot", default=None, type=click.Path(dir_okay=False),
+              help="Write top-k curves to this image (format from the extension: .png, .pdf, .svg, ...).")
 @click.option("--n-boot", default=1000, show_default=True, type=click.IntRange(min=0),
               help="Bootstrap resamples for the 95% intervals.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Bootstrap seed.")
-@click.option("--cache-dir", default=None, type=str,
-              help="Candidate-coordinates cache, a directory or an fsspec URL such as s3://bucket/coords.")
-@click.option("--no-cache", is_flag=True)
+@click.option("--cache-dir", default=None, type=str, help=_CACHE_DIR_HELP)
+@click.option("--no-cache", is_flag=True, help=_NO_CACHE_HELP)
 @click.option("--no-kernel-loss", is_flag=True, help="Skip the kernel loss (saves a pass over the queries).")
 @click.option("--prior", "prior", type=click.Choice(["on", "off"]), default="on", show_default=True,
               help="Fuse the bundle's structure prior into the score (when it has one); off: spectrum evidence only.")
@@ -571,11 +703,12 @@ def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot
     from molpredict.chem.candidates import load_candidate_sets
     from molpredict.identification.evaluate import evaluate as run_evaluation
     from molpredict.identification.evaluate import evaluate_text, format_report, plot_curves
-    from molpredict.cli.paths import check_output_files
+    from molpredict.cli.paths import check_output_files, check_plot_file
     from molpredict.io.text_pairs import split_inputs
 
     check_output_files({"--plot": plot}, {f"SPECTRA {i + 1}": p for i, p in enumerate(spectra_files)} |
                        {"--candidates": candidates_path, "--library": library})
+    check_plot_file(plot)  # its format and matplotlib: a failure after the evaluation would lose the results
     say = _say(quiet)
     text = split_inputs(spectra_files, what="evaluate")
     if text and bool(library) == bool(candidates_path):
@@ -620,14 +753,14 @@ def evaluate(spectra_files, model_paths, candidates_path, library, as_json, plot
     if len(left_out) > 20:
         say(f"warning: {candidates_path}: {len(left_out)} unparsable candidates left out in all "
             f"({len(left_out) - 20} more than listed)")
-    if plot:
-        plot_curves(results, plot)
-        say(f"top-k curves written to {plot}")
     if as_json:
         # the results hold null, never NaN (see json_safe): allow_nan=False keeps it so for strict parsers
         click.echo(json.dumps(results, indent=2, allow_nan=False))
     else:
         click.echo(format_report(results))
+    if plot:  # after the results are printed: a plot that fails does not lose them
+        plot_curves(results, plot)
+        say(f"top-k curves written to {plot}")
 
 
 # ----------------------------------------------------------------------------------------------------------
