@@ -44,6 +44,7 @@ from molpredict.specs import ComponentSpec, Grid, is_no_sketch, parse_spec
 from molpredict.spectra.record import ION_MODES  # the bundle is keyed by ion mode (re-exported)
 
 __all__ = [
+    "check_bundle_output",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "ION_MODES",
@@ -105,6 +106,16 @@ def json_ready(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
     return str(value)
+
+
+def check_bundle_output(path: str | os.PathLike) -> None:
+    """Raise ModelFileError unless a model bundle may be written at ``path``: it does not exist, is an empty
+    folder, or holds a bundle (which saving replaces). Callers check before training, so the hours are not spent
+    on an output that will be refused."""
+    path = Path(path)
+    if path.exists() and not (path / BUNDLE_FILE).is_file():
+        if path.is_file() or any(path.iterdir()):
+            raise ModelFileError(f"{path}: exists and is not a model bundle; choose another output path")
 
 
 def model_components(model: Any) -> list[dict[str, str]]:
@@ -232,9 +243,7 @@ class ModelBundle:
         path = Path(path)
         if not self.models:
             raise ModelFileError(f"{path}: nothing to save (the bundle has no models)")
-        if path.exists() and not (path / BUNDLE_FILE).is_file():
-            if path.is_file() or any(path.iterdir()):
-                raise ModelFileError(f"{path}: exists and is not a model bundle; choose another output path")
+        check_bundle_output(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
         if tmp.exists():

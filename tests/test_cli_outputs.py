@@ -248,3 +248,13 @@ def test_a_skip_summary_of_many_reasons_stays_short_and_counts_every_skip():
     assert counted == len(skipped)
     few = skip_summary(skipped[:9], shown=2)  # two reasons: no summary line
     assert len(few) == 2 and not any("other reasons" in line for line in few)
+
+
+def test_train_refuses_an_output_folder_of_other_files_before_reading_the_data(setup):
+    """The training file does not exist: refusing the output is what is reported, so it came first (it came
+    after the whole fit)."""
+    (setup / "mine").mkdir()
+    (setup / "mine" / "notes.txt").write_text("precious")
+    result = CliRunner().invoke(cli, ["train", "missing.mgf", "-o", "mine"])
+    assert result.exit_code != 0 and "mine: exists and is not a model bundle" in _last_line(result), result.output
+    assert (setup / "mine" / "notes.txt").read_text() == "precious"

@@ -197,6 +197,8 @@ def train(train_files, output, val_files, model_spec, input_kernel, output_kerne
                        {f"TRAIN {i + 1}": path for i, path in enumerate(train_files)} |
                        {f"--val {i + 1}": path for i, path in enumerate(val_files)})
     _check_train_candidates(train_files, val_files, val_candidates, calibration_candidates, train_library)
+    from molpredict.modelfile import check_bundle_output
+    check_bundle_output(output)  # before the training, not after it
     say = _say(quiet)
     modes = None if ion_mode is None else (["positive", "negative"] if ion_mode == "both" else [ion_mode])
     options = TrainOptions(model=model_spec, input_kernel=input_kernel, output_kernel=output_kernel,
