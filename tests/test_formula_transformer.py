@@ -179,16 +179,21 @@ def _dsokr(**kw):
     return DSOKR(**params)
 
 
-def test_dsokr_bundle_round_trip_scores_identically(tmp_path):
+def saved_and_loaded(model, tmp_path):
+    """``model`` (a DSOKR) written as a bundle writes it (safetensors + JSON), then read back."""
     from safetensors.numpy import load_file, save_file
 
     from molpredict.models.dsokr import DSOKR
-    x, y = _labelled(40, 0)
-    model = _dsokr().fit(x, y)
     arrays, metadata = model.get_state()
     save_file(arrays, str(tmp_path / "m.safetensors"))
     (tmp_path / "m.json").write_text(json.dumps(metadata))
-    again = DSOKR.from_state(load_file(str(tmp_path / "m.safetensors")), json.loads((tmp_path / "m.json").read_text()))
+    return DSOKR.from_state(load_file(str(tmp_path / "m.safetensors")), json.loads((tmp_path / "m.json").read_text()))
+
+
+def test_dsokr_bundle_round_trip_scores_identically(tmp_path):
+    x, y = _labelled(40, 0)
+    model = _dsokr().fit(x, y)
+    again = saved_and_loaded(model, tmp_path)
     scores = model.score(x[:6], y[:10])
     assert np.abs(scores).max() > 0  # trained: not the zero network
     np.testing.assert_array_equal(again.score(x[:6], y[:10]), scores)

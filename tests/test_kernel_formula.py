@@ -3,15 +3,13 @@ naive solve, DSOKR starting at (and able to keep) that ridge fit, the frozen ker
 trip."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
 
 from molpredict.engine.kernel_formula import KernelFormulaEncoder, ridge_path
 from molpredict.errors import SpecError
-from test_formula_transformer import _labelled
+from test_formula_transformer import _labelled, saved_and_loaded
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -89,15 +87,9 @@ def test_unfrozen_kernel_part_moves_in_training():
 
 
 def test_bundle_round_trip_scores_identically(tmp_path):
-    from safetensors.numpy import load_file, save_file
-
-    from molpredict.models.dsokr import DSOKR
     x, y = _labelled(40, 3)
     model = _dsokr().fit(x, y)
-    arrays, metadata = model.get_state()
-    save_file(arrays, str(tmp_path / "m.safetensors"))
-    (tmp_path / "m.json").write_text(json.dumps(metadata))
-    again = DSOKR.from_state(load_file(str(tmp_path / "m.safetensors")), json.loads((tmp_path / "m.json").read_text()))
+    again = saved_and_loaded(model, tmp_path)
     scores = model.score(x[:6], y[:10])
     assert np.abs(scores).max() > 0
     np.testing.assert_array_equal(again.score(x[:6], y[:10]), scores)
