@@ -182,11 +182,14 @@ def test_cli_cluster_from_the_environment(setup, cluster, tmp_path, monkeypatch)
     assert lib.exit_code == 0 and f"computed {len(SMILES) + 6} of {len(SMILES) + 6}" in lib.stderr
 
 
-def test_cluster_addresses():
+def test_cluster_addresses(monkeypatch):
     assert isinstance(executor_for(""), InProcessExecutor)
     for bad in ("local:0", "local:x", "somehost:8786"):
-        with pytest.raises(InputError):
+        with pytest.raises(InputError, match=f"^--cluster '{bad}': expected"):
             executor_for(bad)
+    monkeypatch.setenv("MOLPREDICT_CLUSTER", "bogus")  # no --cluster given: the error names the variable
+    with pytest.raises(InputError, match="^MOLPREDICT_CLUSTER='bogus': expected local:N"):
+        executor_for(None)
 
 
 def test_a_library_file_travels_as_its_path_with_a_content_token(setup, cluster, tmp_path):
