@@ -288,6 +288,16 @@ def test_select_sketch_size_command(tmp_path):
         bad = CliRunner().invoke(cli, ["select-sketch-size", str(tmp_path / "train.smi"), "--val",
                                        str(tmp_path / "val.tsv"), "--grid", "2", option, value])
         assert bad.exit_code == 2 and option in bad.output and "internal error" not in bad.output, bad.output
+    # what the command would change silently: an m in --sketch (the grid sets it) is refused; sizes beyond the
+    # 16 distinct training structures are measured once, at 16, and said so
+    bad = CliRunner().invoke(cli, ["select-sketch-size", str(tmp_path / "train.smi"), "--val",
+                                   str(tmp_path / "val.tsv"), "--grid", "2", "--sketch", "subsample:m=3"])
+    assert bad.exit_code == 2 and "give the sketch without m" in bad.output, bad.output
+    with pytest.warns(UserWarning, match=r"--grid 20, 40: more than the 16 distinct training structures"):
+        result = CliRunner().invoke(cli, ["select-sketch-size", str(tmp_path / "train.smi"), "--val",
+                                          str(tmp_path / "val.tsv"), "--grid", "8,20,40", "--json", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    assert [row["m_used"] for row in json.loads(out.read_text())["curve"]] == [8, 16]
 
 
 def test_graph_kernel_landmarks_are_refitted():

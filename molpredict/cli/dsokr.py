@@ -86,9 +86,17 @@ def select_sketch_size(train: str, val_path: str, grid: str, output_kernel: str,
     sizes = _int_list(grid)
     if not sizes:
         raise SpecError("--grid is empty")
+    from molpredict.specs import nested_spec, parse_spec
+    if "m" in parse_spec(nested_spec(sketch)).params:  # the grid sets m: a second one would be silently replaced
+        raise SpecError(f"--sketch {sketch!r}: give the sketch without m (the sizes come from --grid)")
     train_molecules, skipped = read_structures(train, ion_mode)
-    say(f"{train}: {len(train_molecules)} structures ({len(distinct_objects(train_molecules)[0])} distinct, "
-        f"{skipped} records skipped)")
+    n_distinct = len(distinct_objects(train_molecules)[0])
+    say(f"{train}: {len(train_molecules)} structures ({n_distinct} distinct, {skipped} records skipped)")
+    beyond = [m for m in sizes if m > n_distinct]
+    if beyond:  # a sketch cannot be larger than the structures it samples: those sizes are the exact output side
+        import warnings
+        warnings.warn(f"--grid {', '.join(map(str, beyond))}: more than the {n_distinct} distinct training "
+                      f"structures; measured once, at m_y {n_distinct} (every structure)", UserWarning, stacklevel=1)
     val_molecules, skipped = read_structures(val_path, ion_mode)
     by_key: dict[str, object] = {}
     for molecule in val_molecules:
