@@ -97,11 +97,18 @@ def test_a_typo_in_a_component_spec_fails_before_the_training_data_is_read(setup
         assert result.exit_code == 2 and message in _last_line(result), result.output
     # "no sketch" is a spec, not a registered name (README: "none for no sketch"): past the check, to the data
     for option in ("--input-sketch", "--output-sketch"):
-        for spec in ("none", "identity", "None", "subsample|none"):
+        for spec in ("none", "identity", "None"):
             result = CliRunner().invoke(cli, ["train", "missing.mgf", "-o", "m", option, spec])
             assert result.exit_code == 2 and "missing.mgf" in _last_line(result), result.output
     result = CliRunner().invoke(cli, ["train", "missing.mgf", "-o", "m", "--input-sketch", "none:m=3"])
     assert result.exit_code == 2 and "unknown sketch 'none'" in _last_line(result), result.output
+    # grids are over parameter values: a grid of names failed only after the data was read
+    for option, spec in [("--input-kernel", "ppk|ppk-losses"), ("--output-kernel", "tanimoto|gaussian-tanimoto"),
+                         ("--output-sketch", "subsample|none")]:
+        result = CliRunner().invoke(cli, ["train", "missing.mgf", "-o", "m", option, spec])
+        assert result.exit_code == 2 and "a grid is over parameter values" in _last_line(result), result.output
+    result = CliRunner().invoke(cli, ["train", "missing.mgf", "-o", "m", "--input-kernel", "ppk:mz_sigma=0.01|0.02"])
+    assert result.exit_code == 2 and "missing.mgf" in _last_line(result), result.output  # a value grid passes
 
 
 def test_what_escapes_the_library_is_still_one_line(setup, monkeypatch):

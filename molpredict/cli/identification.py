@@ -140,7 +140,7 @@ class ModelDefaultOption(click.Option):
 @click.option("--model", "model_spec", default=_DEFAULT_MODEL, show_default=True,
               help="Model registry name, optionally with parameters (name:key=value).")
 @click.option("--input-kernel", default=None, cls=ModelDefaultOption,
-              help="Input kernel spec (grids a|b allowed).")
+              help="Input kernel spec; grids of parameter values allowed (ppk:mz_sigma=0.01|0.02).")
 @click.option("--output-kernel", default=None, cls=ModelDefaultOption, help="Output kernel spec.")
 @click.option("--input-sketch", default=None, cls=ModelDefaultOption, help="Input sketch spec.")
 @click.option("--output-sketch", default=None, cls=ModelDefaultOption, help="Output sketch spec.")

@@ -258,10 +258,12 @@ def check_component_names(options: TrainOptions, registry: Any = None) -> None:
             continue
         # parsed as they are built: the model by build_model, its components by create_component (";" for ",")
         spec = parse_spec(text if kind == "model" else nested_spec(text))
-        for name in spec.name.split("|"):
-            if kind == "sketch" and is_no_sketch(name) and not spec.params:
-                continue  # no sketch: make_sketch's IdentitySketch, not a registered name
-            registry.check_names(kind, name.strip(), spec.params)
+        if "|" in spec.name:  # the model searches grids of parameter values only: it would fail after the data
+            raise SpecError(f"{text!r}: a grid is over parameter values (e.g. ppk:mz_sigma=0.01|0.02), not over "
+                            f"component names; train once per {kind.replace('_', ' ')}")
+        if kind == "sketch" and is_no_sketch(spec.name) and not spec.params:
+            continue  # no sketch: make_sketch's IdentitySketch, not a registered name
+        registry.check_names(kind, spec.name.strip(), spec.params)
 
 
 def build_model(model_spec: str, params: dict[str, Any], registry: Any = None) -> Any:
