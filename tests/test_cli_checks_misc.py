@@ -109,11 +109,16 @@ def test_failed_fetch_leaves_no_directory(tmp_path):
     out = tmp_path / "mbf3"
     result = CliRunner().invoke(cli, ["data", "fetch", "massbank", "-o", str(out), "--url", "notaurl",
                                       "--no-progress"])
-    assert result.exit_code == 5, result.output
+    assert result.exit_code == 2 and "not a URL to download from" in result.output, result.output  # bad input
+    assert not out.exists()
+    refused = "http://127.0.0.1:9/MassBank.tar.gz"  # the discard port: the connection is refused at once
+    result = CliRunner().invoke(cli, ["data", "fetch", "massbank", "-o", str(out), "--url", refused,
+                                      "--no-progress"])
+    assert result.exit_code == 5, result.output  # a failed download
     assert not out.exists()
     kept = tmp_path / "kept"
     kept.mkdir()
-    result = CliRunner().invoke(cli, ["data", "fetch", "massbank", "-o", str(kept), "--url", "notaurl",
+    result = CliRunner().invoke(cli, ["data", "fetch", "massbank", "-o", str(kept), "--url", refused,
                                       "--no-progress"])
     assert result.exit_code == 5 and kept.is_dir()
 

@@ -725,7 +725,12 @@ def fetch_massbank(out_dir: str | os.PathLike, release: str = DEFAULT_RELEASE, k
         The downloaded file is not a readable archive of MassBank records (it is deleted; the error names the
         URL, not the deleted file).
     """
+    import urllib.parse
+
     url = url or release_url(release)
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    if scheme not in ("http", "https", "file"):  # bad input, before anything is created or fetched
+        raise InputError(f"not a URL to download from (expected http://, https:// or file://): {url!r}")
     out = Path(out_dir)
     created = _make_out_dir(out)
     try:
