@@ -77,7 +77,8 @@ class PropertyPredictor:
     Fitted attributes
     -----------------
     offsets_ : ndarray of shape (T,)
-        The conformal widening of the outermost interval (zeros without validation spectra).
+        The conformal widening of the outermost interval (zeros when fitted without validation spectra;
+        :func:`~molpredict.properties.pipeline.train_properties` always gives some, held out if need be).
     n_train_, n_val_ : int
     """
 
