@@ -23,7 +23,8 @@ import numpy as np
 
 from molpredict.errors import InputError, ModelFileError
 
-__all__ = ["PropertyPredictor", "PropertyBundle", "conformal_offsets", "apply_offsets", "check_output_dir", "BUNDLE_FILE"]
+__all__ = ["PropertyPredictor", "PropertyBundle", "conformal_offsets", "apply_offsets", "check_output_dir",
+           "BUNDLE_FILE"]
 
 BUNDLE_FILE = "properties.json"
 TENSORS_FILE = "tensors.safetensors"
