@@ -454,6 +454,9 @@ def train(train: Any, val: Any = (), *,
     unknown = sorted(set(options) - known)
     if unknown:
         raise InputError(f"unknown training option(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+    if output is not None:
+        from molpredict.modelfile import check_bundle_output
+        check_bundle_output(output)  # before the training, which the refusal would waste
     with spectra_files(train) as paths, spectra_files(val) as val_paths:
         if not paths:
             raise InputError("no training spectra given (train is empty)")

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 import molpredict
 from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra
 from molpredict.cli import cli
-from molpredict.errors import InputError
+from molpredict.errors import InputError, ModelFileError
 from molpredict.io import read_spectra, write_mgf
 from molpredict.io.results import OUTPUT_COLUMNS
 
@@ -109,6 +109,12 @@ def test_bad_arguments_are_one_line_errors(workdir):
         molpredict.identify("queries.mgf", model="mymodel", library="library.tsv", by="smell")
     with pytest.raises(InputError, match="unknown training option"):
         molpredict.train("queries.mgf", lamda=0.1)
+    import pathlib
+    pathlib.Path("notes").mkdir()
+    pathlib.Path("notes/thesis.txt").write_text("precious")
+    with pytest.raises(ModelFileError, match="notes: exists and is not a model bundle"):
+        molpredict.train("no-such-file.mgf", output="notes")  # refused before the data is read (or trained on)
+    assert pathlib.Path("notes/thesis.txt").read_text() == "precious"
     import pandas as pd
 
     call = dict(model="mymodel", library="library.tsv")
