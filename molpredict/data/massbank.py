@@ -27,6 +27,7 @@ import time
 import zipfile
 import zlib
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Iterable, Iterator
@@ -445,26 +446,26 @@ def _write_skipped(path: Path, skipped: list[dict]) -> None:
             handle.write("\t".join(cells) + "\n")
 
 
-def _make_out_dir(out: Path) -> list[Path]:
-    """Create ``out`` (and missing parents); return the directories this call created, deepest first, for
-    :func:`_remove_created` to take back after a failure."""
+@contextmanager
+def _output_dir(out: Path) -> Iterator[Path]:
+    """Create ``out`` (and missing parents) for the block; when the block fails, remove the directories created
+    here, deepest first, as long as they are empty (a directory that existed before, or one holding anything,
+    such as a partial download kept to resume, stays)."""
     created = []
     for directory in (out, *out.parents):
         if directory.exists() or directory.is_symlink():
             break
         created.append(directory)
     out.mkdir(parents=True, exist_ok=True)
-    return created
-
-
-def _remove_created(created: list[Path]) -> None:
-    """Remove the directories :func:`_make_out_dir` created, deepest first, as long as they are empty (a
-    directory that existed before, or holds anything, such as a partial download kept to resume, stays)."""
-    for directory in created:
-        try:
-            directory.rmdir()
-        except OSError:
-            return
+    try:
+        yield out
+    except BaseException:
+        for directory in created:
+            try:
+                directory.rmdir()
+            except OSError:
+                break
+        raise
 
 
 def import_massbank(path: str | os.PathLike, out_dir: str | os.PathLike,
@@ -510,13 +511,8 @@ def import_massbank(path: str | os.PathLike, out_dir: str | os.PathLike,
     fractions = _check_fractions(fractions)
     if not Path(path).exists():  # before the output directory is made
         raise InputError("no such file or directory", path=str(path))
-    out = Path(out_dir)
-    created = _make_out_dir(out)
-    try:
+    with _output_dir(Path(out_dir)) as out:  # nothing left behind by a failed import (an earlier import's stay)
         return _import_into(path, out, fractions, progress)
-    except BaseException:
-        _remove_created(created)  # nothing left behind by a failed import (an earlier import's files stay)
-        raise
 
 
 def _import_into(path: str | os.PathLike, out: Path, fractions: tuple[tuple[str, float], ...],
@@ -731,13 +727,8 @@ def fetch_massbank(out_dir: str | os.PathLike, release: str = DEFAULT_RELEASE, k
     scheme = urllib.parse.urlsplit(url).scheme.lower()
     if scheme not in ("http", "https", "file"):  # bad input, before anything is created or fetched
         raise InputError(f"not a URL to download from (expected http://, https:// or file://): {url!r}")
-    out = Path(out_dir)
-    created = _make_out_dir(out)
-    try:
+    with _output_dir(Path(out_dir)) as out:  # no empty directory left behind (a partial download to resume is)
         return _fetch_into(out, url, release, keep_archive, progress, timeout)
-    except BaseException:
-        _remove_created(created)  # an empty directory is not left behind (a partial download to resume is)
-        raise
 
 
 def _fetch_into(out: Path, url: str, release: str, keep_archive: bool, progress: bool, timeout: float) -> dict:
