@@ -36,6 +36,7 @@ __all__ = [
     "COLUMNS",
     "REQUIRED_COLUMNS",
     "CandidateLibrary",
+    "NO_SOURCE",
     "LoadReport",
     "SkippedRow",
     "read_library",
@@ -218,6 +219,10 @@ def describe_many(smiles: Sequence[str], n_jobs: int = 1, progress: bool = False
 # ----------------------------------------------------------------------------------------------------------
 # The library
 # ----------------------------------------------------------------------------------------------------------
+
+#: how :meth:`CandidateLibrary.source_counts` names the rows without a source
+NO_SOURCE = "(none)"
+
 
 class CandidateLibrary:
     """A table of candidate structures with fast selection by formula, mass window and source.
@@ -531,16 +536,20 @@ class CandidateLibrary:
         return np.asarray(found.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
     # -- summaries and writing -----------------------------------------------------------------------------
+    def source_counts(self) -> dict[str, int]:
+        """Rows per ``source`` label, most frequent first; rows without one under :data:`NO_SOURCE` (not the
+        string "None"); empty when there is no source column."""
+        if not self.has_column("source"):
+            return {}
+        counts = pc.value_counts(self._table.column("source")).to_pylist()
+        return {NO_SOURCE if c["values"] in (None, "") else str(c["values"]): int(c["counts"])
+                for c in sorted(counts, key=lambda c: -c["counts"])}
+
     def info(self) -> dict[str, Any]:
-        """Rows, distinct InChIKeys / formulas, sources with counts (rows without one under ``"(none)"``), mass
-        range: a JSON-ready summary."""
+        """Rows, distinct InChIKeys / formulas, sources with counts (:meth:`source_counts`), mass range: a
+        JSON-ready summary."""
         mass = self.monoisotopic_mass
-        sources: dict[str, int] = {}
-        if self.has_column("source"):
-            counts = pc.value_counts(self._table.column("source")).to_pylist()
-            # rows without a source are counted under "(none)", not the string "None"
-            sources = {"(none)" if c["values"] in (None, "") else str(c["values"]): int(c["counts"])
-                       for c in sorted(counts, key=lambda c: -c["counts"])}
+        sources = self.source_counts()
         formulas = pc.value_counts(self._table.column("formula")).to_pylist()
         top = sorted(formulas, key=lambda c: -c["counts"])[:5]
         return {

@@ -565,10 +565,9 @@ def _check_sources(lib, sources, library: str | None) -> None:
     if not sources or len(lib.select_by_source(list(sources))):
         return
     if lib.has_column("source"):
-        import numpy as np
+        from molpredict.chem.candidates import NO_SOURCE
 
-        labels = sorted({str(v) for v in np.asarray(lib.source, dtype=object) if v is not None and v == v and
-                         str(v) != ""})
+        labels = sorted(label for label in lib.source_counts() if label != NO_SOURCE)
         shown = ", ".join(labels[:20]) + (f" and {len(labels) - 20} more" if len(labels) > 20 else "")
         has = f"its sources: {shown}" if labels else "its source column is empty"
     else:
