@@ -33,7 +33,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from molpredict.spectra.record import ION_MODES  # the bundle is keyed by ion mo
 
 __all__ = [
     "check_bundle_output",
+    "check_output_folder",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "ION_MODES",
@@ -108,14 +109,19 @@ def json_ready(value: Any) -> Any:
     return str(value)
 
 
-def check_bundle_output(path: str | os.PathLike) -> None:
-    """Raise ModelFileError unless a model bundle may be written at ``path``: it does not exist, is an empty
-    folder, or holds a bundle (which saving replaces). Callers check before training, so the hours are not spent
-    on an output that will be refused."""
+def check_output_folder(path: str | os.PathLike, is_model: Callable[[Path], bool], what: str) -> None:
+    """Raise ModelFileError unless a model may be written at ``path``: it does not exist, is an empty folder, or
+    ``is_model(path)`` (a model of the same kind, which saving replaces). Anything else, a file or a folder of
+    other files, is never deleted to make room. Callers check before training, so the hours are not spent on an
+    output that will be refused."""
     path = Path(path)
-    if path.exists() and not (path / BUNDLE_FILE).is_file():
-        if path.is_file() or any(path.iterdir()):
-            raise ModelFileError(f"{path}: exists and is not a model bundle; choose another output path")
+    if path.exists() and not (path.is_dir() and (not any(path.iterdir()) or is_model(path))):
+        raise ModelFileError(f"{path}: exists and is not {what}; choose another output path")
+
+
+def check_bundle_output(path: str | os.PathLike) -> None:
+    """:func:`check_output_folder` for a model bundle (a folder with :data:`BUNDLE_FILE`)."""
+    check_output_folder(path, lambda folder: (folder / BUNDLE_FILE).is_file(), "a model bundle")
 
 
 def model_components(model: Any) -> list[dict[str, str]]:

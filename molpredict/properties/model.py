@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from molpredict.errors import InputError, ModelFileError
+from molpredict.modelfile import check_output_folder
 
 __all__ = ["PropertyPredictor", "PropertyBundle", "conformal_offsets", "apply_offsets", "check_output_dir",
            "BUNDLE_FILE"]
@@ -142,22 +143,18 @@ class PropertyPredictor:
         return predictor
 
 
-def check_output_dir(path: str | os.PathLike) -> None:
-    """Raise ModelFileError unless ``path`` may receive a property model: it does not exist, is an empty
-    directory, or holds a property model (which saving replaces). Anything else, files of yours or an
-    identification bundle, is never deleted to make room."""
-    path = Path(path)
-    if not path.exists():
-        return
-    if path.is_dir() and not any(path.iterdir()):
-        return
-    marker = path / BUNDLE_FILE
+def _is_property_model(folder: Path) -> bool:
     try:
-        is_model = marker.is_file() and json.loads(marker.read_text()).get("format") == FORMAT_NAME
+        return json.loads((folder / BUNDLE_FILE).read_text()).get("format") == FORMAT_NAME
     except (OSError, ValueError, AttributeError):
-        is_model = False
-    if not is_model:
-        raise ModelFileError(f"{path}: exists and is not a property model; choose another output path")
+        return False
+
+
+def check_output_dir(path: str | os.PathLike) -> None:
+    """Raise ModelFileError unless ``path`` may receive a property model
+    (:func:`~molpredict.modelfile.check_output_folder`): files of yours or an identification bundle are never
+    deleted to make room."""
+    check_output_folder(path, _is_property_model, "a property model")
 
 
 class PropertyBundle:
