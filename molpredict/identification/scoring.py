@@ -658,11 +658,12 @@ def executor_for(cluster: str | None) -> Executor:
     address = cluster if cluster is not None else os.environ.get("MOLPREDICT_CLUSTER", "")
     if not address or address.strip() in ("", "none", "in-process"):
         return InProcessExecutor()
-    if cluster is not None:
-        return DaskExecutor.connect(address)
     try:
         return DaskExecutor.connect(address)
-    except InputError as exc:  # the user gave no --cluster: name where the address came from
+    except InputError as exc:
+        if cluster is not None:
+            raise
+        # the user gave no --cluster: name where the address came from
         raise InputError(exc.message.replace("--cluster ", "MOLPREDICT_CLUSTER=", 1), path=exc.path, record=exc.record,
                          field=exc.field) from None
 
