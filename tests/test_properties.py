@@ -311,7 +311,8 @@ def test_without_val_the_intervals_are_calibrated_on_held_out_structures(files):
     """Without --val, the raw quantiles of a model on its own training spectra are far too narrow (QA: 30
     spectra, 80% intervals covering none of the validation values); held-out training structures calibrate
     them instead, so on new structures they cover more, and the split keeps each structure on one side."""
-    from molpredict.properties.pipeline import split_by_structure
+    from molpredict.models.distinct import split_by_structure
+    from molpredict.properties.pipeline import structure_key
 
     params = {"sketch": "subsample:m=25", "lam": "1e-2+1e-3",
               "input_kernel": "mkl:kernels=cosine+precursor+mass-defect,weights=uniform"}
@@ -334,7 +335,7 @@ def test_without_val_the_intervals_are_calibrated_on_held_out_structures(files):
         return float(np.mean((F[..., 0] <= truth) & (truth <= F[..., -1])))
     assert coverage(predictor) > coverage(raw) and coverage(predictor) >= 0.6, (coverage(predictor), coverage(raw))
     spectra = _spectra(7, 2)
-    fit, held = split_by_structure(spectra, np.arange(len(spectra)), 0.25, np.random.default_rng(0))
+    fit, held = split_by_structure(spectra, 0.25, 0, key=structure_key)  # the split the held-out part comes from
     keys = [s.metadata["smiles"] for s in spectra]
     assert not {keys[i] for i in fit} & {keys[i] for i in held} and len(fit) + len(held) == len(spectra)
     assert len({keys[i] for i in held}) == 5  # a quarter of the 20 structures

@@ -21,7 +21,7 @@ from molpredict.properties.targets import PROPERTY_NAMES, compute_properties
 
 __all__ = ["Skipped", "DEFAULT_LEVELS", "DEFAULT_REGRESSOR", "load_spectra", "label_spectra", "train_properties",
            "predict_table", "evaluate_properties", "column_names", "output_columns", "property_columns",
-           "COLUMN_PREFIX", "split_by_structure", "CALIBRATION_FRACTION"]
+           "COLUMN_PREFIX", "structure_key", "CALIBRATION_FRACTION"]
 
 #: the quantile levels of ``properties train`` (median and an 80% interval)
 DEFAULT_LEVELS = (0.1, 0.5, 0.9)
@@ -144,7 +144,7 @@ def train_properties(train: Any, val: Any = None, *, levels: Sequence[float] = D
     val_spectra, Yv = label_spectra(load_spectra(val, skipped), skipped) if val is not None else ([], None)
     params = dict(params or {})
     params["levels"] = "+".join(f"{float(t):g}" for t in sorted(levels))
-    shared = {_structure_key(x) for x in train_spectra} & {_structure_key(x) for x in val_spectra}
+    shared = {structure_key(x) for x in train_spectra} & {structure_key(x) for x in val_spectra}
     if shared:  # the intervals would be calibrated on structures the model has seen: too narrow
         raise InputError(f"the validation spectra share {len(shared)} structures with the training spectra "
                          f"(first: {sorted(shared)[0]}); validation needs other structures")
@@ -162,10 +162,10 @@ def train_properties(train: Any, val: Any = None, *, levels: Sequence[float] = D
         if v.size:
             predictor.fit([train_spectra[i] for i in index], Y[index], [val_spectra[i] for i in v], Yv[v])
         else:
-            index, held = split_by_structure([train_spectra[i] for i in index], index, calibration_fraction, rng)
+            index, held = _calibration_split(train_spectra, index, calibration_fraction, seed)
             if log is not None:
                 log(f"{mode}: no validation spectra: {held.size} training spectra of "
-                    f"{len({_structure_key(train_spectra[i]) for i in held})} structures held out to calibrate "
+                    f"{len({structure_key(train_spectra[i]) for i in held})} structures held out to calibrate "
                     f"the intervals")
             predictor.fit([train_spectra[i] for i in index], Y[index], [train_spectra[i] for i in held], Y[held])
         predictors[mode] = predictor
@@ -175,27 +175,26 @@ def train_properties(train: Any, val: Any = None, *, levels: Sequence[float] = D
     return PropertyBundle(predictors), skipped
 
 
-def _structure_key(spectrum: Any) -> str:
+def structure_key(spectrum: Any) -> str:
+    """A labelled spectrum's structure: its InChIKey first block, else its SMILES."""
     inchikey = getattr(spectrum, "inchikey", None)
     return inchikey[:14] if isinstance(inchikey, str) and len(inchikey) >= 14 else str(spectrum.smiles)
 
 
-def split_by_structure(spectra: Sequence[Any], index: np.ndarray, fraction: float, rng: np.random.Generator
+def _calibration_split(spectra: Sequence[Any], index: np.ndarray, fraction: float, seed: int
                        ) -> tuple[np.ndarray, np.ndarray]:
-    """Split ``index`` (positions of ``spectra``, same order) into (fit, held out) with a seeded ``fraction`` of
-    the structures held out, at least one and never all of them: spectra of one structure stay together, so the
-    held-out ones are new structures, as unknowns are."""
+    """Positions ``index`` of ``spectra`` split into (fit, held out) by
+    :func:`~molpredict.models.distinct.split_by_structure`: a seeded ``fraction`` of the structures held out, so
+    the held-out spectra are of new structures, as unknowns are."""
+    from molpredict.models.distinct import split_by_structure
+
     if not 0.0 < float(fraction) < 1.0:
         raise InputError(f"calibration fraction must be in (0, 1), not {fraction}")
-    keys = np.array([_structure_key(s) for s in spectra])
-    distinct = np.unique(keys)
-    if distinct.size < 2:
+    fit, held = split_by_structure([spectra[i] for i in index], fraction, seed, key=structure_key)
+    if not held.size:
         raise InputError("the training spectra hold one structure only: give --val spectra to calibrate the "
                          "intervals")
-    n_held = min(distinct.size - 1, max(1, int(round(fraction * distinct.size))))
-    held_keys = rng.choice(distinct, size=n_held, replace=False)
-    held = np.isin(keys, held_keys)
-    return np.asarray(index)[~held], np.asarray(index)[held]
+    return index[fit], index[held]
 
 
 def column_names(names: Sequence[str]) -> list[str]:
