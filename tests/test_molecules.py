@@ -21,6 +21,7 @@ from molpredict.chem.molecules import (
     parse_adduct,
     parse_formula,
     precursor_mz,
+    spectrum_structure_key,
     to_grakel_graph,
 )
 
@@ -54,6 +55,23 @@ def test_canonical_smiles_and_equality_by_inchikey():
     d_ala = Molecule.from_smiles("C[C@H](C(=O)O)N")
     assert "@" in l_ala.smiles
     assert l_ala != d_ala and l_ala.inchikey14 == d_ala.inchikey14
+
+
+def test_spectrum_structure_key_is_the_inchikey_block_or_the_parsed_smiles():
+    """One structure is one key however its SMILES is written; evaluation and property training share it."""
+    from types import SimpleNamespace as Record
+
+    caffeine_key = "RYYVLZVUVIJVGH"  # caffeine's InChIKey first block, from PubChem
+    parsed: dict = {}
+    assert spectrum_structure_key(Record(inchikey="RYYVLZVUVIJVGH-UHFFFAOYSA-N", smiles="CCO")) == caffeine_key
+    assert spectrum_structure_key(Record(inchikey=None, smiles=CAFFEINE), parsed) == caffeine_key
+    assert spectrum_structure_key(Record(inchikey="", smiles="CN1C=NC2=C1C(=O)N(C(=O)N2C)C"), parsed) == caffeine_key
+    assert spectrum_structure_key(Record(inchikey=None, smiles="OCC")) == spectrum_structure_key(
+        Record(inchikey=None, smiles="C(O)C")) == "LFQSCWFLJHTTHZ"  # ethanol
+    assert parsed == {CAFFEINE: caffeine_key, "CN1C=NC2=C1C(=O)N(C(=O)N2C)C": caffeine_key}
+    for unusable in (Record(inchikey=None, smiles=None), Record(inchikey=None, smiles="  "),
+                     Record(inchikey=None, smiles="C1CC(")):
+        assert spectrum_structure_key(unusable) is None
 
 
 def test_from_inchi():

@@ -362,3 +362,9 @@ def test_train_refuses_what_it_would_destroy_or_misuse(files, tmp_path):
                                  str(tmp_path / "m"), *FAST])
     assert result.exit_code == 2 and "validation spectra share 14 structures with the training" in result.output
     assert not (tmp_path / "m").exists()
+    # one structure written as another SMILES (ethanol, 'CCO' in training) is still the same structure
+    written_apart = tmp_path / "val_ethanol.mgf"
+    write_mgf(_spectra(3, 1, structures=["OCC", "C1CCCCC1O"]), written_apart)
+    result = runner.invoke(cli, ["properties", "train", str(files["train"]), "--val", str(written_apart), "-o",
+                                 str(tmp_path / "m"), *FAST])
+    assert result.exit_code == 2 and "validation spectra share 1 structure with the training" in result.output

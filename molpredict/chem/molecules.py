@@ -22,6 +22,7 @@ __all__ = [
     "Molecule",
     "n_workers",
     "label_structure",
+    "spectrum_structure_key",
     "fingerprint_matrix",
     "to_grakel_graph",
     "Adduct",
@@ -284,6 +285,31 @@ def label_structure(cache: dict[str, Any], smiles: str | None, inchi: str | None
             molecule = unparsed
         cache[key] = molecule
     return molecule
+
+
+def spectrum_structure_key(spectrum: Any, parsed: dict[str, str | None] | None = None) -> str | None:
+    """The identity of a labelled spectrum's true structure: its InChIKey's first block, else its SMILES parsed
+    by RDKit to one (so that one structure written as two SMILES is one key); None without a usable structure.
+
+    Parameters
+    ----------
+    spectrum : object with ``inchikey`` and ``smiles`` attributes (str or None)
+    parsed : dict, optional
+        Memo of SMILES -> key (or None): spectra of one structure share their SMILES, parsed once.
+    """
+    inchikey = getattr(spectrum, "inchikey", None)
+    if isinstance(inchikey, str) and inchikey.split("-", 1)[0]:
+        return inchikey.split("-", 1)[0]
+    smiles = getattr(spectrum, "smiles", None)
+    if not isinstance(smiles, str) or not smiles.strip():
+        return None
+    parsed = {} if parsed is None else parsed
+    if smiles not in parsed:
+        try:
+            parsed[smiles] = Molecule.from_smiles(smiles).inchikey14 or None
+        except InputError:
+            parsed[smiles] = None
+    return parsed[smiles]
 
 
 def _shorten(text: Any, limit: int = 80) -> str:

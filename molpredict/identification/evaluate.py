@@ -77,12 +77,14 @@ class LabelledQuery:
 def collect_queries(spectra: Iterable[Any], source: SetSource) -> tuple[list[LabelledQuery], Counter]:
     """Spectra with a structure whose candidate set holds it; the others counted by reason (no structure, no
     set, an empty set, the truth not in its set: see the module docstring)."""
+    from molpredict.chem.molecules import spectrum_structure_key  # RDKit only when there is something to parse
+
     skipped: Counter = Counter()
     queries = []
     parsed: dict[str, str | None] = {}
     for spectrum in spectra:
         smiles = spectrum.smiles
-        ik14 = _structure_key(spectrum, parsed)
+        ik14 = spectrum_structure_key(spectrum, parsed)
         if not ik14:
             skipped["no structure (INCHIKEY or SMILES)"] += 1
             continue
@@ -99,24 +101,6 @@ def collect_queries(spectra: Iterable[Any], source: SetSource) -> tuple[list[Lab
             continue
         queries.append(LabelledQuery(spectrum, ik14, smiles))
     return queries, skipped
-
-
-def _structure_key(spectrum: Any, parsed: dict[str, str | None]) -> str | None:
-    """The first block of a spectrum's true structure: its INCHIKEY, else its SMILES parsed (memo ``parsed``)."""
-    from molpredict.chem.molecules import Molecule
-
-    inchikey = spectrum.inchikey
-    if inchikey and inchikey.split("-", 1)[0]:
-        return inchikey.split("-", 1)[0]
-    smiles = spectrum.smiles
-    if not smiles:
-        return None
-    if smiles not in parsed:
-        try:
-            parsed[smiles] = Molecule.from_smiles(smiles).inchikey14 or None
-        except InputError:
-            parsed[smiles] = None
-    return parsed[smiles]
 
 
 def parsable_candidate_sets(sets: dict[str, list[tuple[str, str]]], keys: Iterable[str]
@@ -492,12 +476,13 @@ def evaluate(spectra_paths: Sequence[str | Path], bundles: Sequence[tuple[str, M
         No spectrum could be evaluated (each without a structure, a usable set, or its truth in its set, or
         unreadable); the message gives the reasons.
     """
+    from molpredict.chem.molecules import spectrum_structure_key
     from molpredict.io import SkipReport, read_spectra
 
     report = SkipReport()
     spectra = [s for path in spectra_paths for s in read_spectra(path, report=report)]
     parsed: dict[str, str | None] = {}
-    sets, left_out = parsable_candidate_sets(sets, {_structure_key(s, parsed) for s in spectra} - {None})
+    sets, left_out = parsable_candidate_sets(sets, {spectrum_structure_key(s, parsed) for s in spectra} - {None})
     source = SetSource(sets)
     queries, skipped = collect_queries(spectra, source)
     for reason, n in report.by_reason().items():

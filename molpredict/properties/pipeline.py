@@ -144,9 +144,14 @@ def train_properties(train: Any, val: Any = None, *, levels: Sequence[float] = D
     val_spectra, Yv = label_spectra(load_spectra(val, skipped), skipped) if val is not None else ([], None)
     params = dict(params or {})
     params["levels"] = "+".join(f"{float(t):g}" for t in sorted(levels))
-    shared = {structure_key(x) for x in train_spectra} & {structure_key(x) for x in val_spectra}
+    parsed: dict[str, str | None] = {}  # spectra of one structure share their SMILES: parse it once
+
+    def key(spectrum: Any) -> str:
+        return structure_key(spectrum, parsed)
+
+    shared = {key(x) for x in train_spectra} & {key(x) for x in val_spectra}
     if shared:  # the intervals would be calibrated on structures the model has seen: too narrow
-        raise InputError(f"the validation spectra share {len(shared)} structures with the training spectra "
+        raise InputError(f"the validation spectra share {len(shared)} structure{'s' if len(shared) > 1 else ''} with the training spectra "
                          f"(first: {sorted(shared)[0]}); validation needs other structures")
     train_modes, val_modes = _by_mode(train_spectra), _by_mode(val_spectra)
     predictors = {}
@@ -162,10 +167,10 @@ def train_properties(train: Any, val: Any = None, *, levels: Sequence[float] = D
         if v.size:
             predictor.fit([train_spectra[i] for i in index], Y[index], [val_spectra[i] for i in v], Yv[v])
         else:
-            index, held = _calibration_split(train_spectra, index, calibration_fraction, seed)
+            index, held = _calibration_split(train_spectra, index, calibration_fraction, seed, key)
             if log is not None:
                 log(f"{mode}: no validation spectra: {held.size} training spectra of "
-                    f"{len({structure_key(train_spectra[i]) for i in held})} structures held out to calibrate "
+                    f"{len({key(train_spectra[i]) for i in held})} structures held out to calibrate "
                     f"the intervals")
             predictor.fit([train_spectra[i] for i in index], Y[index], [train_spectra[i] for i in held], Y[held])
         predictors[mode] = predictor
@@ -175,14 +180,16 @@ def train_properties(train: Any, val: Any = None, *, levels: Sequence[float] = D
     return PropertyBundle(predictors), skipped
 
 
-def structure_key(spectrum: Any) -> str:
-    """A labelled spectrum's structure: its InChIKey first block, else its SMILES."""
-    inchikey = getattr(spectrum, "inchikey", None)
-    return inchikey[:14] if isinstance(inchikey, str) and len(inchikey) >= 14 else str(spectrum.smiles)
+def structure_key(spectrum: Any, parsed: dict[str, str | None] | None = None) -> str:
+    """A labelled spectrum's structure: :func:`~molpredict.chem.molecules.spectrum_structure_key` (so that one
+    structure written as two SMILES is one structure, as evaluation counts it), else its SMILES text."""
+    from molpredict.chem.molecules import spectrum_structure_key
+
+    return spectrum_structure_key(spectrum, parsed) or f"smiles:{spectrum.smiles}"
 
 
-def _calibration_split(spectra: Sequence[Any], index: np.ndarray, fraction: float, seed: int
-                       ) -> tuple[np.ndarray, np.ndarray]:
+def _calibration_split(spectra: Sequence[Any], index: np.ndarray, fraction: float, seed: int,
+                       key: Any = structure_key) -> tuple[np.ndarray, np.ndarray]:
     """Positions ``index`` of ``spectra`` split into (fit, held out) by
     :func:`~molpredict.models.distinct.split_by_structure`: a seeded ``fraction`` of the structures held out, so
     the held-out spectra are of new structures, as unknowns are."""
@@ -190,7 +197,7 @@ def _calibration_split(spectra: Sequence[Any], index: np.ndarray, fraction: floa
 
     if not 0.0 < float(fraction) < 1.0:
         raise InputError(f"calibration fraction must be in (0, 1), not {fraction}")
-    fit, held = split_by_structure([spectra[i] for i in index], fraction, seed, key=structure_key)
+    fit, held = split_by_structure([spectra[i] for i in index], fraction, seed, key=key)
     if not held.size:
         raise InputError("the training spectra hold one structure only: give --val spectra to calibrate the "
                          "intervals")
