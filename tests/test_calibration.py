@@ -266,6 +266,36 @@ def test_grouped_calibration_on_real_validation_spectra(shared_data):
     assert np.average(p[rank1_known], weights=w[rank1_known]) < 0.1
 
 
+def test_evaluate_writes_a_threshold_that_selects_the_reported_queries():
+    """QA: the cut 0.824674 was written 0.8247 (the table: 0.825), which selects fewer queries than reported;
+    the written threshold is rounded down only as far as no lower probability comes in."""
+    from molpredict.identification.evaluate import calibration_report, format_report
+
+    p = np.r_[np.full(6, 0.99), np.full(4, 0.824674), np.full(3, 0.8246), np.full(5, 0.2)]
+    ranks = {"probability": p, "n_greater": np.zeros(p.size, dtype=np.int64),
+             "n_ties": np.zeros(p.size, dtype=np.int64), "found": np.ones(p.size, dtype=bool),
+             "groups": [f"S{i}" for i in range(p.size)]}
+    fdr = calibration_report(ranks, max_fdr=0.1)["confident_at_fdr"]
+    # top 10: mean(1 - p) = (6 * 0.01 + 4 * 0.175326) / 10 = 0.0761; top 13 = 0.0992; top 18 > 0.1
+    assert fdr["n_queries"] == 13 and fdr["threshold"] == 0.824  # the next lower is 0.2: three decimals do
+    assert int(np.sum(p >= fdr["threshold"])) == fdr["n_queries"]
+    p2 = np.r_[np.full(6, 0.99), np.full(4, 0.824674), np.full(3, 0.8246), np.full(5, 0.01)]
+    ranks = {"probability": p2, "n_greater": np.r_[np.zeros(10), np.ones(8)].astype(np.int64),
+             "n_ties": np.zeros(18, dtype=np.int64), "found": np.ones(18, dtype=bool),
+             "groups": [f"S{i}" for i in range(18)]}
+    result = calibration_report(ranks, max_fdr=0.08)
+    fdr = result["confident_at_fdr"]
+    assert fdr["n_queries"] == 10 and fdr["threshold"] == 0.82467  # 0.8246 would take in the next three
+    assert int(np.sum(p2 >= fdr["threshold"])) == 10
+    hits = {f"hit@{k}": 0.5 for k in (1, 5, 10, 20)}
+    metrics = {"n_queries": 18, **hits, "mrr": 0.5, "mean_rank": 2.0, "n_structures": 18, "n_empty_spectra": 0,
+               "n_skipped": 0, "skipped": {}, "ci95": {k: [0.4, 0.6] for k in hits},
+               "per_structure": {**hits, "mrr": 0.5}, "average_ties": {**hits, "mrr": 0.5},
+               "random": {**hits, "mrr": 0.5}, "candidates": {"median": 18}, "calibration": result}
+    text = format_report({"m": metrics})
+    assert "(p >= 0.82467" in text
+
+
 def test_evaluate_calibration_block_per_spectrum_and_per_structure_by_hand():
     from molpredict.identification.evaluate import calibration_report
 

@@ -56,6 +56,28 @@ def test_fdr_bound_by_hand():
     assert alone[2] < fdr[2]
 
 
+def test_confident_at_fdr_never_cuts_inside_tied_probabilities():
+    """QA: with p = 0.95 x5 and 0.80 x10 the top 6 (estimate 0.075) was reported as 6 queries at threshold 0.8,
+    and ``p >= 0.8`` flagged all 15 (estimate 0.15). A threshold can give 5 or 15, and only 5 is within 10%."""
+    p = np.r_[np.full(5, 0.95), np.full(10, 0.80)]
+    assert confident_at_fdr(p, 0.1) == (5, 0.95)
+    assert confident_at_fdr(np.full(4, 0.8), 0.1) == (0, 1.0)  # the only list, all four, is at 0.2
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        q = rng.choice([0.99, 0.97, 0.93, 0.9, 0.85, 0.7, 0.5], size=int(rng.integers(1, 40)))
+        clusters = [f"s{c}" for c in rng.integers(0, 6, q.size)]
+        for z in (0.0, 1.0, 2.5):
+            n, threshold = confident_at_fdr(q, 0.1, clusters, z)
+            chosen = q >= threshold if n else np.zeros(q.size, dtype=bool)
+            assert chosen.sum() == n
+            if n:  # the reported list is itself within the bound, and the next longer list a threshold gives is not
+                order = np.argsort(-q, kind="stable")
+                bound = _naive_fdr_bound(q[order], np.asarray(clusters)[order], z)
+                assert bound[n - 1] <= 0.1 + 1e-12
+                longer = [j for j in range(n + 1, q.size + 1) if j == q.size or q[order][j] < q[order][j - 1]]
+                assert all(bound[j - 1] > 0.1 for j in longer)
+
+
 def test_confident_at_fdr_plain_is_unchanged_and_clusters_report_fewer():
     p = np.array([0.99, 0.95, 0.95, 0.9, 0.85, 0.8, 0.5])
     # plain: running mean(1 - p) 0.01, 0.03, 0.0367, 0.05, 0.07, 0.0917, 0.15 -> the top 6, threshold 0.8
@@ -63,7 +85,8 @@ def test_confident_at_fdr_plain_is_unchanged_and_clusters_report_fewer():
     assert confident_at_fdr(p, 0.1, ["a"] * 7, z=0.0) == (6, 0.8)
     # 80 queries: by structures of 10 spectra (right or wrong together) the bound is wider than by independent
     # spectra, and fewer are reported
-    p = np.r_[np.full(30, 0.99), np.full(30, 0.95), np.full(20, 0.8)]
+    # (distinct probabilities: any top j is a list a threshold can give)
+    p = np.r_[np.linspace(0.995, 0.985, 30), np.linspace(0.955, 0.945, 30), np.linspace(0.805, 0.795, 20)]
     by_ten = [f"s{i // 10}" for i in range(80)]
     n_ten, t_ten = confident_at_fdr(p, 0.1, by_ten, z=1.0)
     n_alone, _ = confident_at_fdr(p, 0.1, None, z=1.0)

@@ -587,17 +587,26 @@ def confident_at_fdr(probability: np.ndarray, max_fdr: float = 0.1, clusters: Se
 
     Queries are taken by decreasing probability; the estimated FDR of the top j is mean(1 - p) over them, or with
     ``z > 0`` its upper bound over correlated ``clusters`` (:func:`fdr_estimates`). The answer is the largest j
-    whose estimate is within the bound (0 and threshold 1.0 when none is).
+    whose estimate is within the bound (0 and threshold 1.0 when none is), among the j that a threshold can
+    report: calibrated probabilities tie often (a step function, rounded scores), and ``p >= threshold`` takes
+    every query tied at it, so a list cut inside a run of ties is not one anybody can be given.
+
+    Returns
+    -------
+    (int, float)
+        ``j`` and the threshold: ``p >= threshold`` selects exactly those ``j`` queries.
     """
     p = np.asarray(probability, dtype=np.float64)
     if p.size == 0:
         return 0, 1.0
     order, fdr = fdr_estimates(p, clusters, z)
-    ok = np.flatnonzero(fdr <= max_fdr)
+    ranked = p[order]
+    cuttable = np.r_[ranked[1:] < ranked[:-1], True]  # the top j ends where the next probability is lower
+    ok = np.flatnonzero((fdr <= max_fdr) & cuttable)
     if ok.size == 0:
         return 0, 1.0
     j = int(ok[-1]) + 1
-    return j, float(p[order[j - 1]])
+    return j, float(ranked[j - 1])
 
 
 def bootstrap_observed_fdr(probability: np.ndarray, correct: np.ndarray, groups: Sequence[str],

@@ -341,7 +341,7 @@ def calibration_report(ranks: dict[str, Any], max_fdr: float = 0.1, n_bins: int 
 
         return {"max_fdr": max_fdr, "z": z_used, "n_queries": int(reported.sum()) if n_confident else 0,
                 "estimated_fdr": round(estimated, 4) if estimated is not None else None,
-                "observed_fdr": observed(None), "threshold": round(threshold, 4),
+                "observed_fdr": observed(None), "threshold": _threshold_as_written(threshold, p),
                 "n_structures": len({g for g, r in zip(groups, reported) if r}),
                 "observed_fdr_per_structure": observed(weights)}
 
@@ -355,6 +355,19 @@ def calibration_report(ranks: dict[str, Any], max_fdr: float = 0.1, n_bins: int 
                               "mean_probability": round(float(np.average(p, weights=weights)), 4),
                               "accuracy": round(float(np.average(correct, weights=weights)), 4),
                               "reliability": reliability_curve(p, correct, n_bins, weights=weights)}}
+
+
+def _threshold_as_written(threshold: float, probability: np.ndarray) -> float:
+    """``threshold`` rounded down to the fewest decimals (3 or more) that still select the same queries with
+    ``p >= written``: a value rounded to nearest could exclude queries tied at the cut, and one rounded down too
+    far would take in the next lower ones (QA: 0.824674 written 0.8247 selected 189 of the 205 reported)."""
+    below = probability[probability < threshold]
+    floor = float(below.max()) if below.size else -math.inf
+    for decimals in range(3, 13):
+        written = math.floor(threshold * 10 ** decimals) / 10 ** decimals
+        if written > floor:
+            return written
+    return float(threshold)
 
 
 def _rounded(x: float) -> float:
@@ -754,7 +767,7 @@ def format_report(results: dict[str, Any]) -> str:
             fdr = cal["confident_at_fdr"]
             lines.append(f"  calibration: ECE {cal['ece']:.4f} ({cal['n_bins']} bins), mean probability "
                          f"{cal['mean_probability']:.3f} vs hit@1 {cal['accuracy']:.3f}; {fdr['n_queries']} queries "
-                         f"confident at estimated FDR <= {fdr['max_fdr']:.0%} (p >= {fdr['threshold']:.3f}"
+                         f"confident at estimated FDR <= {fdr['max_fdr']:.0%} (p >= {fdr['threshold']:g}"
                          + (f"; upper bound, z {fdr['z']:g}" if fdr.get("z") else "") + ")"
                          + (f", observed FDR {fdr['observed_fdr']:.1%}" if fdr.get("observed_fdr") is not None else ""))
             if cal.get("per_structure"):
