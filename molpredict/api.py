@@ -341,10 +341,15 @@ def open_identifier(bundle: "ModelBundle", library: "CandidateLibrary", options:
 
 
 def skipped_entries(report: "SkipReport", identifier: "Identifier") -> list["Skipped"]:
-    """Every spectrum without output rows: unreadable records of the files, then those the run skipped."""
+    """Every spectrum without output rows: unreadable records of the files, then those the run skipped.
+
+    An unreadable record's ``query_id`` is the id its reader would have given it (``SkipEntry.spectrum_id``: its
+    TITLE, DB# or scan id, else ``"<file stem>:<record>"``, as the rows of a readable record carry; such a record
+    takes no part in numbering repeated ids ``#2``), empty where the reader could not tell it."""
     from molpredict.identification.identify import Skipped
 
-    return [Skipped("", f"unreadable record: {e.reason}", e.path, e.record) for e in report] + identifier.skipped
+    return [Skipped(e.spectrum_id or "", f"unreadable record: {e.reason}", e.path, e.record)
+            for e in report] + identifier.skipped
 
 
 def identify(spectra: Any, model: "PathLike | ModelBundle | None" = None,

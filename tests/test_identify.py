@@ -328,8 +328,10 @@ def test_cli_identify_skipped_report(cli_setup, tmp_path):
     assert result.exit_code == 0, result.output
     skipped = list(csv.DictReader(open(tmp_path / "skipped.tsv"), delimiter="\t"))
     assert len(skipped) == 4
-    assert {s["query_id"] for s in skipped} == {"", "negative-mode", "only-precursor", "formula-not-in-library"}
-    unreadable = next(s for s in skipped if s["query_id"] == "")
+    # the unreadable record is named by its TITLE, read before its bad peak line: it joins with the output
+    assert {s["query_id"] for s in skipped} == {"unreadable-peaks", "negative-mode", "only-precursor",
+                                                "formula-not-in-library"}
+    unreadable = next(s for s in skipped if s["query_id"] == "unreadable-peaks")
     assert unreadable["record"] == "7" and "unreadable record" in unreadable["reason"]
     assert "7 spectra: 3 identified, 4 skipped" in result.stderr
     assert "no model for ion mode negative" in result.stderr

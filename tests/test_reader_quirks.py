@@ -168,6 +168,7 @@ def test_read_mzxml(tmp_path):
     assert pos.metadata["retention_time"] == pytest.approx(2.5 / 60)
     assert (neg.precursor_mz, neg.charge, neg.ion_mode) == (133.014, -1, "negative")
     assert [(e.record, e.reason) for e in report] == [(4, "no precursor m/z"), (5, "no peaks")]
+    assert [e.spectrum_id for e in report] == ["4", "5"]   # the scan numbers, as the spectra read are named
     assert [s.id for s in read_mzxml(path)] == ["2", "3"]
 
 

@@ -260,6 +260,31 @@ def test_results_of_another_spectra_file_are_an_error_and_a_partial_match_a_warn
         build_report_from_files(tmp_path / "hits.tsv", tmp_path / "half.mgf", tmp_path / "r.html", fragments=False)
 
 
+def test_report_names_an_unreadable_record_by_its_id_apart_from_a_spectrum_of_the_same_id(tmp_path):
+    """An unreadable record is listed under the id its reader read (its TITLE), with or without identify's skipped
+    table; a readable spectrum of the same id that the results lack is still listed as without rows: the
+    unreadable record's row does not stand for it."""
+    from molpredict.report.page import build_report_from_files
+
+    with open(tmp_path / "hits.tsv", "w", newline="") as handle:
+        writer = ResultWriter(handle, "tsv")
+        for row in _rows("q0", ISOMERS, [0.9, 0.5, 0.1]):
+            writer.write(row)
+        writer.close()
+    mgf = tmp_path / "queries.mgf"
+    write_mgf([_spectrum("q0"), _spectrum("dup")], mgf)
+    with open(mgf, "a") as handle:   # record 3: the same TITLE, a peak that is not a number
+        handle.write("BEGIN IONS\nTITLE=dup\nPEPMASS=179.0703\n133.065 abc\nEND IONS\n")
+    unreadable = ("dup", str(mgf), 3, "unreadable record: non-numeric peak")
+    _, report = build_report_from_files(tmp_path / "hits.tsv", mgf, tmp_path / "a.html", fragments=False)
+    assert report.skipped == [unreadable, ("dup", "", None, "no rows in hits.tsv")]
+    (tmp_path / "skipped.tsv").write_text("query_id\tfile\trecord\treason\n" + "\t".join(map(str, unreadable)) + "\n")
+    _, report = build_report_from_files(tmp_path / "hits.tsv", mgf, tmp_path / "b.html", fragments=False,
+                                        skipped_path=tmp_path / "skipped.tsv")
+    assert [(q, reason) for q, _, _, reason in report.skipped] == [("dup", unreadable[3]),
+                                                                   ("dup", "no rows in hits.tsv")]
+
+
 def test_read_skipped_refuses_rows_with_the_wrong_number_of_fields(tmp_path):
     from molpredict.errors import InputError
     from molpredict.io.results import read_skipped
@@ -327,7 +352,7 @@ def test_identify_report_and_report_command_agree(identify_setup, tmp_path):
     doc = _parse(page)
     skipped = [[td.text or "" for td in tr.iter("td")] for tr in doc.find(".//details[@id='skipped-section']")
                .iter("tr")][1:]
-    assert skipped[0] == ["", str(mgf), str(len(queries) - 2), "unreadable record: no peaks"]
+    assert skipped[0] == ["empty", str(mgf), str(len(queries) - 2), "unreadable record: no peaks"]
     assert skipped[1][0] == "neg" and "negative" in skipped[1][3]
     params = "".join(doc.find(".//table[@class='params']").itertext())
     assert str(model) in params and str(lib) in params and "top 3 rows per query" in params

@@ -124,17 +124,18 @@ def test_readers_stream(tmp_path):
 
 # -- skip report ----------------------------------------------------------------------------------------------
 
+# (record, reason, the record's TITLE: each skip names the id the record was read with)
 BAD_EXPECTED_SKIPS = [
-    (2, "no peaks"),
-    (3, "non-numeric peak"),
-    (4, "non-numeric PEPMASS"),
-    (5, "non-numeric CHARGE"),
-    (6, "missing END IONS"),
-    (8, "incomplete peak line"),
-    (9, "non-finite peak"),
-    (10, "negative m/z or intensity"),
-    (11, "non-numeric MSLEVEL"),
-    (13, "missing END IONS"),
+    (2, "no peaks", "no-peaks"),
+    (3, "non-numeric peak", "non-numeric-peak"),
+    (4, "non-numeric PEPMASS", "bad-pepmass"),
+    (5, "non-numeric CHARGE", "bad-charge"),
+    (6, "missing END IONS", "unterminated"),
+    (8, "incomplete peak line", "incomplete"),
+    (9, "non-finite peak", "nan-peak"),
+    (10, "negative m/z or intensity", "negative"),
+    (11, "non-numeric MSLEVEL", "bad-mslevel"),
+    (13, "missing END IONS", "eof"),
 ]
 
 
@@ -146,7 +147,7 @@ def test_bad_records_are_skipped_and_reported(monkeypatch, batch):
     report = SkipReport()
     spectra = list(read_mgf(path, report=report))
     assert [s.id for s in spectra] == ["good-1", "good-7", "good-12"]
-    assert list(report) == [(str(path), record, reason) for record, reason in BAD_EXPECTED_SKIPS]
+    assert list(report) == [(str(path), record, reason, title) for record, reason, title in BAD_EXPECTED_SKIPS]
     assert report.count == len(report) == 10
     assert report.by_reason()["missing END IONS"] == 2
     lines = report.summary().splitlines()
@@ -159,6 +160,33 @@ def test_skips_are_logged_without_a_report(caplog):
     spectra = list(read_mgf(SPECTRA / "bad.mgf"))
     assert len(spectra) == 3
     assert "skipped 10 record(s)" in caplog.text and "bad.mgf" in caplog.text
+
+
+def _read_ids(path: Path, text: str) -> tuple[list[str], list[str | None]]:
+    """The ids of the spectra read from ``text`` written to ``path``, and those of its skipped records."""
+    path.write_text(text)
+    report = SkipReport()
+    return [s.id for s in read_spectra(path, report=report)], [e.spectrum_id for e in report]
+
+
+@pytest.mark.parametrize("fmt", ["mgf", "msp"])
+def test_a_skipped_record_names_the_id_it_would_have_been_read_with(tmp_path, fmt):
+    """A record skipped after its id was read carries that id (or the reader's ``<stem>:<record>`` fallback), the
+    very id the same record gets once repaired, so that the skipped table joins with the results."""
+    if fmt == "mgf":
+        record = "BEGIN IONS\n{title}PEPMASS=100.5\n{peak}\nEND IONS\n"
+        titles = ["TITLE=titled\n", ""]
+    else:
+        record = "Name: compound\n{title}PrecursorMZ: 100.5\nNum Peaks: 1\n{peak}\n\n"
+        titles = ["DB#: titled\n", ""]
+    path = tmp_path / f"queries.{fmt}"
+    read, skipped = _read_ids(path, "".join(record.format(title=t, peak="50.0 abc") for t in titles))
+    assert read == [] and skipped == ["titled", "queries:2"]
+    read, skipped = _read_ids(path, "".join(record.format(title=t, peak="50.0 10.0") for t in titles))
+    assert read == ["titled", "queries:2"] and skipped == []
+    if fmt == "mgf":  # a record cut short by the next BEGIN IONS, or by the end of the file, keeps its TITLE too
+        _, skipped = _read_ids(path, "BEGIN IONS\nTITLE=cut\n50.0 10.0\nBEGIN IONS\nTITLE=last\n50.0 10.0\n")
+        assert skipped == ["cut", "last"]
 
 
 def test_fast_path_agrees_with_reference_parser(monkeypatch):
@@ -285,8 +313,9 @@ def test_read_msp():
     # "Ion_mode: N" signs an unsigned charge
     assert (s3.ion_mode, s3.charge, s3.precursor_mz) == ("negative", -1, 200.0)
     assert s3.mz_precision == 1.0
-    assert list(report) == [(str(path), 4, "Num Peaks differs from the peaks found"), (str(path), 5, "no peaks"),
-                            (str(path), 6, "non-numeric peak"), (str(path), 7, "non-numeric PrecursorMZ")]
+    assert list(report) == [(str(path), 4, "Num Peaks differs from the peaks found", "T4"),
+                            (str(path), 5, "no peaks", "T5"), (str(path), 6, "non-numeric peak", "T6"),
+                            (str(path), 7, "non-numeric PrecursorMZ", "T7")]
 
 
 def test_read_mzml(tmp_path):
@@ -300,7 +329,7 @@ def test_read_mzml(tmp_path):
     assert (s2.precursor_mz, s2.charge, s2.ion_mode, s2.ms_level) == (179.0697, 1, "positive", 2)
     assert s2.metadata["retention_time"] == 2.0
     assert (s3.precursor_mz, s3.charge, s3.ion_mode) == (133.014, -1, "negative")
-    assert list(report) == [(str(path), 4, "no precursor m/z")]
+    assert list(report) == [(str(path), 4, "no precursor m/z", "scan=4")]
     assert_same_spectra(spectra, list(read_mzml(path)))
     gz = tmp_path / "small.mzML.gz"
     gz.write_bytes(gzip.compress(path.read_bytes()))

@@ -29,18 +29,24 @@ _BINARY_BYTES = frozenset(set(range(0, 9)) | set(range(14, 32)) | {127})
 
 
 class SkipEntry(NamedTuple):
-    """One skipped record: the file, its 1-based record number in that file, and why it was skipped."""
+    """One skipped record: the file, its 1-based record number in that file, why it was skipped, and its id.
+
+    ``spectrum_id`` is the id the reader would have given the record's spectrum (its TITLE, DB#, scan id, or the
+    reader's ``"<file stem>:<record>"`` fallback), so that a skipped record can be joined with the results of the
+    records that were read; None where it is not known (an entry added without it). The built-in readers always
+    know it: they skip a record once it has been read to its end (or to where it is cut off)."""
 
     path: str
     record: int
     reason: str
+    spectrum_id: str | None = None
 
 
 class SkipReport:
     """Collects the records a reader skipped, so that one bad record never stops a whole file.
 
-    Readers append ``(path, record, reason)`` entries; ``reason`` is a short category (e.g. ``"no peaks"``,
-    ``"non-numeric peak"``) so that :meth:`summary` can count records per reason.
+    Readers append ``(path, record, reason, spectrum_id)`` entries (:class:`SkipEntry`); ``reason`` is a short
+    category (e.g. ``"no peaks"``, ``"non-numeric peak"``) so that :meth:`summary` can count records per reason.
 
     Examples
     --------
@@ -52,9 +58,11 @@ class SkipReport:
     def __init__(self) -> None:
         self.entries: list[SkipEntry] = []
 
-    def add(self, path: str | os.PathLike, record: int, reason: str) -> None:
-        """Record that ``record`` (1-based) of ``path`` was skipped for ``reason``."""
-        self.entries.append(SkipEntry(str(path), int(record), str(reason)))
+    def add(self, path: str | os.PathLike, record: int, reason: str, spectrum_id: str | None = None) -> None:
+        """Record that ``record`` (1-based) of ``path``, whose spectrum id is ``spectrum_id`` when known, was
+        skipped for ``reason``."""
+        self.entries.append(SkipEntry(str(path), int(record), str(reason),
+                                      None if spectrum_id is None else str(spectrum_id)))
 
     @property
     def count(self) -> int:
@@ -80,7 +88,8 @@ class SkipReport:
                          for reason, n in self.by_reason().items())
 
     def to_dict(self) -> dict:
-        """JSON-serialisable form: ``{"count": int, "by_reason": {...}, "entries": [[path, record, reason]]}``."""
+        """JSON-serialisable form: ``{"count": int, "by_reason": {...}, "entries": [[path, record, reason,
+        spectrum_id]]}`` (``spectrum_id`` null where unknown)."""
         return {"count": self.count, "by_reason": self.by_reason(),
                 "entries": [list(e) for e in self.entries]}
 
@@ -104,10 +113,10 @@ class _Skipper:
         self.counts: Counter = Counter()
         self.notes: Counter = Counter()
 
-    def __call__(self, record: int, reason: str) -> None:
+    def __call__(self, record: int, reason: str, spectrum_id: str | None = None) -> None:
         self.counts[reason] += 1
         if self.report is not None:
-            self.report.add(self.path, record, reason)
+            self.report.add(self.path, record, reason, spectrum_id)
 
     def note(self, what: str) -> None:
         """Count a line that belongs to no record, or was not UTF-8: no record is lost over it, so it is no skip,

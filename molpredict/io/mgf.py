@@ -66,8 +66,9 @@ def read_mgf(path: str | os.PathLike, report: SkipReport | None = None) -> Itera
     path : str or path-like
         An ``.mgf`` or ``.mgf.gz`` file (gzip is detected from the content, not the name).
     report : SkipReport, optional
-        Receives one ``(path, record, reason)`` entry per skipped record (1-based record numbers, counting
-        every ``BEGIN IONS``). Without a report, a one-line summary of skipped records is logged per file.
+        Receives one ``(path, record, reason, spectrum_id)`` entry per skipped record (1-based record numbers,
+        counting every ``BEGIN IONS``; ``spectrum_id`` the id the record would have had, by the rule below).
+        Without a report, a one-line summary of skipped records is logged per file.
 
     Yields
     ------
@@ -116,8 +117,9 @@ def _iter_mgf(path: str, report: SkipReport | None) -> Iterator[Spectrum]:
     defaults: dict[str, str] = {}
     keys: dict[str, str] = {}
     peaks: list[str] = []
-    # (record number, keys, peak lines), or (record number, None, reason) for a record already known bad
-    pending: list[tuple[int, dict[str, str] | None, list[str] | str]] = []
+    # (record number, keys, peak lines), or (record number, keys, reason) for a record already known bad: its
+    # keys are kept so that the skip names the record's id
+    pending: list[tuple[int, dict[str, str], list[str] | str]] = []
     n_records = 0
     in_record = False
     line_no = 0  # counted only outside records, where it is needed for the "not MGF" message
@@ -146,7 +148,7 @@ def _iter_mgf(path: str, report: SkipReport | None) -> Iterator[Spectrum]:
                             yield from _finish_batch(pending, stem, skip, path)
                             pending = []
                     elif upper == "BEGIN IONS":
-                        pending.append((n_records, None, "missing END IONS"))
+                        pending.append((n_records, keys, "missing END IONS"))
                         n_records += 1
                         keys = dict(defaults)
                         peaks = []
@@ -179,7 +181,7 @@ def _iter_mgf(path: str, report: SkipReport | None) -> Iterator[Spectrum]:
             skip.close()
             raise stream_error(path, exc, n_records - 1 if in_record else n_records) from None
         if in_record:
-            pending.append((n_records, None, "missing END IONS"))
+            pending.append((n_records, keys, "missing END IONS"))
         yield from _finish_batch(pending, stem, skip, path)
     if n_records == 0:
         raise InputError("not an MGF file (no BEGIN IONS record)", path=path)
@@ -188,18 +190,18 @@ def _iter_mgf(path: str, report: SkipReport | None) -> Iterator[Spectrum]:
 
 def _finish_batch(pending: list, stem: str, skip: _Skipper, path: str | None = None) -> Iterator[Spectrum]:
     """Spectra from a batch of collected records, in file order; bad ones go to ``skip``."""
-    parsed = _parse_batch([peaks for _, keys, peaks in pending if keys is not None])
+    parsed = _parse_batch([peaks for _, _, peaks in pending if not isinstance(peaks, str)])
     j = 0
     for record, keys, peaks in pending:
-        if keys is None:
-            skip(record, peaks)
+        if isinstance(peaks, str):  # known bad while reading (missing END IONS)
+            skip(record, peaks, _record_id(keys, record, stem))
             continue
         result = parsed[j]
         j += 1
         if not isinstance(result, str):
             result = _build_spectrum(keys, result, record, stem)
         if isinstance(result, str):
-            skip(record, result)
+            skip(record, result, _record_id(keys, record, stem))
         else:
             result.file = path
             result.record = record
@@ -392,10 +394,16 @@ def _build_spectrum(keys: dict[str, str], peaks: tuple[np.ndarray, np.ndarray, f
     for key, value in keys.items():
         if value and key not in _FIELD_KEYS:
             metadata[key_map.get(key) or key.lower()] = value
-    spectrum_id = next((keys[k] for k in _ID_KEYS if keys.get(k)), None) or f"{stem}:{record}"
+    spectrum_id = _record_id(keys, record, stem)
     return Spectrum(id=spectrum_id, mz=mz, intensities=intensities, precursor_mz=precursor_mz,
                     charge=charge, ion_mode=ion_mode, adduct=adduct, ms_level=ms_level,
                     mz_precision=precision, metadata=metadata, precursor_mz_precision=precursor_precision)
+
+
+def _record_id(keys: dict[str, str], record: int, stem: str) -> str:
+    """The id of a record's spectrum: the first of :data:`_ID_KEYS` given, else ``"<file stem>:<record>"``. One
+    rule for the spectra read and the records skipped, so that a skipped record can be joined with the results."""
+    return next((keys[k] for k in _ID_KEYS if keys.get(k)), None) or f"{stem}:{record}"
 
 
 def _explicit_sign(text: str) -> bool:

@@ -44,7 +44,8 @@ def read_msp(path: str | os.PathLike, report: SkipReport | None = None) -> Itera
     ----------
     path : str or path-like
     report : SkipReport, optional
-        Receives one ``(path, record, reason)`` entry per skipped record (1-based record numbers).
+        Receives one ``(path, record, reason, spectrum_id)`` entry per skipped record (1-based record numbers;
+        ``spectrum_id`` the id the record would have had, by the rule below).
 
     Yields
     ------
@@ -93,7 +94,7 @@ def _iter_msp(path: str, report: SkipReport | None) -> Iterator[Spectrum]:
     def finish() -> Spectrum | None:
         result = _build_spectrum(keys, peaks, n_records, stem)
         if isinstance(result, str):
-            skip(n_records, result)
+            skip(n_records, result, _record_id(keys, n_records, stem))
             return None
         result.file = path
         result.record = n_records
@@ -116,7 +117,7 @@ def _iter_msp(path: str, report: SkipReport | None) -> Iterator[Spectrum]:
                     state = "between"
                 if not s:
                     if state == "header":
-                        skip(n_records, "no peaks")
+                        skip(n_records, "no peaks", _record_id(keys, n_records, stem))
                         state = "between"
                     continue
                 if s[0] == "#":
@@ -138,7 +139,7 @@ def _iter_msp(path: str, report: SkipReport | None) -> Iterator[Spectrum]:
                 key = key.strip().lower().replace(" ", "_")
                 if state == "between" or (key == "name" and "name" in keys):
                     if state == "header":
-                        skip(n_records, "no peaks")
+                        skip(n_records, "no peaks", _record_id(keys, n_records, stem))
                     n_records += 1
                     keys = {}
                     peaks = []
@@ -161,7 +162,7 @@ def _iter_msp(path: str, report: SkipReport | None) -> Iterator[Spectrum]:
             if spectrum is not None:
                 yield spectrum
         elif state == "header":
-            skip(n_records, "no peaks")
+            skip(n_records, "no peaks", _record_id(keys, n_records, stem))
     if n_records == 0:
         raise InputError("not an MSP file (no record)", path=path)
     skip.close()
@@ -245,6 +246,12 @@ def _first(keys: dict[str, str], names: tuple[str, ...]) -> str | None:
     return None
 
 
+def _record_id(keys: dict[str, str], record: int, stem: str) -> str:
+    """The id of a record's spectrum: the first of :data:`_ID_KEYS` given, else ``"<file stem>:<record>"``. One
+    rule for the spectra read and the records skipped, so that a skipped record can be joined with the results."""
+    return _first(keys, _ID_KEYS) or f"{stem}:{record}"
+
+
 def _build_spectrum(keys: dict[str, str], peaks: list[str], record: int, stem: str) -> Spectrum | str:
     if not peaks:
         return "no peaks"
@@ -311,7 +318,7 @@ def _build_spectrum(keys: dict[str, str], peaks: list[str], record: int, stem: s
     for key, value in keys.items():
         if value and key not in _FIELD_KEYS:
             metadata[MSP_KEY_MAP.get(key, key)] = value
-    spectrum_id = _first(keys, _ID_KEYS) or f"{stem}:{record}"
+    spectrum_id = _record_id(keys, record, stem)
     return Spectrum(id=spectrum_id, mz=mz, intensities=intensities, precursor_mz=precursor_mz, charge=charge,
                     ion_mode=ion_mode, adduct=adduct, ms_level=ms_level, mz_precision=precision,
                     metadata=metadata, precursor_mz_precision=precursor_precision if precursor_mz else None)

@@ -22,7 +22,8 @@ def read_mzml(path: str | os.PathLike, report: SkipReport | None = None) -> Iter
     ----------
     path : str or path-like
     report : SkipReport, optional
-        Receives one entry per skipped scan (record = 1-based position of the scan in the file).
+        Receives one entry per skipped scan (record = 1-based position of the scan in the file, spectrum id the
+        scan's native id, as for the spectra read).
 
     Yields
     ------
@@ -54,7 +55,7 @@ def read_mzml(path: str | os.PathLike, report: SkipReport | None = None) -> Iter
 def _iter_mzml(path: Path, report: SkipReport | None) -> Iterator[Spectrum]:
     reader = _reader_class()
     return iter_scans(path, report, lambda source: reader(source, use_index=False, decode_binary=False),
-                      _to_spectrum, "mzML", "spectrum")
+                      _to_spectrum, "mzML", "spectrum", _scan_id)
 
 
 @functools.cache
@@ -81,6 +82,11 @@ def _reader_class() -> type:
     return MzML
 
 
+def _scan_id(scan: dict, position: int) -> str:
+    """The id of a scan's spectrum (its native id), for the spectra read and the scans skipped alike."""
+    return str(scan.get("id", scan.get("index")))
+
+
 def _to_spectrum(scan: dict, position: int) -> Spectrum | str | None:
     peaks = scan_peaks(scan, "ms level", f"spectrum {str(scan.get('id', position))!r}")
     if peaks is None or isinstance(peaks, str):
@@ -105,6 +111,6 @@ def _to_spectrum(scan: dict, position: int) -> Spectrum | str | None:
             metadata["retention_time_unit"] = str(unit)
     except (KeyError, IndexError, TypeError, ValueError):
         pass
-    return Spectrum(id=str(scan.get("id", scan.get("index"))), mz=mz, intensities=intensities,
+    return Spectrum(id=_scan_id(scan, position), mz=mz, intensities=intensities,
                     precursor_mz=precursor_mz, charge=charge, ion_mode=ion_mode, adduct=None,
                     ms_level=int(level), mz_precision=None, metadata=metadata)

@@ -23,7 +23,8 @@ def read_mzxml(path: str | os.PathLike, report: SkipReport | None = None) -> Ite
     ----------
     path : str or path-like
     report : SkipReport, optional
-        Receives one entry per skipped scan (record = 1-based position of the scan in the file).
+        Receives one entry per skipped scan (record = 1-based position of the scan in the file, spectrum id the
+        scan number, as for the spectra read).
 
     Yields
     ------
@@ -52,7 +53,7 @@ def read_mzxml(path: str | os.PathLike, report: SkipReport | None = None) -> Ite
 def _iter_mzxml(path: Path, report: SkipReport | None) -> Iterator[Spectrum]:
     reader = _reader_class()
     return iter_scans(path, report, lambda source: reader(source, use_index=False, decode_binary=False),
-                      _to_spectrum, "mzXML", "scan")
+                      _to_spectrum, "mzXML", "scan", _scan_id)
 
 
 @functools.cache
@@ -84,6 +85,11 @@ def _reader_class() -> type:
     return MzXML
 
 
+def _scan_id(scan: dict, index: int) -> str:
+    """The id of a scan's spectrum (its number), for the spectra read and the scans skipped alike."""
+    return str(scan.get("num", scan.get("id", index + 1)))
+
+
 def _to_spectrum(scan: dict, index: int) -> Spectrum | str | None:
     peaks = scan_peaks(scan, "msLevel", f"scan {scan.get('num', index + 1)}")
     if peaks is None or isinstance(peaks, str):
@@ -104,6 +110,6 @@ def _to_spectrum(scan: dict, index: int) -> Spectrum | str | None:
     if scan.get("retentionTime") is not None:
         metadata["retention_time"] = float(scan["retentionTime"])
         metadata["retention_time_unit"] = "minute"
-    return Spectrum(id=str(scan.get("num", scan.get("id", index + 1))), mz=mz, intensities=intensities,
+    return Spectrum(id=_scan_id(scan, index), mz=mz, intensities=intensities,
                     precursor_mz=precursor_mz, charge=charge, ion_mode=ion_mode, adduct=None,
                     ms_level=int(level), mz_precision=None, metadata=metadata)

@@ -272,7 +272,11 @@ class ResumableOutput:
 
 
 def write_skipped(skipped: Sequence[Any], path: str | os.PathLike) -> None:
-    """The skipped-queries report: TSV with columns query_id, file, record, reason (written atomically)."""
+    """The skipped-queries report: TSV with columns query_id, file, record, reason (written atomically).
+
+    ``query_id`` is the spectrum's id, that of an unreadable record included where its reader had read it (the
+    record's TITLE, scan id, or the reader's ``"<file stem>:<record>"``), so that it joins with the results;
+    empty where it is unknown."""
     with atomic_write(path) as handle:
         handle.write("query_id\tfile\trecord\treason\n")
         for s in skipped:

@@ -22,15 +22,16 @@ __all__ = ["iter_scans", "scan_peaks", "precursor_charge_and_mode"]
 
 
 def iter_scans(path: Path, report: SkipReport | None, open_reader: Callable[[Any], Any],
-               to_spectrum: Callable[[dict, int], Spectrum | str | None], kind: str, empty: str
-               ) -> Iterator[Spectrum]:
+               to_spectrum: Callable[[dict, int], Spectrum | str | None], kind: str, empty: str,
+               scan_id: Callable[[dict, int], str]) -> Iterator[Spectrum]:
     """Stream the spectra of an XML scan file (optionally gzipped).
 
     Parameters
     ----------
     path : Path
     report : SkipReport, optional
-        Receives one entry per skipped scan (record = 1-based position of the scan in the file).
+        Receives one entry per skipped scan (record = 1-based position of the scan in the file, spectrum id =
+        ``scan_id`` of the scan).
     open_reader : callable
         ``open_reader(binary handle)`` -> the pyteomics reader (a context manager iterating scan dicts), with
         ``decode_binary=False``: :func:`scan_peaks` decodes the arrays of MS/MS scans only.
@@ -40,6 +41,9 @@ def iter_scans(path: Path, report: SkipReport | None, open_reader: Callable[[Any
         The format's name, for error messages (``mzML``).
     empty : str
         What a file without any scan lacks, for its error message (``spectrum``, ``scan``).
+    scan_id : callable
+        ``scan_id(scan, 0-based position)`` -> the id ``to_spectrum`` gives the scan's spectrum, for the skip
+        entry of a scan skipped (so that it can be joined with the results of the scans read).
 
     Raises
     ------
@@ -64,7 +68,7 @@ def iter_scans(path: Path, report: SkipReport | None, open_reader: Callable[[Any
                 if result is None:
                     continue
                 if isinstance(result, str):
-                    skip(n_scans, result)
+                    skip(n_scans, result, scan_id(scan, n_scans - 1))
                 else:
                     result.file = str(path)
                     result.record = n_scans

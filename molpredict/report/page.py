@@ -40,6 +40,8 @@ __all__ = ["ReportOptions", "Report", "draw_molecule_svg", "compact_svg", "decod
 #: optional numeric output columns shown per candidate when the results have them
 CANDIDATE_EXTRA_COLUMNS = ("probability", "spectrum_score", "prior_score", "fragment_score")
 _DATA_ELEMENT_ID = "report-data"
+#: how the skipped table's reason starts for a record its reader could not read (``api.skipped_entries``)
+_UNREADABLE = "unreadable record"
 
 
 @dataclass
@@ -569,11 +571,13 @@ def build_report_from_files(results: str | Path, spectra: str | Path, output: st
     reasons: dict[str, deque] = {}
     for query_id, file, record, reason in known:
         report.add_skipped(query_id, reason, file, record or None)
-        if query_id:
+        # An unreadable record is no spectrum read here, so its row (named by the record's id) must not stand for
+        # a spectrum of the same id that the results lack.
+        if query_id and not reason.startswith(_UNREADABLE):
             reasons.setdefault(query_id, deque()).append(reason)
     if not known:
         for entry in unreadable:
-            report.add_skipped("", f"unreadable record: {entry.reason}", entry.path, entry.record)
+            report.add_skipped(entry.spectrum_id or "", f"{_UNREADABLE}: {entry.reason}", entry.path, entry.record)
     for spectrum in report.unmatched_spectra:
         waiting = reasons.get(str(spectrum.id))
         if waiting:
