@@ -1,5 +1,6 @@
 """Small command-line checks: `candidates build -j 0`, `candidates info` skip reasons and empty sources,
-`config set` messages for a file / directory of the wrong kind, no empty directory left by a failed data import."""
+`config set` messages for a file / directory of the wrong kind, no empty directory left by a failed data import,
+`data fetch massbank --url` refusing what is no URL to download from."""
 from __future__ import annotations
 
 import json
@@ -121,6 +122,32 @@ def test_failed_fetch_leaves_no_directory(tmp_path):
     result = CliRunner().invoke(cli, ["data", "fetch", "massbank", "-o", str(kept), "--url", refused,
                                       "--no-progress"])
     assert result.exit_code == 5 and kept.is_dir()
+
+
+@pytest.mark.parametrize("url", ["notaurl", "", "http:notaurl", "https://", "https://:443/x.tar.gz",
+                                 "ftp://mirror/x.tar.gz", "file://", "http://[::1/x", "http://host:port/x",
+                                 "http://my mirror/x.tar.gz"])
+def test_fetch_refuses_a_malformed_url_as_a_usage_error(tmp_path, monkeypatch, url):
+    """A malformed --url (no scheme, no host, another scheme, unparsable) is bad input, exit 2, in one line naming
+    the option: refused before the library is called, so before any folder is created or connection tried."""
+    import molpredict.data.massbank as massbank
+    from molpredict.errors import InputError
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("fetch_massbank called")
+
+    monkeypatch.setattr(massbank, "fetch_massbank", must_not_run)
+    out = tmp_path / "mb"
+    result = CliRunner().invoke(cli, ["data", "fetch", "massbank", "-o", str(out), "--url", url, "--no-progress"])
+    assert result.exit_code == 2, result.output
+    assert result.stdout == "" and len(result.stderr.splitlines()) == 1
+    assert result.stderr.startswith(f"molpredict: error: --url {url!r}: not a URL to download from (")
+    assert not out.exists()
+    monkeypatch.undo()  # the library refuses the same URLs by itself (a non-empty one: "" means the release URL)
+    if url:
+        with pytest.raises(InputError, match="^not a URL to download from"):
+            massbank.fetch_massbank(out, url=url, progress=False)
+        assert not out.exists()
 
 
 def test_a_plugins_dir_that_is_a_file_is_one_error(tmp_path, capsys, monkeypatch):

@@ -921,6 +921,16 @@ def fetch() -> None:
     """Download a public data set and import it (needs internet)."""
 
 
+def _check_url(url: str | None) -> None:
+    """``--url``: a URL to download from, or a one-line usage error (exit 2) naming the option, before the output
+    folder is created or a connection tried (the library's own check cannot name the option)."""
+    from molpredict.data.massbank import url_problem
+
+    problem = None if url is None else url_problem(url)
+    if problem:
+        raise InputError(f"--url {url!r}: not a URL to download from ({problem})")
+
+
 @fetch.command("massbank")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False), help="Output directory.")
 @click.option("--release", default="2025.05.1", show_default=True, help="MassBank-data release tag.")
@@ -932,6 +942,7 @@ def fetch_massbank(output, release, keep_archive, url, progress) -> None:
     An interrupted download resumes where it stopped when run again."""
     from molpredict.data.massbank import fetch_massbank as run
 
+    _check_url(url)
     summary = run(output, release=release, keep_archive=keep_archive, progress=_progress_default(progress),
                   url=url)
     _print_import(summary, output)

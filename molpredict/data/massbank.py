@@ -42,6 +42,7 @@ __all__ = [
     "split_of",
     "import_massbank",
     "release_url",
+    "url_problem",
     "fetch_massbank",
     "download",
     "DEFAULT_FRACTIONS",
@@ -610,6 +611,46 @@ def release_url(release: str = DEFAULT_RELEASE) -> str:
     return f"https://github.com/MassBank/MassBank-data/archive/refs/tags/{release}.tar.gz"
 
 
+#: the URL schemes :func:`download` fetches from
+_URL_SCHEMES = ("http", "https", "file")
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` is no URL to download a release archive from, or None when it is one.
+
+    Checked before any folder is created or any connection tried, so that a mistyped ``--url`` is bad input
+    (exit 2), not a failed download (exit 5) of a name that no network could resolve.
+
+    Parameters
+    ----------
+    url : str
+
+    Returns
+    -------
+    str or None
+        A short reason: a scheme other than http, https or file, an http(s) URL without a host, a file URL
+        without a path, whitespace or control characters, or what ``urllib.parse`` refuses (a bad port or IPv6
+        address).
+    """
+    import urllib.parse
+
+    if any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in url):
+        return "it contains whitespace or control characters"
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - parsed on access: a port that is not a number raises here
+    except ValueError as exc:
+        return " ".join(str(exc).split()) or "unparsable"
+    scheme = parts.scheme.lower()
+    if scheme not in _URL_SCHEMES:
+        return "expected http://, https:// or file://"
+    if scheme != "file" and not parts.hostname:
+        return f"no host after {scheme}://"
+    if scheme == "file" and not parts.path:
+        return "no file path after file://"
+    return None
+
+
 #: bytes a download must receive every ``timeout`` seconds (see :func:`download`)
 STALL_BYTES = 64 * 1024
 
@@ -718,15 +759,14 @@ def fetch_massbank(out_dir: str | os.PathLike, release: str = DEFAULT_RELEASE, k
     ResourceError
         The download failed (no network, unknown release...), in one line.
     InputError
-        The downloaded file is not a readable archive of MassBank records (it is deleted; the error names the
+        ``url`` is not a URL to download from (:func:`url_problem`; before anything is created or fetched), or
+        the downloaded file is not a readable archive of MassBank records (it is deleted; the error names the
         URL, not the deleted file).
     """
-    import urllib.parse
-
     url = url or release_url(release)
-    scheme = urllib.parse.urlsplit(url).scheme.lower()
-    if scheme not in ("http", "https", "file"):  # bad input, before anything is created or fetched
-        raise InputError(f"not a URL to download from (expected http://, https:// or file://): {url!r}")
+    problem = url_problem(url)
+    if problem:  # bad input, before anything is created or fetched
+        raise InputError(f"not a URL to download from ({problem}): {url!r}")
     with _output_dir(Path(out_dir)) as out:  # no empty directory left behind (a partial download to resume is)
         return _fetch_into(out, url, release, keep_archive, progress, timeout)
 
