@@ -12,15 +12,18 @@ Layout
       text/...                    (instead, for a text -> molecule model; ``input_type`` "text")
 
 ``metadata.json`` of a sub-model holds: the format version, the molpredict version, the model's registry name
-and parameters (component spec strings, grids as given), the list of components it needs (kind + registry
-name), the cleaning pipeline (``CleaningPipeline.to_dict()``), the ion mode and default adducts, the model's
+and parameters (component spec strings, grids as given), the list of components it needs (kind, registry
+name, and the plugin that provided it with its version), the cleaning pipeline (``CleaningPipeline.to_dict()``), the ion mode and default adducts, the model's
 own state metadata (``Model.get_state()``), the SHA-256 and size of the tensors file, the training-set hash and
 filters, licence counts of the training records, the grid selection and validation metrics, and the created
 time.
 
 Loading never unpickles and never imports code named in a file: the model and its components are looked up by
 registry name (a name that is not registered is a :class:`~molpredict.errors.PluginError` asking for the
-plugin that provides it). A missing, truncated or corrupted bundle is a :class:`~molpredict.errors.ModelFileError`.
+plugin that provides it; a name now registered by another plugin than the one the model was saved with is a
+PluginError too, and another version of the same plugin a one-line warning). A missing, truncated or corrupted
+bundle is a :class:`~molpredict.errors.ModelFileError`. The metadata is strict JSON: a non-finite float is
+written as null (files written before, with bare ``NaN``, still load).
 
 The default bundle lives at ``$MOLPREDICT_HOME/models/default`` (``MOLPREDICT_HOME`` defaults to
 ``platformdirs.user_cache_dir("molpredict")``).
@@ -31,6 +34,7 @@ import json
 import os
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -56,6 +60,7 @@ __all__ = [
     "home_dir",
     "default_bundle_path",
     "model_components",
+    "bundle_components",
     "model_input_type",
     "json_ready",
     "file_sha256",
@@ -76,6 +81,8 @@ PRIOR_DIR = "prior"
 #: where a sub-model's learnt fragmentation model is saved (npz + JSON, :mod:`molpredict.chem.fragment_model`)
 FRAGMENT_MODEL_DIR = "fragment_model"
 
+#: the provider name of built-in components (their version is molpredict's: not compared at load)
+BUILTIN = "molpredict"
 #: model parameter name -> registry kind, for the parameters that name components by spec
 _COMPONENT_PARAMS = {
     "input_kernel": "input_kernel",
@@ -124,8 +131,10 @@ def check_bundle_output(path: str | os.PathLike) -> None:
     check_output_folder(path, lambda folder: (folder / BUNDLE_FILE).is_file(), "a model bundle")
 
 
-def model_components(model: Any) -> list[dict[str, str]]:
-    """The registry components a model names in its parameters: ``[{"kind", "name", "spec"}, ...]``."""
+def model_components(model: Any, registry: Any = None) -> list[dict[str, str]]:
+    """The registry components a model names in its parameters: ``[{"kind", "name", "spec"}, ...]``; with a
+    ``registry``, each registered one also gets the ``provider`` (plugin name) and ``version`` that registered it,
+    which loading checks (:func:`_check_providers`)."""
     components = [{"kind": "model", "name": getattr(model, "registry_name", None) or type(model).__name__,
                    "spec": ""}]
     params = model.get_params() if hasattr(model, "get_params") else {}
@@ -143,7 +152,51 @@ def model_components(model: Any) -> list[dict[str, str]]:
         # A grid over component names (``ppk|cosine``) needs every alternative registered.
         for alternative in name.split("|"):
             components.append({"kind": kind, "name": alternative.strip(), "spec": text, "param": param})
+    if registry is not None:
+        for comp in components:
+            comp.update(_provider_of(registry, comp["kind"], comp["name"]))
     return components
+
+
+def _provider_of(registry: Any, kind: str, name: str) -> dict[str, str]:
+    """``{"provider", "version"}`` of the entry registered as ``name`` (empty when none is)."""
+    try:
+        entry = registry.entry(kind, name)
+    except (SpecError, ValueError):
+        return {}
+    return {"provider": entry.provider, "version": entry.version}
+
+
+def _check_providers(where: str, mode: str, components: list[dict], registry: Any,
+                     version_changes: set[str]) -> None:
+    """Refuse a component registered now by another plugin than the one the model was saved with; add a line to
+    ``version_changes`` for one now at another version of the same plugin. A component saved without a
+    provider (a bundle saved before they were recorded) is checked by name only, as before.
+
+    Raises
+    ------
+    PluginError
+        A component is not registered, or is registered by another plugin than the recorded one.
+    """
+    for comp in components:
+        kind, name, saved = comp.get("kind"), comp.get("name"), comp.get("provider")
+        if kind not in ("model", "input_kernel", "output_kernel", "sketch", "encoder"):
+            continue
+        what = f"{kind.replace('_', ' ')} {name!r}"
+        if name not in registry.names(kind):
+            version = f" {comp['version']}" if comp.get("version") else ""
+            needed = f"the plugin {saved!r}{version} that provides it" if saved else "the plugin that provides it"
+            raise PluginError(f"{where}: the {mode} model needs the {what}, which is not registered; install "
+                              f"{needed} (see `molpredict plugins list`)")
+        if not saved:
+            continue
+        entry = registry.entry(kind, name)
+        if entry.provider != saved:
+            raise PluginError(f"{where}: the {mode} model's {what} was saved with plugin {saved!r} but is now "
+                              f"provided by {entry.provider!r}; load {saved!r} instead (MOLPREDICT_LOAD_PLUGINS / "
+                              f"MOLPREDICT_BLOCK_PLUGINS) or retrain")
+        if entry.provider != BUILTIN and comp.get("version") and entry.version != comp["version"]:
+            version_changes.add(f"{what} (plugin {saved!r} {comp['version']} -> {entry.version})")
 
 
 def model_input_type(model: Any) -> str:
@@ -238,8 +291,11 @@ class ModelBundle:
         return self.models.get(ion_mode) if ion_mode else None
 
     # -- saving ----------------------------------------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike, registry: Any = None) -> Path:
         """Write the bundle to ``path`` (a directory), replacing an existing bundle there atomically.
+
+        ``registry`` (default: the process-wide one) names the plugin and version of each component, recorded
+        so that loading can tell a component of the same name from another plugin.
 
         Raises
         ------
@@ -255,10 +311,13 @@ class ModelBundle:
         if tmp.exists():
             shutil.rmtree(tmp)
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        if registry is None:
+            from molpredict.registry import get_registry
+            registry = get_registry()
         try:
             tmp.mkdir()
             for mode, sub in self.models.items():
-                self._save_submodel(sub, tmp / mode, created)
+                self._save_submodel(sub, tmp / mode, created, registry)
             _write_json(tmp / BUNDLE_FILE, {"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
                                             "molpredict_version": __version__, "created": created,
                                             "ion_modes": [m for m in MODES if m in self.models]})
@@ -276,7 +335,7 @@ class ModelBundle:
         return path
 
     @staticmethod
-    def _save_submodel(sub: SubModel, directory: Path, created: str) -> None:
+    def _save_submodel(sub: SubModel, directory: Path, created: str, registry: Any = None) -> None:
         from safetensors.numpy import save_file
 
         directory.mkdir(parents=True)
@@ -299,7 +358,7 @@ class ModelBundle:
             "default_adducts": list(sub.adducts),
             "input_type": model_input_type(sub.model),
             "model": {"name": model_name, "params": json_ready(params)},
-            "components": model_components(sub.model),
+            "components": model_components(sub.model, registry),
             "cleaning": json_ready(sub.cleaning),
             "state": json_ready(state),
             "tensors": {"file": TENSORS_FILE, "sha256": file_sha256([tensor_path]),
@@ -308,7 +367,7 @@ class ModelBundle:
         }
         if sub.prior is not None:
             ModelBundle._save_submodel(SubModel(model=sub.prior, ion_mode=sub.ion_mode), directory / PRIOR_DIR,
-                                       created)
+                                       created, registry)
             metadata["prior"] = {"directory": PRIOR_DIR, "model": sub.prior.registry_name}
         if sub.fragment_model is not None:
             sub.fragment_model.save(directory / FRAGMENT_MODEL_DIR)
@@ -357,7 +416,12 @@ class ModelBundle:
             from molpredict.registry import get_registry
             registry = get_registry()
         wanted = set(ion_modes) if ion_modes is not None else set(modes)
-        models = {mode: cls._load_submodel(path / mode, mode, registry) for mode in modes if mode in wanted}
+        version_changes: set[str] = set()
+        models = {mode: cls._load_submodel(path / mode, mode, registry, version_changes)
+                  for mode in modes if mode in wanted}
+        if version_changes:  # one line for the bundle, not one per sub-model (or per prior) using the plugin
+            warnings.warn(f"{path}: saved with other plugin versions than installed: "
+                          f"{', '.join(sorted(version_changes))}; check its results, or retrain", stacklevel=2)
         return cls(models, path)
 
     def refitted_on_load(self) -> dict[str, list[str]]:
@@ -380,7 +444,8 @@ class ModelBundle:
                 f"`molpredict model upgrade{where}` re-saves it to load in milliseconds")
 
     @staticmethod
-    def _load_submodel(directory: Path, mode: str, registry: Any) -> SubModel:
+    def _load_submodel(directory: Path, mode: str, registry: Any,
+                       version_changes: set[str] | None = None) -> SubModel:
         meta_path = directory / METADATA_FILE
         metadata = _read_json(meta_path, what="model metadata")
         _check_version(metadata.get("format_version"), meta_path)
@@ -391,14 +456,10 @@ class ModelBundle:
             state = metadata["state"]
         except (KeyError, TypeError) as exc:
             raise ModelFileError(f"{meta_path}: field {exc} is missing") from None
-        for comp in [{"kind": "model", "name": model_name}] + list(components):
-            kind, name = comp.get("kind"), comp.get("name")
-            if kind not in ("model", "input_kernel", "output_kernel", "sketch", "encoder"):
-                continue
-            if name not in registry.names(kind):
-                raise PluginError(
-                    f"{directory.parent}: the {mode} model needs the {kind.replace('_', ' ')} {name!r}, which "
-                    f"is not registered; install the plugin that provides it (see `molpredict plugins list`)")
+        if not isinstance(components, list) or not all(isinstance(c, dict) for c in components):
+            raise ModelFileError(f"{meta_path}: field components must be a list of objects")
+        _check_providers(str(directory.parent), mode, [{"kind": "model", "name": model_name}] + components,
+                         registry, version_changes if version_changes is not None else set())
         tensor_path = directory / tensors_info.get("file", TENSORS_FILE)
         if not tensor_path.is_file():
             raise ModelFileError(f"{tensor_path}: tensors file is missing")
@@ -426,7 +487,7 @@ class ModelBundle:
             prior_dir = metadata["prior"].get("directory") if isinstance(metadata["prior"], dict) else None
             if prior_dir != PRIOR_DIR:
                 raise ModelFileError(f"{meta_path}: field prior.directory must be {PRIOR_DIR!r}")
-            prior = ModelBundle._load_submodel(directory / PRIOR_DIR, mode, registry).model
+            prior = ModelBundle._load_submodel(directory / PRIOR_DIR, mode, registry, version_changes).model
         extras = {}
         if metadata.get("fragment_model") is not None:
             from molpredict.chem.fragment_model import FragmentModel
@@ -447,6 +508,7 @@ class ModelBundle:
         for mode, sub in self.models.items():
             meta = sub.metadata
             out[mode] = {"model": meta.get("model"), "created": meta.get("created"),
+                         "components": _component_rows(meta.get("components")),
                          **{k: v for k, v in sub.info.items()}}
             if sub.prior is not None:
                 out[mode]["prior"] = {"model": sub.prior.registry_name, "params": json_ready(sub.prior.get_params())}
@@ -462,6 +524,52 @@ class ModelBundle:
             if sub.fragment_model is not None:
                 out[mode]["fragment_model"] = json_ready(sub.fragment_model.get_params())
         return out
+
+
+def _component_rows(components: Any, registry: Any = None) -> list[dict[str, Any]]:
+    """The components as recorded (kind, name, spec, provider, version); with a ``registry``, also the plugin
+    that provides each name now (``present``: None when none does)."""
+    rows = []
+    for comp in components if isinstance(components, list) else []:
+        if not isinstance(comp, dict):
+            continue
+        row = {k: comp.get(k) for k in ("kind", "name", "spec", "provider", "version")}
+        if registry is not None:
+            present = _provider_of(registry, str(comp.get("kind")), str(comp.get("name")))
+            row["present"] = present.get("provider")
+            row["present_version"] = present.get("version")
+        rows.append(row)
+    return rows
+
+
+def bundle_components(path: str | os.PathLike, registry: Any = None) -> dict[str, Any]:
+    """What a bundle needs, read from its JSON files only (no model is built): per sub-model its model name,
+    created time and components with the provider they were saved with and the one registered now. This works
+    when a plugin is missing, where :meth:`ModelBundle.load` refuses (``molpredict model info`` shows it then).
+
+    Raises
+    ------
+    ModelFileError
+        Not a readable bundle.
+    """
+    path = Path(path)
+    head = _read_json(path / BUNDLE_FILE, what="model bundle")
+    if head.get("format") != FORMAT_NAME:
+        raise ModelFileError(f"{path / BUNDLE_FILE}: not a molpredict model bundle")
+    if registry is None:
+        from molpredict.registry import get_registry
+        registry = get_registry()
+    modes = [m for m in head.get("ion_modes") or [] if m in MODES]
+    out: dict[str, Any] = {"path": str(path), "ion_modes": modes}
+    for mode in modes:
+        meta = _read_json(path / mode / METADATA_FILE, what="model metadata")
+        out[mode] = {"model": meta.get("model"), "created": meta.get("created"),
+                     "components": _component_rows(meta.get("components"), registry)}
+        if (path / mode / PRIOR_DIR / METADATA_FILE).is_file():
+            prior = _read_json(path / mode / PRIOR_DIR / METADATA_FILE, what="model metadata")
+            out[mode]["prior"] = {"model": prior.get("model"),
+                                  "components": _component_rows(prior.get("components"), registry)}
+    return out
 
 
 def _second_pass_summary(fusion: dict[str, Any]) -> dict[str, Any] | None:
@@ -520,8 +628,13 @@ def map_tensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
 
 
 def _write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` as strict JSON: a non-finite float (a validation loss that could not be computed) becomes
+    null, as ``allow_nan=False`` checks; Python's bare ``NaN`` is refused by jq and JSON.parse. Readers accept both
+    (bundles written before hold ``NaN``)."""
+    from molpredict.io.results import json_safe
+
     with open(path, "w", encoding="utf-8") as handle:
-        json.dump(obj, handle, indent=2, sort_keys=False)
+        json.dump(json_safe(obj), handle, indent=2, sort_keys=False, allow_nan=False)
         handle.write("\n")
         handle.flush()
         os.fsync(handle.fileno())

@@ -33,8 +33,11 @@ from molpredict.errors import PluginError, SpecError
 from molpredict.specs import ComponentSpec, nested_spec, parse_spec
 
 __all__ = [
+    "BASES",
     "KINDS",
     "Entry",
+    "alias_class",
+    "check_component_class",
     "PluginFailure",
     "Registry",
     "get_registry",
@@ -53,6 +56,79 @@ KINDS: dict[str, str] = {
 }
 BUILTIN_PROVIDER = "molpredict"
 ENTRY_POINT_GROUP = "molpredict"
+
+
+#: kind -> (the base class its components subclass, as a lazy "module:Class", and the name plugin authors import)
+BASES: dict[str, tuple[str, str]] = {
+    "input_kernel": ("molpredict.kernels.base:InputKernel", "molpredict.kernels.InputKernel"),
+    "output_kernel": ("molpredict.kernels.base:OutputKernel", "molpredict.kernels.OutputKernel"),
+    "sketch": ("molpredict.engine.sketches:Sketch", "molpredict.engine.sketches.Sketch"),
+    "model": ("molpredict.models.base:Model", "molpredict.models.base.Model"),
+    "encoder": ("molpredict.engine.encoders:Encoder", "molpredict.engine.encoders.Encoder"),
+    "regressor": ("molpredict.models.regression:Regressor", "molpredict.models.regression.Regressor"),
+}
+
+
+def _describe(component: Any) -> str:
+    if inspect.isclass(component):
+        return f"class {component.__module__}.{component.__qualname__}"
+    return f"a {type(component).__name__}"
+
+
+def check_component_class(kind: str, component: Any, imported_only: bool = False) -> str | None:
+    """Why ``component`` cannot be a ``kind`` (one line), or None when it is a subclass of the kind's base class.
+
+    Parameters
+    ----------
+    imported_only : bool
+        Do not import the base class's module (registration must not import torch for an encoder): a class can
+        only subclass a base whose module is already imported, so an unimported base means "not a subclass".
+    """
+    module_name, _, attr = BASES[kind][0].partition(":")
+    module = sys.modules.get(module_name) if imported_only else importlib.import_module(module_name)
+    base = getattr(module, attr, None)
+    if inspect.isclass(component) and base is not None and issubclass(component, base):
+        return None
+    return f"{_describe(component)} is not a subclass of {BASES[kind][1]}"
+
+
+#: (class, registry name) -> the thin subclass carrying that name (one per alias, so identity is stable)
+_ALIASES: dict[tuple[type, str], type] = {}
+
+
+def alias_class(cls: type, name: str) -> type:
+    """A subclass of ``cls`` that only sets ``registry_name = name``: the class of a second registry name for a
+    class that another entry names (its ``registry_name`` belongs to that entry). It pickles and copies as
+    itself (rebuilt by :func:`alias_class` on the other side), so kernel worker processes keep the name."""
+    key = (cls, name)
+    if key not in _ALIASES:
+        def body(namespace: dict) -> None:
+            namespace.update({"registry_name": name, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                              "__doc__": cls.__doc__, "_aliased_class": cls, "__reduce_ex__": _reduce_alias})
+        import types
+        _ALIASES[key] = types.new_class(cls.__name__, (cls,), exec_body=body)
+    return _ALIASES[key]
+
+
+def _new_alias_instance(cls: type, name: str) -> Any:
+    alias = alias_class(cls, name)
+    return alias.__new__(alias)
+
+
+def _reduce_alias(self: Any, protocol: int) -> tuple:
+    # by reference the alias would resolve to the aliased class (same module and qualname): rebuild it instead
+    cls = type(self)
+    state = self.__getstate__() if hasattr(self, "__getstate__") else self.__dict__
+    return _new_alias_instance, (cls._aliased_class, cls.registry_name), state
+
+
+def _owns_name(entry: "Entry", cls: type) -> bool:
+    """Whether ``entry`` may write its name on ``cls`` itself: the class carries no other name, and a plugin
+    never names a built-in class (a model trained with the built-in must record the built-in's name)."""
+    own = cls.__dict__.get("registry_name")
+    if own is not None:
+        return own == entry.name
+    return entry.provider == BUILTIN_PROVIDER or cls.__module__.split(".")[0] != "molpredict"
 
 
 @dataclass
@@ -79,7 +155,17 @@ class Entry:
     _loaded: Any = field(default=None, repr=False)
 
     def load(self) -> type:
-        """The component class (imported on first use); sets its ``registry_name``."""
+        """The component class (imported on first use), whose ``registry_name`` is this entry's name.
+
+        A class that another entry already names (a plugin's alias of a built-in class, or one class registered
+        under two names) is returned as a thin subclass carrying this name (:func:`alias_class`), so that the
+        name of one entry is never written over another's.
+
+        Raises
+        ------
+        PluginError
+            A lazy target cannot be imported, or is not a subclass of the kind's base class.
+        """
         if self._loaded is None:
             target = self.target
             if isinstance(target, str):
@@ -90,10 +176,14 @@ class Entry:
                     raise PluginError(
                         f"{self.kind} {self.name!r} from plugin {self.provider!r} could not be loaded "
                         f"({target}): {exc}") from exc
-            try:
+                problem = check_component_class(self.kind, target)
+                if problem is not None:
+                    raise PluginError(f"{self.kind} {self.name!r} from plugin {self.provider!r} ({self.target}): "
+                                      f"{problem}")
+            if _owns_name(self, target):
                 target.registry_name = self.name
-            except (AttributeError, TypeError):
-                pass
+            else:
+                target = alias_class(target, self.name)
             self._loaded = target
         return self._loaded
 
@@ -114,6 +204,11 @@ def _env_list(name: str) -> list[str] | None:
     if value is None:
         return None
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _returned(hook_name: str, result: Any) -> str:
+    return (f"hook {hook_name} returned {_describe(result)}, which is ignored: a hook registers by calling "
+            f"register(name, cls) (or cli.command) and returns None")
 
 
 def _one_line(exc: BaseException) -> str:
@@ -143,22 +238,27 @@ class Registry:
         self.strict = os.environ.get("MOLPREDICT_STRICT_PLUGINS", "") == "1" if strict is None else strict
         self.plugins_dir = plugins_dir if plugins_dir is not None else os.environ.get("MOLPREDICT_PLUGINS_DIR")
         self.failures: list[PluginFailure] = []
+        #: one-line warnings about plugins that loaded (a hook that returned a value, a refused command)
+        self.warnings: list[str] = []
+        #: command name -> the plugin that added it (by :meth:`register_commands`)
+        self.commands: dict[str, str] = {}
         self._entries: dict[str, dict[str, Entry]] = {kind: {} for kind in KINDS}
         self._versions: dict[str, str] = {}
+        self._origins: dict[str, str] = {}
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
         for name in _env_list("MOLPREDICT_BLOCK_PLUGINS") or []:
             self.pm.set_blocked(name)
 
         from molpredict import __version__, builtins
-        self._add_plugin(builtins, BUILTIN_PROVIDER, __version__)
+        self._add_plugin(builtins, BUILTIN_PROVIDER, __version__, "built-in")
         if load_external:
             self._load_entry_points()
             if self.plugins_dir:
                 self._load_directory(Path(self.plugins_dir))
         for i, plugin in enumerate(extra_plugins):
             name = getattr(plugin, "__name__", None) or f"{type(plugin).__name__}-{i}"
-            self._add_plugin(plugin, name, getattr(plugin, "__version__", "local"))
+            self._add_plugin(plugin, name, getattr(plugin, "__version__", "local"), "in-process")
 
     # -- loading ---------------------------------------------------------------------------------------
     def _fail(self, plugin: str, reason: str) -> None:
@@ -168,6 +268,16 @@ class Registry:
         self.failures.append(failure)
         print(f"molpredict: warning: {failure}", file=sys.stderr)
 
+    def _skip(self, plugin: str, reason: str) -> None:
+        """Skip a plugin whole: forget what it had registered, then report it (fatal in strict mode)."""
+        self._drop(plugin)
+        self._fail(plugin, reason)
+
+    def _warn(self, plugin: str, message: str) -> None:
+        text = f"plugin {plugin!r}: {message}"
+        self.warnings.append(text)
+        print(f"molpredict: warning: {text}", file=sys.stderr)
+
     def _wanted(self, name: str) -> bool:
         allow = _env_list("MOLPREDICT_LOAD_PLUGINS")
         return (allow is None or name in allow) and not self.pm.is_blocked(name)
@@ -176,7 +286,11 @@ class Registry:
         if os.environ.get("MOLPREDICT_LOAD_PLUGINS") == "":
             return
         for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            if not self._wanted(ep.name) or self.pm.has_plugin(ep.name):
+            if not self._wanted(ep.name):
+                continue
+            if self.pm.has_plugin(ep.name):
+                self._fail(f"{ep.name} = {ep.value}", f"its name {ep.name!r} is taken by the plugin from "
+                                                     f"{self._origins.get(ep.name, 'elsewhere')}")
                 continue
             try:
                 plugin = ep.load()
@@ -184,7 +298,8 @@ class Registry:
                 self._fail(ep.name, f"import failed: {_one_line(exc)}")
                 continue
             version = ep.dist.version if ep.dist is not None else "unknown"
-            self._add_plugin(plugin, ep.name, version)
+            dist = f" (distribution {ep.dist.name} {version})" if ep.dist is not None else ""
+            self._add_plugin(plugin, ep.name, version, f"entry point {ep.name} = {ep.value}{dist}")
 
     def _load_directory(self, directory: Path) -> None:
         if not directory.is_dir():
@@ -192,7 +307,11 @@ class Registry:
             return
         for path in sorted(directory.glob("*.py")):
             name = path.stem
-            if name.startswith("_") or not self._wanted(name) or self.pm.has_plugin(name):
+            if name.startswith("_") or not self._wanted(name):
+                continue
+            if self.pm.has_plugin(name):  # an entry point of the same name: say which one is used
+                self._fail(str(path), f"its name {name!r} is taken by the plugin from "
+                                      f"{self._origins.get(name, 'elsewhere')}")
                 continue
             module_name = f"molpredict_plugin_{name}"
             try:
@@ -204,9 +323,9 @@ class Registry:
                 sys.modules.pop(module_name, None)
                 self._fail(name, f"import of {path} failed: {_one_line(exc)}")
                 continue
-            self._add_plugin(module, name, str(getattr(module, "__version__", "local")))
+            self._add_plugin(module, name, str(getattr(module, "__version__", "local")), str(path))
 
-    def _add_plugin(self, plugin: Any, name: str, version: str) -> None:
+    def _add_plugin(self, plugin: Any, name: str, version: str, origin: str) -> None:
         try:
             self.pm.register(plugin, name=name)
         except Exception as exc:
@@ -219,29 +338,49 @@ class Registry:
                        + ", ".join(list(KINDS.values()) + ["register_commands"]) + ")")
             return
         self._versions[name] = version
+        self._origins[name] = origin
+        for hook_name in self._unmarked_hooks(plugin):
+            self._warn(name, f"{hook_name} has no @hookimpl decorator: it is not called")
         for kind, hook_name in KINDS.items():
             for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
-                if impl.plugin_name != name:
-                    continue
-                try:
-                    impl.function(register=self._registrar(kind, name, version))
-                except (PluginError, SpecError) as exc:
-                    if name == BUILTIN_PROVIDER:
-                        raise
-                    # a third-party plugin that registers badly is skipped whole, as one that fails to import:
-                    # it must not break the commands that do not use it
-                    self._drop(name)
-                    self._fail(name, str(exc))
+                if impl.plugin_name == name and not self._call_hook(impl, kind, name, version):
                     return
-                except Exception as exc:
-                    self._fail(name, f"hook {hook_name} raised {_one_line(exc)}")
+
+    def _call_hook(self, impl: Any, kind: str, name: str, version: str) -> bool:
+        """Run one registration hook of plugin ``name``; False when the plugin was skipped (whole)."""
+        hook_name = KINDS[kind]
+        try:
+            result = impl.function(register=self._registrar(kind, name, version))
+        except Exception as exc:
+            if name == BUILTIN_PROVIDER:  # a bug in molpredict itself: never hidden as a skipped plugin
+                raise
+            # a third-party plugin that registers badly is skipped whole, as one that fails to import, the
+            # components it registered before included: it must not break the commands that do not use it
+            reason = str(exc) if isinstance(exc, (PluginError, SpecError)) else (
+                f"hook {hook_name} raised {_one_line(exc)}")
+            self._skip(name, reason)
+            return False
+        if result is not None:
+            self._warn(name, _returned(hook_name, result))
+        return True
+
+    @staticmethod
+    def _unmarked_hooks(plugin: Any) -> list[str]:
+        """Functions of ``plugin`` named like a hook but without ``@hookimpl`` (pluggy ignores them silently)."""
+        marker = f"{hookspecs.PROJECT_NAME}_impl"
+        names = list(KINDS.values()) + ["register_commands"]
+        return [hook for hook in names
+                if callable(getattr(plugin, hook, None)) and not hasattr(getattr(plugin, hook), marker)]
 
     def _drop(self, plugin_name: str) -> None:
-        """Forget a plugin: its registered components and its hook implementations."""
+        """Forget a plugin: its registered components, commands and hook implementations."""
         for entries in self._entries.values():
             for key in [k for k, entry in entries.items() if entry.provider == plugin_name]:
                 del entries[key]
+        for command in [c for c, owner in self.commands.items() if owner == plugin_name]:
+            del self.commands[command]
         self._versions.pop(plugin_name, None)
+        self._origins.pop(plugin_name, None)
         if self.pm.has_plugin(plugin_name):
             self.pm.unregister(name=plugin_name)
 
@@ -259,18 +398,21 @@ class Registry:
         return unknown
 
     def _registrar(self, kind: str, provider: str, version: str):
+        """The ``register(name, component)`` callback given to ``provider``'s hook of ``kind``. A mistake raises
+        :class:`PluginError` (the caller skips the plugin whole); a lazy target's class is checked when loaded."""
         def register(name: str, component: Any) -> None:
             if not isinstance(name, str) or not name:
-                raise PluginError(f"plugin {provider!r} registered a {kind} without a name")
-            if not (isinstance(component, str) and ":" in component) and not inspect.isclass(component):
-                raise PluginError(f"plugin {provider!r}: {kind} {name!r} must be a class or 'module:Class'")
+                raise PluginError(f"registered a {kind} without a name")
+            if not (isinstance(component, str) and ":" in component):
+                if not inspect.isclass(component):
+                    raise PluginError(f"{kind} {name!r} must be a class or 'module:Class', not "
+                                      f"{_describe(component)}")
+                problem = check_component_class(kind, component, imported_only=True)
+                if problem is not None:
+                    raise PluginError(f"{kind} {name!r}: {problem}")
             existing = self._entries[kind].get(name)
             if existing is not None:
-                message = (f"{kind} {name!r} registered twice: by {existing.provider!r} and by {provider!r}")
-                if provider == BUILTIN_PROVIDER or existing.provider == provider:
-                    raise PluginError(message)
-                self._fail(provider, message)
-                return
+                raise PluginError(f"{kind} {name!r} registered twice: by {existing.provider!r} and by {provider!r}")
             self._entries[kind][name] = Entry(name, kind, provider, version, component)
         return register
 
@@ -357,15 +499,39 @@ class Registry:
         """Plugin name -> version, for every plugin that registered successfully."""
         return dict(self._versions)
 
+    def origin(self, plugin: str) -> str | None:
+        """Where plugin ``plugin`` was loaded from: ``built-in``, ``entry point NAME = MODULE (distribution D V)``,
+        the path of a plugins-directory file, or ``in-process``; None for a plugin that is not loaded."""
+        return self._origins.get(plugin)
+
     def register_commands(self, cli: Any) -> None:
-        """Let every plugin add its click commands to ``cli``; a failing plugin is reported and skipped."""
+        """Let every plugin add its click commands to ``cli``; a failing plugin is reported and skipped whole.
+
+        A command whose name is taken (a built-in command, or an earlier plugin's) is refused with a one-line
+        warning: the command that was there is kept, so a plugin cannot replace ``identify``.
+        """
         for impl in self.pm.hook.register_commands.get_hookimpls():
+            plugin = impl.plugin_name
+            before = dict(cli.commands)
             try:
-                impl.function(cli=cli)
+                result = impl.function(cli=cli)
             except PluginError:
                 raise
             except Exception as exc:
-                self._fail(impl.plugin_name, f"hook register_commands raised {_one_line(exc)}")
+                cli.commands.clear()
+                cli.commands.update(before)
+                self._skip(plugin, f"hook register_commands raised {_one_line(exc)}")
+                continue
+            for command, obj in list(cli.commands.items()):
+                if command not in before:
+                    self.commands[command] = plugin
+                elif before[command] is not obj:
+                    cli.commands[command] = before[command]
+                    owner = self.commands.get(command)
+                    kept = f"plugin {owner!r}'s" if owner else "the built-in"
+                    self._warn(plugin, f"command {command!r} not added: {kept} command of that name is kept")
+            if result is not None:
+                self._warn(plugin, _returned("register_commands", result))
 
     @staticmethod
     def _check_kind(kind: str) -> None:

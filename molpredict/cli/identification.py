@@ -813,11 +813,20 @@ def model_group() -> None:
 @model_group.command("info")
 @click.argument("model_path", metavar="[MODEL]", required=False, type=click.Path())
 def model_info(model_path) -> None:
-    """Show what a bundle holds: per ion mode the model, training data, licences and validation metrics."""
-    from molpredict.modelfile import json_ready
+    """Show what a bundle holds: per ion mode the model, its components and the plugins that provide them,
+    training data, licences and validation metrics. When a plugin it needs is missing (or another one provides
+    a component's name), it shows the components and their providers, and the problem on stderr."""
+    from molpredict.errors import PluginError
+    from molpredict.modelfile import bundle_components, json_ready
 
-    bundle = _load_bundle(model_path)
-    click.echo(json.dumps(json_ready(bundle.describe()), indent=2))
+    try:
+        described = _load_bundle(model_path).describe()
+    except PluginError as exc:  # what the bundle needs is what the user must find out: show it, do not fail
+        from molpredict.config import resolve
+
+        described = bundle_components(model_path or resolve("model")[0])
+        click.echo(f"molpredict: warning: {exc}", err=True)
+    click.echo(json.dumps(json_ready(described), indent=2))
 
 
 @model_group.command("upgrade")
