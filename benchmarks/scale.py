@@ -64,11 +64,11 @@ def _transcode(src, dst, transform=None, block=8192):
 def accuracy(bundle, spectra_path, sets, workdir, k_truncated=1000):
     import numpy as np
 
-    from molpredict.identification.coordinates_cache import CoordinatesCache
+    from molpredict.identification.coordinates_cache import CoordinatesCache, store_key
     from molpredict.chem.molecules import Molecule
 
     model = bundle.for_mode("positive").model
-    key = model.coordinates_key()
+    key = store_key(model)
     dim = int(np.asarray(model.candidate_coordinates([Molecule.from_smiles("CCO")])).shape[1])
     out = {"dim": dim}
     roots = {enc: workdir / f"store-{enc}" for enc in ("float64", "float16", "int8", f"truncated{k_truncated}")}
@@ -161,11 +161,11 @@ def _rss_per_worker(client):
 def throughput(bundle, spectra, source, library, store_root, workdir):
     import numpy as np
 
-    from molpredict.identification.coordinates_cache import CoordinatesCache
+    from molpredict.identification.coordinates_cache import CoordinatesCache, smiles_keys, store_key
     from molpredict.identification.scoring import DaskExecutor, InProcessExecutor
 
     out: dict = {"identify": {}, "score_library": {}, "n_spectra": len(spectra), "n_library": len(library)}
-    key = bundle.for_mode("positive").model.coordinates_key()
+    key = store_key(bundle.for_mode("positive").model)
     # warm the store for these spectra's candidates (not timed), then the in-process reference
     here = InProcessExecutor()
     _identify(bundle, source, spectra, store_root, here, 64)
@@ -208,7 +208,7 @@ def throughput(bundle, spectra, source, library, store_root, workdir):
             seconds, cpu, computed = _measured(
                 executor, lambda: _score_library(bundle, library, workdir / f"lib-{name}", executor))
             store = CoordinatesCache(workdir / f"lib-{name}", key)
-            keys = list(library.column("inchikey"))
+            keys = list(smiles_keys(library.column("smiles")))
             same = bool((store.read(store.rows(keys)) == reference_store.read(reference_store.rows(keys))).all())
             out["score_library"][name] = {"time_s": round(seconds, 3),
                                           "structures_per_s": round(len(library) / seconds, 1),

@@ -32,8 +32,10 @@ __all__ = ["home_dir", "file_sha256", "known_file_sha256", "library_cache_dir", 
            "store_library_entry", "discard_entry", "LIBRARY_CACHE_FORMAT"]
 
 #: 2: a "cid" column is read as "id" (ChEBI-20); 3: the indexes are memory-mapped arrays (sorted masses; rows by
-#: normalised formula with the sorted formulas as an Arrow file), so opening reads no whole column
-LIBRARY_CACHE_FORMAT = 3
+#: normalised formula with the sorted formulas as an Arrow file), so opening reads no whole column; 4: rows are read
+#: by the rules of both readers alike (a negative mass or an unparsable formula skipped on the fast path too), an
+#: isotope-labelled structure keeps its labelled formula, and an InChI column stands in for an empty SMILES
+LIBRARY_CACHE_FORMAT = 4
 _TABLE_FILE = "library.arrow"
 _REPORT_FILE = "report.json"
 _INDEX_FILES = ("mass_order.npy", "mass_sorted.npy", "formula_rows.npy", "formula_offsets.npy", "formula_keys.arrow")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import warnings
 import zlib
 from collections import Counter
@@ -47,6 +48,9 @@ __all__ = [
     "candidate_set_molecules",
     "describe_smiles",
     "describe_many",
+    "undescribed_reason",
+    "parent_smiles",
+    "parents_many",
     "dedupe",
     "CACHE_MIN_BYTES",
 ]
@@ -103,7 +107,8 @@ class LoadReport:
         Records read (kept + skipped; blank and comment lines are not records).
     skipped : list of SkippedRow
     n_duplicates : int
-        Records dropped as duplicates of an earlier InChIKey (``candidates build`` only).
+        Records dropped as duplicates of an earlier one with the same InChIKey and source (``candidates build``
+        only: :func:`dedupe`).
     """
 
     path: str
@@ -141,7 +146,7 @@ class LoadReport:
         if self.n_skipped:
             text += f", {self.n_skipped} skipped (first: {self.skipped[0]})"
         if self.n_duplicates:
-            text += f", {self.n_duplicates} duplicate InChIKeys dropped"
+            text += f", {self.n_duplicates} duplicate rows (same InChIKey and source) dropped"
         return text
 
     def warn(self) -> None:
@@ -183,10 +188,59 @@ def describe_smiles(smiles: str) -> tuple[str, str, str, float] | None:
     return m.smiles, inchikey, m.formula, m.monoisotopic_mass
 
 
+def undescribed_reason(smiles: str) -> str:
+    """Why :func:`describe_smiles` returned None for ``smiles``, in words for a skip report: RDKit cannot parse
+    it, or RDKit parses it but InChI fails (no InChIKey: InChI refuses, for one, structures of over 1,024 atoms).
+    Parses again: call it for the few failures only."""
+    from rdkit import Chem
+
+    shown = repr(smiles[:80])
+    mol = Chem.MolFromSmiles(smiles) if smiles else None
+    if mol is None:
+        return f"RDKit cannot parse SMILES {shown}"
+    return f"no InChIKey: InChI fails on this structure ({mol.GetNumAtoms()} heavy atoms), SMILES {shown}"
+
+
+def parent_smiles(smiles: str) -> str | None:
+    """The parent structure of a SMILES, canonical (what ``candidates build --standardize`` keeps): metals
+    disconnected, the largest organic fragment kept, charges neutralised where a hydrogen can be added or
+    removed (RDKit's ``rdMolStandardize``); None when RDKit cannot parse it or standardisation fails.
+
+    A salt or a charged form carries the formula and mass of what was weighed, never those of the ion a spectrum
+    shows: diazepam hydrochloride, a sodium carboxylate, a tartrate salt become diazepam, the acid, the base. No
+    other normalisation is done, so a neutral single-fragment structure comes back as its own canonical SMILES.
+    Pure and picklable (run on worker processes by :func:`parents_many`)."""
+    from rdkit import Chem
+    from rdkit.Chem.MolStandardize import rdMolStandardize
+
+    mol = Chem.MolFromSmiles(smiles) if smiles else None
+    if mol is None:
+        return None
+    try:
+        mol = rdMolStandardize.MetalDisconnector().Disconnect(mol)
+        mol = rdMolStandardize.LargestFragmentChooser(preferOrganic=True).choose(mol)
+        mol = rdMolStandardize.Uncharger().uncharge(mol)
+    except (RuntimeError, ValueError):  # RDKit raises these on structures it cannot sanitise after a change
+        return None
+    return Chem.MolToSmiles(mol) or None
+
+
+def parents_many(smiles: Sequence[str], n_jobs: int = 1, progress: bool = False,
+                 desc: str = "standardising") -> list[str | None]:
+    """:func:`parent_smiles` over many SMILES, as :func:`describe_many` runs :func:`describe_smiles`."""
+    return _map(parent_smiles, smiles, n_jobs, progress, desc)
+
+
 def describe_many(smiles: Sequence[str], n_jobs: int = 1, progress: bool = False,
                   desc: str = "molecules") -> list[tuple[str, str, str, float] | None]:
     """:func:`describe_smiles` over many SMILES, on ``n_jobs`` processes (``-1``: all cores), in input order,
     with an optional tqdm progress bar on stderr."""
+    return _map(describe_smiles, smiles, n_jobs, progress, desc)
+
+
+def _map(function: Any, smiles: Sequence[str], n_jobs: int, progress: bool, desc: str) -> list[Any]:
+    """``function`` (picklable, pure) over ``smiles`` on ``n_jobs`` processes, in input order, with an optional
+    progress bar."""
     from molpredict.chem.molecules import n_workers
 
     workers = n_workers(n_jobs)
@@ -200,14 +254,14 @@ def describe_many(smiles: Sequence[str], n_jobs: int = 1, progress: bool = False
 
             out: list = []
             with ProcessPoolExecutor(max_workers=workers) as pool:
-                for result in pool.map(describe_smiles, smiles, chunksize=500):
+                for result in pool.map(function, smiles, chunksize=500):
                     out.append(result)
                     if bar is not None:
                         bar.update(1)
             return out
         out = []
         for s in smiles:
-            out.append(describe_smiles(s))
+            out.append(function(s))
             if bar is not None:
                 bar.update(1)
         return out
@@ -546,15 +600,23 @@ class CandidateLibrary:
                 for c in sorted(counts, key=lambda c: -c["counts"])}
 
     def info(self) -> dict[str, Any]:
-        """Rows, distinct InChIKeys / formulas, sources with counts (:meth:`source_counts`), mass range: a
-        JSON-ready summary."""
+        """Rows, distinct InChIKeys / formulas, sources with counts (:meth:`source_counts`; a structure counts
+        under each of its sources), structures under several sources, rows that are salts or charged
+        (:meth:`salt_or_charged_rows`), mass range: a JSON-ready summary."""
         mass = self.monoisotopic_mass
         sources = self.source_counts()
         formulas = pc.value_counts(self._table.column("formula")).to_pylist()
         top = sorted(formulas, key=lambda c: -c["counts"])[:5]
+        multi_source = 0
+        if self.has_column("source"):
+            per_key = pa.table({"key": self._table.column("inchikey"), "source": self._table.column("source")}) \
+                .group_by("key", use_threads=False).aggregate([("source", "count_distinct")])
+            multi_source = int(pc.sum(pc.greater(per_key.column("source_count_distinct"), 1)).as_py() or 0)
         return {
             "path": self.path, "rows": len(self),
             "distinct_inchikey14": int(pc.count_distinct(self._table.column("inchikey14")).as_py()),
+            "multi_source_structures": multi_source,
+            "salt_or_charged_rows": self.salt_or_charged_rows(),
             "distinct_formulas": len(formulas),
             "top_formulas": {str(c["values"]): int(c["counts"]) for c in top},
             "sources": sources,
@@ -562,6 +624,17 @@ class CandidateLibrary:
             "mass_max": float(mass.max()) if len(mass) else None,
             "columns": self.columns,
         }
+
+    def salt_or_charged_rows(self) -> int:
+        """Rows whose structure has several fragments (a salt, a solvate) or a net charge: their formula and mass
+        are those of what was weighed, which a spectrum's precursor never shows, so they match no query by formula
+        or mass (``candidates build --standardize`` replaces each by its parent). From the SMILES and formula
+        columns, without RDKit."""
+        if not len(self):
+            return 0
+        several = pc.match_substring(self._table.column("smiles"), ".")
+        charged = pc.match_substring_regex(self._table.column("formula"), r"[+-]\d*$")
+        return int(pc.sum(pc.or_(several, charged)).as_py() or 0)
 
     def to_tsv(self, path: str | os.PathLike) -> None:
         """Write the library TSV (gzipped when ``path`` ends in ``.gz``): :data:`COLUMNS` present, in order;
@@ -612,11 +685,29 @@ def _sorted_position(keys: Any, key: str) -> int | None:
     return None
 
 
+#: prefix of the formula-index key of a formula that does not parse (:func:`_formula_key`)
+_UNPARSED = "unparsed:"
+#: an isotope written apart, as :func:`~molpredict.chem.molecules.molecular_formula` writes it (``[13C]``, ``[2H]3``)
+#: or as RDKit abbreviates hydrogen's (``D``, ``T``: no element symbol is one of these letters alone)
+_ISOTOPE = re.compile(r"\[\d+([A-Z][a-z]?)\]|[DT](?![a-z])")
+
+
 def _formula_key(raw: str | None) -> str:
+    """The formula-index key: the normalised formula; a labelled formula (``C15[13C]H13ClN2O``) as written,
+    which no normalised query formula equals (it is reached by mass only); ``unparsed:...`` for anything else,
+    which nothing selects and the readers skip."""
     try:
         return normalize_formula(raw or "")
     except InputError:
-        return f"unparsed:{raw}"  # still selectable by nothing, never confused with a real formula
+        pass
+    text = (raw or "").strip()
+    if _ISOTOPE.search(text):
+        try:  # a labelled formula is valid when it parses with each isotope read as its element
+            normalize_formula(_ISOTOPE.sub(lambda m: m.group(1) or "H", text))
+            return text
+        except InputError:
+            pass
+    return f"{_UNPARSED}{raw}"  # still selectable by nothing, never confused with a real formula
 
 
 def _molecule(row: Mapping[str, Any]) -> Molecule:
@@ -721,7 +812,7 @@ def _read_tsv_fast(path: Path, header: list[str]) -> CandidateLibrary | None:
         if pc.any(pc.equal(pc.utf8_length(table.column(name)), 0)).as_py():
             return None
     mass = table.column("monoisotopic_mass")
-    if mass.null_count or pc.any(pc.invert(pc.is_finite(mass))).as_py():
+    if mass.null_count or pc.any(pc.invert(pc.is_finite(mass))).as_py() or pc.any(pc.less(mass, 0)).as_py():
         return None
     for name in _OPTIONAL_COLUMNS:
         if name in table.column_names:  # empty optional cells are missing values
@@ -729,13 +820,20 @@ def _read_tsv_fast(path: Path, header: list[str]) -> CandidateLibrary | None:
             table = table.set_column(table.column_names.index(name), name,
                                      pc.if_else(pc.equal(column, ""), pa.scalar(None, pa.string()), column))
     report = LoadReport(str(path), n_read=table.num_rows)
-    return CandidateLibrary(table, path=path, report=report)
+    library = CandidateLibrary(table, path=path, report=report)
+    # The row reader skips a row taken as given whose formula does not parse: check the distinct formulas here, through
+    # the formula index that every selection by formula (and every cached library) builds anyway, and leave any such
+    # file to the row reader, which reports the rows by line.
+    _, _, keys = library._formulas()
+    if any(key.startswith(_UNPARSED) for key in keys):
+        return None
+    return library
 
 
 def _read_tsv_rows(path: Path, header: list[str], *, n_jobs: int = 1, progress: bool = False
                    ) -> CandidateLibrary:
     report = LoadReport(str(path))
-    position = {name: header.index(name) for name in COLUMNS if name in header}
+    position = {name: header.index(name) for name in (*COLUMNS, "inchi") if name in header}
     raw: list[StructureRecord] = []
     with open_table_text(path) as handle:
         try:
@@ -756,6 +854,16 @@ def _read_tsv_rows(path: Path, header: list[str], *, n_jobs: int = 1, progress: 
                     return value or None
 
                 smiles = get("smiles")
+                if smiles is None and "inchi" in position:
+                    inchi = get("inchi")
+                    smiles = None if inchi is None else _smiles_of_inchi(inchi)
+                    if smiles is None:
+                        if inchi is None:
+                            report.skip(line_number, "smiles", "empty SMILES and InChI")
+                        else:
+                            report.skip(line_number, "inchi",
+                                        f"empty SMILES, and RDKit cannot parse InChI {inchi[:80]!r}")
+                        continue
                 if smiles is None:
                     report.skip(line_number, "smiles", "empty SMILES")
                     continue
@@ -769,6 +877,11 @@ def _read_tsv_rows(path: Path, header: list[str], *, n_jobs: int = 1, progress: 
                     if not np.isfinite(mass) or mass < 0:
                         report.skip(line_number, "monoisotopic_mass", f"not a mass: {mass_text!r}")
                         continue
+                formula = get("formula")
+                if formula is not None and mass is not None and get("inchikey") is not None \
+                        and _formula_key(formula).startswith(_UNPARSED):  # taken as given: checked as the fast path
+                    report.skip(line_number, "formula", f"not a formula: {formula[:80]!r}")
+                    continue
                 raw.append(StructureRecord(line_number, smiles, get("name"), get("id"), get("source"), get("inchikey"),
                                 get("formula"), mass))
         except UnicodeDecodeError:
@@ -780,6 +893,14 @@ def _read_tsv_rows(path: Path, header: list[str], *, n_jobs: int = 1, progress: 
     library = CandidateLibrary(_complete(raw, extra, report, n_jobs=n_jobs, progress=progress), path=path,
                                report=report)
     return library
+
+
+def _smiles_of_inchi(inchi: str) -> str | None:
+    """Canonical SMILES of an InChI (for a TSV row whose ``smiles`` cell is empty), None when RDKit cannot read it."""
+    try:
+        return Molecule.from_inchi(inchi).smiles
+    except InputError:
+        return None
 
 
 def _complete(raw: list[StructureRecord], extra: Sequence[str], report: LoadReport, *, n_jobs: int = 1,
@@ -795,7 +916,7 @@ def _complete(raw: list[StructureRecord], extra: Sequence[str], report: LoadRepo
     for i, result in zip(todo, described):
         record = raw[i]
         if result is None:
-            report.skip(record.line, "smiles", f"RDKit cannot parse SMILES {record.smiles[:80]!r}")
+            report.skip(record.line, "smiles", undescribed_reason(record.smiles))
             keep[i] = False
             continue
         record.smiles, record.inchikey, record.formula, record.mass = result
@@ -977,9 +1098,18 @@ def candidate_set_molecules(entries: Sequence[tuple[str, str]], source: str | No
 
 
 def dedupe(library: CandidateLibrary, report: LoadReport | None = None) -> CandidateLibrary:
-    """The first row of each InChIKey, order kept (the number dropped is added to ``report.n_duplicates``)."""
-    table = pa.table({"key": library.table.column("inchikey"), "row": pa.array(np.arange(len(library)))})
-    first = table.group_by("key", use_threads=False).aggregate([("row", "min")]).column("row_min")
+    """The first row of each (InChIKey, source) pair, order kept (the number dropped is added to
+    ``report.n_duplicates``).
+
+    A structure listed under two sources keeps a row under each: ``identify --source`` selects rows by their
+    label, so keeping only the first would lose the structure for the other source's queries. Ranking without a
+    source filter takes one row per structure (the first). A row without a source is a pair of its own."""
+    columns = {"key": library.table.column("inchikey"), "row": pa.array(np.arange(len(library)))}
+    if library.has_column("source"):
+        columns["source"] = library.table.column("source")
+    table = pa.table(columns)
+    first = table.group_by([c for c in ("key", "source") if c in columns], use_threads=False) \
+        .aggregate([("row", "min")]).column("row_min")
     first = np.sort(first.to_numpy(zero_copy_only=False))
     if report is not None:
         report.n_duplicates += len(library) - len(first)

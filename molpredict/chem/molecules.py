@@ -35,6 +35,7 @@ __all__ = [
     "formula_mass",
     "parse_formula",
     "normalize_formula",
+    "molecular_formula",
     "ELECTRON_MASS",
     "PROTON_MASS",
     "FINGERPRINT_KINDS",
@@ -79,7 +80,9 @@ class Molecule:
         Full InChIKey; ``inchikey14`` is its first block (the 2D skeleton), the identity used for hits.
     formula : str
         Molecular formula as RDKit's CalcMolFormula writes it (C, H, then alphabetical; a net charge as a suffix
-        such as ``+``); :func:`normalize_formula` brings any formula string to this form.
+        such as ``+``); :func:`normalize_formula` brings any formula string to this form. Isotopes given in the
+        structure are written apart (:func:`molecular_formula`: ``C15[13C]H13ClN2O``, ``C16H10[2H]3ClN2O``), so a
+        labelled standard never carries its unlabelled parent's formula.
     monoisotopic_mass : float
         As RDKit's ``ExactMolWt`` (for a charged structure the electrons' mass is accounted).
     name, id, source : str or None
@@ -116,7 +119,7 @@ class Molecule:
         """Build from an RDKit ``Mol`` (computes every attribute now)."""
         smiles = Chem.MolToSmiles(mol)
         inchikey = Chem.MolToInchiKey(mol) or None
-        return cls(smiles, inchikey=inchikey, formula=rdMolDescriptors.CalcMolFormula(mol),
+        return cls(smiles, inchikey=inchikey, formula=molecular_formula(mol),
                    monoisotopic_mass=Descriptors.ExactMolWt(mol), name=name, id=id, source=source,
                    rdkit_mol=mol)
 
@@ -167,7 +170,7 @@ class Molecule:
     @property
     def formula(self) -> str:
         if self._formula is None:
-            self._formula = rdMolDescriptors.CalcMolFormula(self.rdkit_mol)
+            self._formula = molecular_formula(self.rdkit_mol)
         return self._formula
 
     @property
@@ -523,6 +526,17 @@ def fingerprint_matrix(molecules: Iterable[Molecule | str], kind: str = "morgan"
 # ----------------------------------------------------------------------------------------------------------
 # Formulas
 # ----------------------------------------------------------------------------------------------------------
+
+def molecular_formula(mol: Chem.Mol) -> str:
+    """The molecular formula of an RDKit ``Mol`` as RDKit's ``CalcMolFormula`` writes it, isotopes given in the
+    structure written apart in brackets (``[13CH3]...`` gives ``C15[13C]H13ClN2O``, ``[2H]`` gives ``[2H]3``, not
+    ``D3``).
+
+    Without them a labelled standard (diazepam-13C, 285.075 Da) would be filed under its parent's formula and be
+    ranked for the parent's spectrum by formula; written apart, it matches no query formula (:func:`parse_formula`
+    refuses the brackets) and is reached only by its own mass."""
+    return rdMolDescriptors.CalcMolFormula(mol, True, False)  # separateIsotopes, abbreviateHIsotopes off
+
 
 _FORMULA_TOKEN = re.compile(r"([A-Z][a-z]?)(\d*)")
 # Charges as RDKit writes them ("+", "-", "+2") or repeated signs ("++"); "2+" is not accepted because

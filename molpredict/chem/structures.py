@@ -85,6 +85,9 @@ def read_sdf_records(path: Path, report: Any, source: str | None) -> Iterator[St
         if mol is None:
             report.skip(start, "molblock", "RDKit cannot read this SDF record")
             return None
+        if mol.GetNumAtoms() == 0:  # its SMILES would be '', reported later as a SMILES RDKit cannot parse
+            report.skip(start, "molblock", "empty SDF record (no atoms)")
+            return None
         items = sdf_items(data)
         title = lines[0].strip() if lines else ""
         name = items.get("name") or title or None

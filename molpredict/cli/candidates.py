@@ -32,12 +32,17 @@ def _check_jobs(ctx: click.Context, param: click.Parameter, value: int) -> int:
 @click.option("--source", default=None, help="Source label for records that have none.")
 @click.option("-j", "--jobs", default=-1, show_default=True, type=int, callback=_check_jobs,
               help="Worker processes for RDKit (-1: all cores).")
+@click.option("--standardize", is_flag=True,
+              help="Replace each structure by its parent: metals disconnected, largest organic fragment, charges "
+                   "neutralised where possible (salts and charged forms then match their parent's spectra).")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on stderr (default: when stderr is a terminal).")
-def build(input_path: str, output: str, source: str | None, jobs: int, progress: bool | None) -> None:
+def build(input_path: str, output: str, source: str | None, jobs: int, standardize: bool,
+          progress: bool | None) -> None:
     """Read INPUT (SMILES file, SDF or TSV), compute InChIKey, formula and monoisotopic mass with RDKit for every
-    structure, drop duplicate InChIKeys (first kept) and write a complete library TSV."""
-    from molpredict.chem.candidates import CandidateLibrary, _kind_of, dedupe
+    structure, drop repeated rows (same InChIKey and source; first kept: a structure keeps one row per source) and
+    write a complete library TSV."""
+    from molpredict.chem.candidates import CandidateLibrary, _kind_of, check_usable, dedupe
     from molpredict.cli.paths import check_output_files
 
     check_output_files({"-o": output}, {"INPUT": input_path})
@@ -55,6 +60,12 @@ def build(input_path: str, output: str, source: str | None, jobs: int, progress:
         else:
             library = _tsv_recomputed(path, source, jobs, show)
     report = library.report
+    # An empty library would only surface later, as "no candidates" for every query: refuse it here, naming the
+    # first skipped row, and write nothing.
+    check_usable(library, input_path)
+    n_changed = None
+    if standardize:
+        library, n_changed = _standardized(library, jobs, show)
     library = dedupe(library, report)
     if source is not None and not library.has_column("source"):
         library = CandidateLibrary({**{c: library.column(c) for c in library.columns},
@@ -66,7 +77,47 @@ def build(input_path: str, output: str, source: str | None, jobs: int, progress:
             click.echo(f"  skipped: {skipped}", err=True)
         if report.n_skipped > 20:
             click.echo(f"  ... and {report.n_skipped - 20} more", err=True)
+    if n_changed is not None:
+        click.echo(f"--standardize: {n_changed} rows replaced by their parent structure", err=True)
+    salts = _salt_line(library.salt_or_charged_rows(), standardized=standardize)
+    if salts:
+        click.echo(salts, err=True)
     click.echo(f"wrote {len(library)} molecules to {output}", err=True)
+
+
+def _salt_line(n: int, standardized: bool = False) -> str | None:
+    """The one line on rows that are salts or charged (several fragments or a net charge), or None when none."""
+    if not n:
+        return None
+    if standardized:  # what is left cannot be neutralised: quaternary ammonium and the like, ions as measured
+        return f"{n} rows keep a net charge or several fragments after --standardize (permanent ions)"
+    return (f"{n} rows are salts or charged forms (several fragments or a net charge): no spectrum of their parent "
+            f"finds them by formula or mass; `candidates build --standardize` keeps the parent")
+
+
+def _standardized(library, jobs: int, progress: bool):
+    """(the library with each structure replaced by its parent and its columns recomputed, rows changed). A row
+    whose parent RDKit cannot compute is kept as it is."""
+    import numpy as np
+
+    from molpredict.chem.candidates import CandidateLibrary, describe_many, parents_many
+
+    smiles = library.smiles
+    parents = parents_many(list(smiles), n_jobs=jobs, progress=progress)
+    changed = [i for i, (old, new) in enumerate(zip(smiles, parents)) if new is not None and new != old]
+    described = describe_many([parents[i] for i in changed], n_jobs=jobs, progress=progress, desc="parents")
+    columns = {c: np.array(library.column(c), dtype=object) for c in ("smiles", "inchikey", "formula")}
+    mass = np.array(library.monoisotopic_mass, dtype=np.float64)
+    n_changed = 0
+    for i, result in zip(changed, described):
+        if result is None:  # a parent InChI cannot describe: the row stays as read
+            continue
+        (columns["smiles"][i], columns["inchikey"][i], columns["formula"][i], mass[i]) = result
+        n_changed += 1
+    rest = {c: library.column(c) for c in library.columns if c not in ("smiles", "inchikey", "inchikey14", "formula",
+                                                                       "monoisotopic_mass")}
+    return CandidateLibrary({**columns, "monoisotopic_mass": mass, **rest}, path=library.path,
+                            report=library.report), n_changed
 
 
 def _tsv_recomputed(path: Path, source: str | None, jobs: int, progress: bool):
@@ -109,9 +160,15 @@ def info(library_path: str, as_json: bool) -> None:
     click.echo(f"library      {summary['path']}")
     click.echo(f"rows         {summary['rows']}")
     click.echo(f"structures   {summary['distinct_inchikey14']} distinct InChIKey first blocks")
+    if summary["multi_source_structures"]:
+        click.echo(f"             {summary['multi_source_structures']} InChIKeys under several sources (a row "
+                   f"each; ranked once)")
     click.echo(f"formulas     {summary['distinct_formulas']} distinct")
     if summary["rows"]:
         click.echo(f"mass range   {summary['mass_min']:.4f} - {summary['mass_max']:.4f} Da")
+    salts = _salt_line(summary["salt_or_charged_rows"])
+    if salts:
+        click.echo(f"salts        {salts}")
     if summary["sources"]:
         click.echo("sources")
         for name, count in summary["sources"].items():
