@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from molpredict.identification.coordinates_cache import CoordinatesCache, decode, encode, molecule_key
+from molpredict.identification.coordinates_cache import (KEYING, CoordinatesCache, decode, encode, molecule_key,
+                                                          smiles_keys, store_key)
 from molpredict.chem.molecules import Molecule
 from conftest import child_pythonpath
 
@@ -34,10 +35,23 @@ def mols(n, offset=0):
     return [Molecule("C" * (i + 1 + offset), inchikey=f"KEY{i + offset:05d}-X-N") for i in range(n)]
 
 
-def test_molecule_key_never_computes_inchi():
-    assert molecule_key(Molecule("CCO", inchikey="LFQSCWFLJHTTHZ-UHFFFAOYSA-N")) == "LFQSCWFLJHTTHZ-UHFFFAOYSA-N"
+def test_molecule_key_is_the_featurised_smiles_never_an_inchikey():
+    """A declared InChIKey may be wrong, and forms sharing one (a zwitterion and its neutral form) have their own
+    coordinates: the key is the SMILES, computed from nothing."""
+    assert molecule_key(Molecule("CCO", inchikey="LFQSCWFLJHTTHZ-UHFFFAOYSA-N")) == "smiles:CCO"
+    assert molecule_key(Molecule("CCO", inchikey="WRONGKEYWRONGK-UHFFFAOYSA-N")) == "smiles:CCO"
     m = Molecule("CCO")
     assert molecule_key(m) == "smiles:CCO" and m._inchikey is None
+    assert list(smiles_keys(np.array(["CCO", "C[NH3+]"], dtype=object))) == ["smiles:CCO", "smiles:C[NH3+]"]
+
+
+def test_a_model_store_is_named_by_its_keying():
+    """Stores keyed the old way (by declared InChIKey, under the bare coordinates key) are never opened."""
+    class Model:
+        def coordinates_key(self):
+            return "abc"
+
+    assert store_key(Model()) == f"abc.{KEYING}" != "abc"
 
 
 def exact(root, key="k"):
@@ -206,7 +220,7 @@ def write_layout_1(directory, keys, data):
 
 
 def test_old_layout_is_migrated_never_misread(tmp_path):
-    keys = [m.inchikey for m in mols(6)]
+    keys = [molecule_key(m) for m in mols(6)]
     data = Featurizer()(mols(6))
     write_layout_1(tmp_path / "k", keys, data)
     cache = CoordinatesCache(tmp_path, "k", encoding="float64")

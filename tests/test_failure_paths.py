@@ -94,7 +94,7 @@ def test_a_segment_shorter_than_its_commit_record_is_recomputed(tmp_path):
     expected = cache.get(mols(4), Featurizer(), block_size=2)
     record = sorted((tmp_path / "k" / "commits").iterdir())[0]
     keys = json.loads(record.read_text())["keys"]
-    record.write_text(json.dumps({"keys": keys + ["KEY09999-X-N"]}))  # one row more than stored
+    record.write_text(json.dumps({"keys": keys + ["smiles:CCCCCCCCCCCC"]}))  # one row more than stored
     f = Featurizer()
     fresh = CoordinatesCache(tmp_path, "k")
     extra = Molecule("CCCCCCCCCCCC", inchikey="KEY09999-X-N")
@@ -120,10 +120,10 @@ import numpy as np
 from molpredict.identification.coordinates_cache import CoordinatesCache
 root, offset, n, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 cache = CoordinatesCache(root, "k", encoding="float64")
-keys = [f"KEY{i + offset:05d}-X-N" for i in range(n)]
+keys = ["smiles:" + "C" * (i + offset + 1) for i in range(n)]  # as molecule_key keys mols(): by SMILES
 for start in np.random.default_rng(seed).permutation(np.arange(0, n, 3)):
     block = keys[start:start + 3]
-    smiles = ["C" * (int(k[3:8]) + 1) for k in block]
+    smiles = [k[len("smiles:"):] for k in block]
     cache.append(block, np.array([[(len(s) * 7 + j) % 11 / 3.0 for j in range(4)] for s in smiles]))
 """
 

@@ -84,15 +84,16 @@ def test_learned_model_ranks_truth_first_among_isomers(bundle, library, tmp_path
 
 
 def test_ranking_order_ties_and_confidence(bundle, library, tmp_path):
-    """Rows are by score descending; the stereo pair has equal scores and is ordered by InChIKey."""
+    """Rows are by score descending; the stereo pair (one InChIKey first block) is one structure, ranked once as its
+    first library row, not tied with itself."""
     from molpredict.spectra.record import Spectrum
     alanine = Spectrum("ala", mz=[44.05, 90.055], intensities=[100.0, 30.0], precursor_mz=90.0550, charge=1,
                        ion_mode="positive", adduct="[M+H]+", metadata={"formula": "C3H7NO2"})
-    rows, _ = run(bundle, library, [alanine] * 2, tmp_path, top_k=5)
-    assert [r["rank"] for r in rows] == [1, 2, 1, 2]
-    a, b = rows[0], rows[1]
-    assert a["score"] == b["score"] and a["inchikey"] < b["inchikey"]
-    assert a["confidence"] == 0.0 and b["confidence"] == 0.0
+    with pytest.warns(UserWarning, match="first block"):
+        rows, ident = run(bundle, library, [alanine] * 2, tmp_path, top_k=5)
+    assert [r["rank"] for r in rows] == [1, 1]
+    assert rows[0]["smiles"] == DECOYS[4] and rows[0]["n_candidates"] == 1 and np.isnan(rows[0]["confidence"])
+    assert ident.summary()["candidates_merged"] == 2
     queries, _ = synthetic_spectra(n_per=1, seed=3)
     rows, _ = run(bundle, library, queries, tmp_path, top_k=5)
     for qid in {r["query_id"] for r in rows}:
@@ -209,10 +210,12 @@ def test_mass_selection_window(bundle, library, tmp_path):
 def test_formula_hints_and_sources(bundle, library, tmp_path):
     queries, _ = synthetic_spectra(n_per=1, seed=2)
     hints_path = tmp_path / "hints.tsv"
-    hints_path.write_text("query_id\tformula\ns0-0\tC9H8O4\n")
+    hints_path.write_text("query_id\tformula\ns1-0\tC9H8O4\n")
     hints = read_formula_hints(hints_path)
-    assert hints == {"s0-0": "C9H8O4"}
-    rows, _ = run(bundle, library, queries[:1], tmp_path, formulas=hints)
+    assert hints == {"s1-0": "C9H8O4"}
+    hinted = queries[1]
+    hinted.metadata.pop("formula", None)  # the hint is the only formula
+    rows, _ = run(bundle, library, [hinted], tmp_path, formulas=hints)
     assert {r["formula"] for r in rows} == {"C9H8O4"}
     garbage = queries[0]
     garbage.metadata["formula"] = "N/A"
@@ -269,10 +272,10 @@ def test_score_library_resumes_after_interrupt(bundle, library, tmp_path):
     assert again["positive"]["n_computed"] == 0
     model.candidate_coordinates = original
     score_library(bundle, library, cache_root=tmp_path / "oneshot", block_size=1000)
-    from molpredict.identification.coordinates_cache import CoordinatesCache
-    a = CoordinatesCache(tmp_path / "resumed", model.coordinates_key())
-    b = CoordinatesCache(tmp_path / "oneshot", model.coordinates_key())
-    keys = list(library.column("inchikey"))
+    from molpredict.identification.coordinates_cache import CoordinatesCache, smiles_keys, store_key
+    a = CoordinatesCache(tmp_path / "resumed", store_key(model))
+    b = CoordinatesCache(tmp_path / "oneshot", store_key(model))
+    keys = list(smiles_keys(library.column("smiles")))
     np.testing.assert_array_equal(a.read(a.rows(keys)), b.read(b.rows(keys)))
 
 
@@ -377,9 +380,9 @@ def test_cli_score_library(cli_setup, tmp_path):
     result = runner.invoke(cli, args)
     assert result.exit_code == 0, result.output
     n = len(CandidateLibrary.from_tsv(lib))
-    assert f"computed {n} of {n} molecules" in result.stderr
+    assert f"computed the coordinates of {n} of {n} library rows" in result.stderr
     result = runner.invoke(cli, args)
-    assert f"computed 0 of {n} molecules" in result.stderr
+    assert f"computed the coordinates of 0 of {n} library rows" in result.stderr
 
 
 def test_cli_cache_dir_url_reaches_fsspec(cli_setup, tmp_path, monkeypatch):
@@ -397,9 +400,9 @@ def test_cli_cache_dir_url_reaches_fsspec(cli_setup, tmp_path, monkeypatch):
     args = ["score-library", str(lib), "--model", str(model), "--cache-dir", url]
     result = runner.invoke(cli, args)
     n = len(CandidateLibrary.from_tsv(lib))
-    assert result.exit_code == 0 and f"computed {n} of {n} molecules" in result.stderr, result.output
+    assert result.exit_code == 0 and f"computed the coordinates of {n} of {n} library rows" in result.stderr, result.output
     assert fsspec.filesystem("memory").ls(url) and not (tmp_path / "memory:").exists()
-    assert f"computed 0 of {n} molecules" in runner.invoke(cli, args).stderr
+    assert f"computed the coordinates of 0 of {n} library rows" in runner.invoke(cli, args).stderr
     identified = runner.invoke(cli, ["identify", str(mgf), "--model", str(model), "--library", str(lib),
                                      "--cache-dir", url, "-q"])
     local = runner.invoke(cli, ["identify", str(mgf), "--model", str(model), "--library", str(lib), "--cache-dir",
@@ -836,7 +839,7 @@ def test_a_block_reads_its_candidates_columns_once_and_ranks_as_without_prefetch
     monkeypatch.setattr(CandidateLibrary, "take", counting_take)
     rows, _ = run(bundle, library, queries, tmp_path / "a", top_k=4)
     # one block: one take per column the library has (the cache keys too come from it), nothing per query
-    assert taken == [("inchikey", 15), ("smiles", 15), ("formula", 15), ("name", 15)]
+    assert taken == [("inchikey", 15), ("inchikey14", 15), ("smiles", 15), ("formula", 15), ("name", 15)]
     monkeypatch.setattr(LibrarySource, "prefetch", lambda self, ids: None)
     taken.clear()
     plain, _ = run(bundle, library, queries, tmp_path / "b", top_k=4)

@@ -16,7 +16,7 @@ from identification_helpers import SMILES, synthetic_spectra
 from molpredict.identification.candidate_sources import LibrarySource
 from molpredict.chem.candidates import CandidateLibrary
 from molpredict.cli import cli
-from molpredict.identification.coordinates_cache import CoordinatesCache
+from molpredict.identification.coordinates_cache import CoordinatesCache, smiles_keys, store_key
 from molpredict.errors import InputError
 from molpredict.identification.identify import Identifier, IdentifyOptions
 from molpredict.io.results import ResultWriter
@@ -103,12 +103,12 @@ def test_evaluate_on_a_cluster_gives_the_same_metrics(setup, cluster, tmp_path):
 def test_score_library_on_a_cluster_stores_the_same_coordinates(setup, cluster, tmp_path):
     root, bundle, _, _ = setup
     library = CandidateLibrary.from_tsv(root / "library.tsv")
-    key = bundle.for_mode("positive").model.coordinates_key()
+    key = store_key(bundle.for_mode("positive").model)
     here = score_library(bundle, library, cache_root=tmp_path / "a", block_size=5)
     there = score_library(bundle, library, cache_root=tmp_path / "b", block_size=5, executor=DaskExecutor(cluster))
     assert here["positive"]["n_computed"] == there["positive"]["n_computed"] == len(library)
     assert there["positive"]["n_blocks_computed"] == -(-len(library) // 5)
-    keys = list(library.column("inchikey"))
+    keys = list(smiles_keys(library.column("smiles")))
     a, b = CoordinatesCache(tmp_path / "a", key), CoordinatesCache(tmp_path / "b", key)
     np.testing.assert_array_equal(a.read(a.rows(keys)), b.read(b.rows(keys)))
 
@@ -133,7 +133,7 @@ def test_interrupted_score_library_resumes(setup, cluster, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         score_library(bundle, library, cache_root=tmp_path, block_size=4,
                       executor=Interrupting(DaskExecutor(cluster, window=1), after=2))
-    key = bundle.for_mode("positive").model.coordinates_key()
+    key = store_key(bundle.for_mode("positive").model)
     kept = len(CoordinatesCache(tmp_path, key))
     assert kept >= 8  # the blocks finished before the interrupt stay
     resumed = score_library(bundle, library, cache_root=tmp_path, block_size=4, executor=DaskExecutor(cluster))
@@ -179,7 +179,7 @@ def test_cli_cluster_from_the_environment(setup, cluster, tmp_path, monkeypatch)
     assert (tmp_path / "here.tsv").read_bytes() == (tmp_path / "there.tsv").read_bytes()
     lib = runner.invoke(cli, ["score-library", str(root / "library.tsv"), "--model", str(root / "model"),
                               "--cache-dir", str(tmp_path / "c3"), "--block-size", "7"])
-    assert lib.exit_code == 0 and f"computed {len(SMILES) + 6} of {len(SMILES) + 6}" in lib.stderr
+    assert lib.exit_code == 0 and f"computed the coordinates of {len(SMILES) + 6} of {len(SMILES) + 6}" in lib.stderr
 
 
 def test_cluster_addresses(monkeypatch):

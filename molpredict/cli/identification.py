@@ -797,8 +797,11 @@ def score_library(library, model_path, ion_mode, block_size, cache_dir, cluster,
     finally:
         executor.close()
     for mode, info in result.items():
-        say(f"{mode}: computed {info['n_computed']} of {info['n_rows']} molecules in {info['time_s']:.1f} s "
-            f"({info['n_blocks_computed']} blocks); cache {info['cache']}")
+        rest = info["n_rows"] - info["n_computed"]
+        say(f"{mode}: computed the coordinates of {info['n_computed']} of {info['n_rows']} library rows in "
+            f"{info['time_s']:.1f} s ({info['n_blocks_computed']} blocks)"
+            + (f"; the other {rest} were cached already or repeat a structure" if rest else "")
+            + f"; cache {info['cache']}")
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ import numpy as np
 
 from molpredict.errors import InputError
 
-__all__ = ["CandidateSource", "LibrarySource", "SetSource", "precursor_tolerance", "UNIT_RESOLUTION_DECIMALS",
-           "UNIT_RESOLUTION_TOLERANCE"]
+__all__ = ["CandidateSource", "LibrarySource", "SetSource", "precursor_tolerance", "neutral_mass_windows",
+           "hint_mismatch", "UNIT_RESOLUTION_DECIMALS", "UNIT_RESOLUTION_TOLERANCE"]
 
 #: A precursor m/z written with this many decimals or fewer is a unit-resolution measurement (ion trap,
 #: quadrupole): in MassBank, such records (RIKEN ReSpect, Keio...) are off by up to 0.4 from the exact m/z.
@@ -47,12 +47,75 @@ def precursor_tolerance(precision: float | None) -> float:
     return float(precision)
 
 
+def neutral_mass_windows(spectrum: Any, adducts: Sequence[Any], options: Any) -> tuple[np.ndarray, np.ndarray, str]:
+    """The neutral masses a precursor m/z stands for and the window around each, as selection by mass uses them.
+
+    Parameters
+    ----------
+    spectrum : Spectrum
+        With a precursor m/z.
+    adducts : sequence of Adduct
+    options : SelectionOptions
+        ``ppm`` and ``precision_window`` are read.
+
+    Returns
+    -------
+    masses : ndarray of shape (len(adducts),), float64
+        The neutral mass under each adduct.
+    floors : ndarray of shape (len(adducts),), float64
+        The half-width (Da) the precursor's written precision allows (:func:`precursor_tolerance`, times
+        ``|charge| / multiplier``; 0 with ``precision_window`` off); the window is the larger of it and the ppm one.
+    window : str
+        ``"<ppm> ppm"``, or ``"<tolerance> m/z"`` when the precision decided.
+    """
+    from molpredict.chem.molecules import neutral_mass
+
+    masses = np.array([neutral_mass(spectrum.precursor_mz, a) for a in adducts], dtype=np.float64)
+    tolerance = 0.0
+    if getattr(options, "precision_window", True):
+        tolerance = precursor_tolerance(getattr(spectrum, "precursor_mz_precision", None))
+    floors = np.array([tolerance * abs(a.charge) / a.multiplier for a in adducts], dtype=np.float64)
+    wide = floors > np.abs(masses) * options.ppm * 1e-6
+    return masses, floors, f"{tolerance:g} m/z" if wide.any() else f"{options.ppm:g} ppm"
+
+
+def hint_mismatch(spectrum: Any, adducts: Sequence[Any], formula: str, options: Any) -> str | None:
+    """Why a formula hint contradicts the spectrum's precursor m/z, or None when it fits (or cannot be checked).
+
+    The hint fits when its mass lies in the window selection by mass would use (:func:`neutral_mass_windows`)
+    under one of ``adducts``. Unchecked: a spectrum without a precursor m/z, an unparsable formula (selection
+    reports it), no adduct.
+
+    Returns
+    -------
+    str or None
+        A one-line skip reason naming the hint, its mass and the closest expected mass.
+    """
+    from molpredict.chem.molecules import formula_mass
+
+    if not spectrum.precursor_mz or not adducts:
+        return None
+    try:
+        mass = formula_mass(formula)
+    except (InputError, ValueError, TypeError):
+        return None
+    masses, floors, window = neutral_mass_windows(spectrum, adducts, options)
+    half = np.maximum(floors, np.abs(masses) * options.ppm * 1e-6)
+    off = np.abs(masses - mass)
+    if bool((off <= half).any()):
+        return None
+    best = int(np.argmin(off))
+    named = adducts[best].name if len(adducts) == 1 else f"{adducts[best].name} (closest of {len(adducts)} adducts)"
+    return (f"formula hint {formula} (M {mass:.4f}) does not fit precursor m/z {spectrum.precursor_mz:.4f} as "
+            f"{named}: M {masses[best]:.4f} expected within {window}")
+
+
 #: candidate sets whose ``one_formula`` answer a source remembers
 ONE_FORMULA_MEMORY = 4096
 
 
 #: what :meth:`LibrarySource.prefetch` reads: the tie-break key and the output fields
-PREFETCHED_COLUMNS = ("inchikey", "smiles", "formula", "name", "id")
+PREFETCHED_COLUMNS = ("inchikey", "inchikey14", "smiles", "formula", "name", "id")
 
 
 class CandidateSource:
@@ -65,7 +128,8 @@ class CandidateSource:
         raise NotImplementedError
 
     def keys(self, ids: np.ndarray) -> list[str]:
-        """Cache keys of candidates ``ids`` (full InChIKey, else ``smiles:<SMILES>``)."""
+        """Cache keys of candidates ``ids``: ``smiles:<SMILES>``, what is featurised (never a declared InChIKey:
+        see :mod:`~molpredict.identification.coordinates_cache`)."""
         raise NotImplementedError
 
     def one_per_structure(self, ids: np.ndarray, adduct_names: np.ndarray | None
@@ -151,6 +215,8 @@ class LibrarySource(CandidateSource):
             self._allowed = np.zeros(len(library), dtype=bool)
             self._allowed[allowed] = True
         self._formula_cache: dict[str, np.ndarray] = {}
+        self._normalized: dict[str, str] = {}
+        self._filtered_out: set[str] = set()  # formulas whose library rows the sources filter removed, all of them
         self._warned_repeats = False
         self.has_name = library.has_column("name")
         self.has_id = library.has_column("id")
@@ -163,7 +229,7 @@ class LibrarySource(CandidateSource):
         written precision allows (:func:`precursor_tolerance`, times ``|charge| / multiplier``; unless
         ``options.precision_window`` is off); the window reported is ``"<ppm> ppm"`` or, when the precision
         decided, ``"<tolerance> m/z"``."""
-        from molpredict.chem.molecules import neutral_mass, normalize_formula
+        from molpredict.chem.molecules import normalize_formula
 
         if formula and self.options.by is None:
             try:
@@ -180,8 +246,11 @@ class LibrarySource(CandidateSource):
                     ids = self.library.select_by_formula(formula)
                 except InputError:
                     return f"unparsable formula {formula!r}"
+                in_library = ids.size
                 ids, _ = self._allowed_only(ids, None)
                 self._formula_cache[formula] = ids
+                if not ids.size and in_library:
+                    self._filtered_out.add(formula)
             adduct_names = None
             reported = adducts[0].name if len(adducts) == 1 else ""
             window = ""
@@ -189,13 +258,7 @@ class LibrarySource(CandidateSource):
             if not spectrum.precursor_mz:
                 return "no precursor m/z (needed to select candidates by mass)"
             parts, names = [], []
-            masses = np.array([neutral_mass(spectrum.precursor_mz, a) for a in adducts], dtype=np.float64)
-            tolerance = 0.0
-            if getattr(self.options, "precision_window", True):
-                tolerance = precursor_tolerance(getattr(spectrum, "precursor_mz_precision", None))
-            floors = np.array([tolerance * abs(a.charge) / a.multiplier for a in adducts], dtype=np.float64)
-            wide = floors > np.abs(masses) * self.options.ppm * 1e-6
-            window = f"{tolerance:g} m/z" if wide.any() else f"{self.options.ppm:g} ppm"
+            masses, floors, window = neutral_mass_windows(spectrum, adducts, self.options)
             for adduct, ids_a in zip(adducts, self.library.select_by_masses(masses, self.options.ppm, floors)):
                 parts.append(ids_a)
                 names.append(np.full(len(ids_a), adduct.name, dtype=object))
@@ -205,10 +268,16 @@ class LibrarySource(CandidateSource):
             all_names = np.concatenate(names)
             # keep, per candidate, the first adduct in the given (most-common-first) order
             ids, first = np.unique(all_ids, return_index=True)
+            in_library = ids.size
             ids, adduct_names = self._allowed_only(ids, all_names[first])
             reported = ""
         if ids.size == 0:
             where = f"formula {formula}" if by == "formula" else f"mass within {window}"
+            if by == "formula" and formula in self._filtered_out or by == "mass" and in_library:
+                # the library has some: the --source filter removed them (saying "none in the library" sent users
+                # looking for a missing structure)
+                sources = list(self.options.sources or ())
+                return f"no candidates from source{'s' if len(sources) > 1 else ''} {', '.join(sources)} ({where})"
             return f"no candidates in the library ({where})"
         return ids, adduct_names, reported, window
 
@@ -223,20 +292,24 @@ class LibrarySource(CandidateSource):
 
     def one_per_structure(self, ids: np.ndarray, adduct_names: np.ndarray | None
                           ) -> tuple[np.ndarray, np.ndarray | None]:
-        """One row per structure: library rows that repeat an InChIKey would be ranked against themselves (one
-        molecule at ranks 1 to 3, a zero margin, the probability cut), so the first row (of an allowed source:
-        :meth:`select` filtered them) is kept, with one warning naming the library. Reads the prefetched keys."""
+        """One row per structure, a structure being an InChIKey first block (the identity hits use): rows that
+        repeat one (stereoisomers, E/Z forms, a racemate beside its enantiomers, repeated rows) would be ranked
+        against themselves (one structure at ranks 1 to 3, a zero margin, the probability cut: the calibration
+        never saw such sets), so the first row in library order (of an allowed source: :meth:`select` filtered
+        them) is kept and shown, with one warning naming the library. Reads the prefetched keys."""
         if ids.size < 2:
             return ids, adduct_names
-        _, first = np.unique(self._take("inchikey", ids), return_index=True)
+        _, first = np.unique(self._take("inchikey14", ids), return_index=True)
         if first.size == ids.size:
             return ids, adduct_names
-        if not self._warned_repeats:
+        # One molecule listed under several sources (what `candidates build` keeps, so that --source finds it)
+        # is merged silently; distinct forms of one first block (stereoisomers, E/Z) are worth one warning.
+        if not self._warned_repeats and np.unique(self._take("inchikey", ids)).size > first.size:
             self._warned_repeats = True
-            warnings.warn(f"{self.library.path or 'the library'}: rows that repeat an InChIKey are ranked once (the "
-                          f"first row kept; `molpredict candidates build` writes a library without repeats)",
+            warnings.warn(f"{self.library.path or 'the library'}: rows that share an InChIKey first block "
+                          f"(stereoisomers, E/Z forms) are ranked once, as the first such row",
                           UserWarning, stacklevel=2)
-        first.sort()
+        first.sort()  # ids ascend: the first row of each structure in library order
         return ids[first], None if adduct_names is None else adduct_names[first]
 
     def all_ids(self) -> np.ndarray:
@@ -246,14 +319,18 @@ class LibrarySource(CandidateSource):
         return np.flatnonzero(self._allowed).astype(np.int64)
 
     def keys(self, ids: np.ndarray) -> list[str]:
-        return list(self._take("inchikey", ids))
+        return list(self._take("cache_key", ids))
 
     def prefetch(self, ids: np.ndarray) -> None:
         """One take per column (:data:`PREFETCHED_COLUMNS`) of the unique ``ids``, kept until the next call: a
-        take costs tens of microseconds whatever its size, and ranking a query took five of them."""
+        take costs tens of microseconds whatever its size, and ranking a query took five of them. The cache keys
+        (from the SMILES) are made here too, once per block."""
+        from molpredict.identification.coordinates_cache import smiles_keys
+
         ids = np.unique(np.asarray(ids, dtype=np.int64))
-        self._prefetched = (ids, {name: self.library.take(name, ids) for name in PREFETCHED_COLUMNS
-                                  if self.library.has_column(name)})
+        columns = {name: self.library.take(name, ids) for name in PREFETCHED_COLUMNS if self.library.has_column(name)}
+        columns["cache_key"] = smiles_keys(columns["smiles"])
+        self._prefetched = (ids, columns)
 
     def _take(self, name: str, ids: np.ndarray) -> np.ndarray | None:
         """``library.take(name, ids)``, from the prefetched rows when they hold all of ``ids``."""
@@ -264,6 +341,9 @@ class LibrarySource(CandidateSource):
             at = np.searchsorted(known, ids)
             if at.max() < len(known) and bool((known[at] == ids).all()):
                 return columns[name][at]
+        if name == "cache_key":
+            from molpredict.identification.coordinates_cache import smiles_keys
+            return smiles_keys(self.library.take("smiles", ids))
         return self.library.take(name, ids)
 
     def tie_keys(self, ids: np.ndarray) -> np.ndarray:
@@ -280,9 +360,24 @@ class LibrarySource(CandidateSource):
         return np.asarray(self._take("formula", ids), dtype=object)
 
     def _shares_one_formula(self, ids: np.ndarray) -> bool:
-        """From the library's formula column (no parsing)."""
+        """From the library's formula column, normalised (:func:`~molpredict.chem.molecules.normalize_formula`,
+        as selection by formula reads it): ``C16H13N2OCl`` and ``C16H13ClN2O`` are one formula. Only when the
+        strings differ, and each distinct string once per source."""
         formulas = self._take("formula", ids)
-        return len(formulas) == 0 or bool(np.all(formulas == formulas[0]))
+        if len(formulas) == 0 or bool(np.all(formulas == formulas[0])):
+            return True
+        return len({self._normal_formula(f) for f in set(formulas.tolist())}) == 1
+
+    def _normal_formula(self, formula: Any) -> str:
+        known = self._normalized.get(formula)
+        if known is None:
+            from molpredict.chem.molecules import normalize_formula
+            try:
+                known = normalize_formula(formula or "")
+            except InputError:
+                known = f"unparsed:{formula}"  # equal to nothing but itself, as the library's formula index has it
+            self._normalized[formula] = known
+        return known
 
     def fields(self, ids: np.ndarray) -> dict[str, np.ndarray]:
         """Output columns of ``ids``, reading only those rows (:meth:`CandidateLibrary.take`), or the prefetched
@@ -340,7 +435,28 @@ class SetSource(CandidateSource):
         return ids, None, adducts[0].name if len(adducts) == 1 else "", ""
 
     def keys(self, ids: np.ndarray) -> list[str]:
-        return ["smiles:" + s for s in self._smiles[ids]]
+        from molpredict.identification.coordinates_cache import smiles_keys
+        return list(smiles_keys(self._smiles[ids]))
+
+    def one_per_structure(self, ids: np.ndarray, adduct_names: np.ndarray | None
+                          ) -> tuple[np.ndarray, np.ndarray | None]:
+        """One candidate per InChIKey first block (the identity hits use), the first in the set's order: a set
+        listing a decoy under three SMILES counted it three times against the truth, the truth under two counted
+        as a tie with itself, and the random expectation counted the copies. Remembered per set (the spectra of
+        one structure share it)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size < 2:
+            return ids, adduct_names
+        memory = self.__dict__.setdefault("_one_per_structure", {})
+        key = ids.tobytes()
+        first = memory.get(key)
+        if first is None:
+            _, first = np.unique(self._ik14[ids], return_index=True)
+            first.sort()
+            memory[key] = first
+        if first.size == ids.size:
+            return ids, adduct_names
+        return ids[first], None if adduct_names is None else adduct_names[first]
 
     def tie_keys(self, ids: np.ndarray) -> np.ndarray:
         return self._tie[ids]

@@ -2,10 +2,18 @@
 side, keyed by molecule, safe for concurrent writers on a shared filesystem or object storage.
 
 A model scores a candidate by ``predict_coordinates(x) . candidate_coordinates(c)``; the candidate side depends
-only on the fitted output side (``Model.coordinates_key()``), so each molecule is featurised once per model and
-kept here, keyed by its InChIKey (or SMILES when it has none).
+only on the fitted output side (``Model.coordinates_key()``) and the structure, so each structure is featurised
+once per model and kept here, keyed by the SMILES that was featurised (``smiles:<SMILES>``, :func:`smiles_keys`).
 
-Layout of ``<root>/<coordinates key>/`` (``root``: a directory or an fsspec URL, e.g. ``s3://bucket/coords``)
+Not by InChIKey: a library's InChIKey column is declared, not derived from its SMILES, and a store keyed by it
+gave every later run (any library, same model) the coordinates of whichever row was featurised first under that
+key: one row declaring diazepam's key for thiram's SMILES moved diazepam from rank 1 to 15 in every run after,
+and a zwitterion and its neutral form (one InChIKey, two fingerprints) shared one entry. The SMILES is what
+featurisation reads, so a row's score depends on its own structure only. Stores of that first keying live under
+the bare coordinates key and are never opened (:func:`store_key`; delete them to reclaim the space).
+
+Layout of ``<root>/<store key>/`` (``root``: a directory or an fsspec URL, e.g. ``s3://bucket/coords``; the store key
+is :func:`store_key`, ``<coordinates key>.k2``)
 ------------------------------------------------------------------------------------------------------------
 ``store.json``
     ``{"layout_version": 2, "key", "dim", "encoding"}``.
@@ -45,10 +53,13 @@ import numpy as np
 from molpredict.errors import InputError, ModelFileError
 from molpredict.atomic import fsync_directory
 
-__all__ = ["CoordinatesCache", "CorruptedSegment", "molecule_key", "default_cache_root", "local_directory",
-           "cached_candidate_coordinates", "ENCODINGS", "encode", "decode"]
+__all__ = ["CoordinatesCache", "CorruptedSegment", "molecule_key", "smiles_keys", "store_key", "KEYING",
+           "default_cache_root", "local_directory", "cached_candidate_coordinates", "ENCODINGS", "encode", "decode"]
 
 LAYOUT_VERSION = 2
+#: How a store keys its structures, the suffix of its directory name (:func:`store_key`): ``k2``, by the featurised
+#: SMILES. A new keying gets a new directory, so entries stored under an old key are never read as the new ones.
+KEYING = "k2"
 ENCODINGS = ("int8", "float16", "float32", "float64")
 DEFAULT_ENCODING = "int8"
 
@@ -82,22 +93,27 @@ def default_cache_root() -> Path:
     return home_dir() / "coordinates"
 
 
-def molecule_key(molecule: Any) -> str:
-    """The cache key of a molecule: its full InChIKey when known, else ``smiles:<SMILES>``.
+def store_key(model: Any) -> str:
+    """The store name of a model's candidate coordinates: ``<model.coordinates_key()>.<KEYING>``."""
+    return f"{model.coordinates_key()}.{KEYING}"
 
-    A ``Molecule`` built without an InChIKey (e.g. from a candidate set that lists only the first block) is
-    keyed by its SMILES rather than paying for an InChI computation per candidate.
+
+def smiles_keys(smiles: Any) -> np.ndarray:
+    """Cache keys ``smiles:<SMILES>`` of an array of SMILES (object array of str, same shape): one vectorised
+    concatenation, no Python loop per candidate (identification keys every block's candidates)."""
+    return np.add("smiles:", np.asarray(smiles, dtype=object))
+
+
+def molecule_key(molecule: Any) -> str:
+    """The cache key of a molecule: ``smiles:<SMILES>``, the structure featurisation reads.
+
+    Never its InChIKey, declared or computed: a declared key may be wrong, and forms sharing an InChIKey (a
+    zwitterion and its neutral form) have different coordinates. Nothing is computed (no InChI, no parsing).
     """
-    if hasattr(molecule, "_inchikey"):
-        inchikey = molecule._inchikey  # known without computing (Molecule computes it lazily)
-    else:
-        inchikey = getattr(molecule, "inchikey", None)
-    if inchikey:
-        return str(inchikey)
     smiles = getattr(molecule, "smiles", None)
     if smiles:
         return "smiles:" + str(smiles)
-    raise ValueError(f"molecule {molecule!r} has neither an InChIKey nor a SMILES: cannot be cached")
+    raise ValueError(f"molecule {molecule!r} has no SMILES: cannot be cached")
 
 
 def encode(coordinates: np.ndarray, encoding: str) -> tuple[np.ndarray, np.ndarray]:
@@ -136,7 +152,7 @@ class CoordinatesCache:
         The store root, a directory or an fsspec URL (default :func:`default_cache_root`); this model's
         store is ``root / key``.
     key : str
-        ``model.coordinates_key()``.
+        :func:`store_key` of the model (``model.coordinates_key()`` with the keying suffix).
     encoding : {"int8", "float16", "float32", "float64"}, optional
         For a new store (default ``int8``); an existing store keeps its own.
 
@@ -766,5 +782,5 @@ def cached_candidate_coordinates(model: Any, molecules: Sequence[Any], root: str
     ``root=False``-like use (no caching) is :meth:`Model.candidate_coordinates` itself.
     """
     if cache is None:
-        cache = CoordinatesCache(root, model.coordinates_key())
+        cache = CoordinatesCache(root, store_key(model))
     return cache.get(molecules, model.candidate_coordinates, keys=keys)

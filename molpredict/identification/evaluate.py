@@ -17,6 +17,9 @@ Protocol
   error into the model's hit rate.
 - Nothing evaluable (every spectrum skipped) is an :class:`~molpredict.errors.InputError` naming the reasons.
 - A hit is a candidate with the true first block. The order of a set is ignored (the files put the truth first).
+- A set is ranked with one candidate per first block (the first in key order): a structure listed under several
+  SMILES (stereoisomers, tautomers written apart) would otherwise count several times against the truth, and the
+  truth's own copies would tie with it; the random expectation counts structures too.
 - Spectra cleaned down to no peaks are *kept* (the model then scores every candidate alike and the tie policy
   decides): dropping them would flatter the metrics.
 - Primary numbers use the ``worst`` tie policy (ties resolved against the truth); ``average`` (the expectation
@@ -173,8 +176,8 @@ class RankedBlock:
 
 def labelled_queries(identifier: Identifier, labelled: Sequence[tuple[int, Any, str]]) -> list[Query]:
     """The queries of ``(position, spectrum, true inchikey14)`` against their candidate sets (the identifier's
-    source is a :class:`SetSource`): routed and cleaned, spectra cleaned down to no peaks kept; the others are
-    in the identifier's skipped list."""
+    source is a :class:`SetSource`), one candidate per InChIKey first block (:meth:`SetSource.one_per_structure`):
+    routed and cleaned, spectra cleaned down to no peaks kept; the others are in the identifier's skipped list."""
     source = identifier.source
     prepared: list[Query] = []
     for position, spectrum, inchikey14 in labelled:
@@ -182,7 +185,9 @@ def labelled_queries(identifier: Identifier, labelled: Sequence[tuple[int, Any, 
         if routed is None:
             continue
         mode, sub, cleaned = routed
-        prepared.append(Query(position, cleaned, mode, sub, source.set_ids(inchikey14), true_key=inchikey14))
+        # one candidate per first block: a structure listed under several SMILES counts once against the truth
+        ids, _ = source.one_per_structure(source.set_ids(inchikey14), None)
+        prepared.append(Query(position, cleaned, mode, sub, ids, true_key=inchikey14))
     return prepared
 
 

@@ -36,6 +36,7 @@ import itertools
 import math
 import os
 import sys
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +44,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from molpredict.identification.candidate_sources import CandidateSource
+from molpredict.identification.candidate_sources import CandidateSource, hint_mismatch
 from molpredict.engine.decoding import margins, rank_candidates
 from molpredict.errors import InputError, MolpredictError
 from molpredict.identification.evidence import Evidence, QueryScores, check_scoring
@@ -247,6 +248,7 @@ class IdentifiedBlock:
     n_queries: int
     n_candidates: list[int] = field(default_factory=list)   # per identified query
     timings: dict[str, float] = field(default_factory=dict)
+    n_merged: int = 0  # candidate rows merged into an earlier row of their structure (InChIKey first block)
 
 
 class Identifier:
@@ -280,7 +282,11 @@ class Identifier:
         self.n_queries = 0
         self.n_identified = 0
         self.n_candidates: list[int] = []
+        self.n_merged = 0
         self.timings: Counter = Counter()
+        if self.options.formulas and self.options.by == "mass":
+            warnings.warn("formula hints (--formulas) are ignored with --by mass: candidates are selected by the "
+                          "precursor mass", UserWarning, stacklevel=2)
 
     def fresh(self) -> Identifier:
         """The same bundle, source, options and coordinates, with empty accounting (for one block's task)."""
@@ -288,6 +294,7 @@ class Identifier:
         view.skipped = []
         view.n_queries = view.n_identified = 0
         view.n_candidates = []
+        view.n_merged = 0
         view.timings = Counter()
         return view
 
@@ -337,6 +344,15 @@ class Identifier:
             formula = self.options.formulas.get(str(spectrum.id))
             if formula is None and ORIGINAL_ID in spectrum.metadata:  # a repeated id, made unique
                 formula = self.options.formulas.get(str(spectrum.metadata[ORIGINAL_ID]))
+            if formula is not None and self.options.by != "mass":
+                # A hint whose mass the precursor m/z contradicts is a wrong hint (another run's file, shifted
+                # rows): ranking its candidates answered confidently with a structure of another mass. The query is
+                # skipped with the reason rather than selected by mass instead: the user asked for this formula,
+                # and the skip report shows each contradiction where a silent fallback would hide it.
+                mismatch = hint_mismatch(cleaned, adducts, formula, self.options)
+                if mismatch is not None:
+                    self._skip(spectrum, mismatch)
+                    return None
         if formula is None:
             formula = spectrum.formula
         selected = self.source.select(cleaned, mode, adducts, formula)
@@ -389,6 +405,7 @@ class Identifier:
         self.n_queries += block.n_queries
         self.n_identified += len(block.n_candidates)
         self.n_candidates.extend(block.n_candidates)
+        self.n_merged += block.n_merged
         self.skipped.extend(block.skipped)
         self.timings.update(block.timings)
 
@@ -474,6 +491,7 @@ class Identifier:
                 "skipped": dict(reasons.most_common()),
                 "candidates_median": float(np.median(n_c)) if n_c.size else None,
                 "candidates_max": int(n_c.max()) if n_c.size else None,
+                "candidates_merged": self.n_merged,
                 "timings": {k: round(v, 3) for k, v in self.timings.items()}}
 
 
@@ -553,7 +571,9 @@ def identify_block(identifier: Identifier, block: Sequence[tuple[int, Any]]) -> 
     if queries:
         worker.source.prefetch(np.concatenate([q.ids for q in queries]))
         for query in queries:  # from the prefetched keys: no read per query
+            n_rows = len(query.ids)
             query.ids, query.adducts = worker.source.one_per_structure(query.ids, query.adducts)
+            worker.n_merged += n_rows - len(query.ids)
     rows: list[dict[str, Any]] = []
     n_candidates: list[int] = []
     for query, scores in worker.fused(queries):
@@ -565,4 +585,4 @@ def identify_block(identifier: Identifier, block: Sequence[tuple[int, Any]]) -> 
         by_id = dict(zip((str(s.id) for s in spectra), property_columns(worker.options.properties, spectra)))
         for row in rows:
             row.update(by_id.get(row["query_id"], {}))
-    return IdentifiedBlock(rows, worker.skipped, len(block), n_candidates, dict(worker.timings))
+    return IdentifiedBlock(rows, worker.skipped, len(block), n_candidates, dict(worker.timings), worker.n_merged)

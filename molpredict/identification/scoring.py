@@ -36,7 +36,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from molpredict.identification.coordinates_cache import CoordinatesCache
+from molpredict.identification.coordinates_cache import CoordinatesCache, smiles_keys, store_key
 from molpredict.errors import InputError
 from molpredict.modelfile import ModelBundle, SubModel
 
@@ -112,7 +112,7 @@ class CandidateCoordinates:
         if key not in self._caches:
             # keep the model alive with its cache: an id() may be reused once its object is gone
             self._caches[key] = (model, None if self.cache_root is False
-                                 else CoordinatesCache(self.cache_root, model.coordinates_key()))
+                                 else CoordinatesCache(self.cache_root, store_key(model)))
         return self._caches[key][1]
 
     def __call__(self, sub: SubModel, ids: np.ndarray, timings: Counter, dtype: Any = np.float64) -> np.ndarray:
@@ -682,7 +682,7 @@ class LibraryScorer:
     def cache(self, mode: str) -> CoordinatesCache:
         if mode not in self._caches:
             sub = self.bundle.for_mode(mode)
-            self._caches[mode] = CoordinatesCache(self.cache_root, sub.model.coordinates_key())
+            self._caches[mode] = CoordinatesCache(self.cache_root, store_key(sub.model))
         return self._caches[mode]
 
 
@@ -720,7 +720,7 @@ def _library_block(state: LibraryScorer, block: tuple[str, int, int]) -> tuple[i
     mode, start, stop = block
     cache = state.cache(mode)
     ids = np.arange(start, stop)
-    keys = list(state.library.column("inchikey")[ids])
+    keys = list(smiles_keys(state.library.column("smiles")[ids]))  # as LibrarySource.keys: the featurised SMILES
     missing = np.flatnonzero(cache.rows(keys) < 0)
     if not missing.size:
         return len(ids), 0, 0
