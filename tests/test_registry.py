@@ -315,9 +315,10 @@ def register_input_kernels(register):
 
 @pytest.mark.parametrize("fail, message", [
     ("raise", "plugin 'failing' failed: ValueError: boom in pairwise (at "),
-    ("row-nan", "kernel FailingKernel (molpredict_plugin_failing) returned NaN or infinite values in pairwise"),
-    ("self-nan", "kernel FailingKernel (molpredict_plugin_failing) returned NaN or infinite values in "
-                 "self_similarity")])
+    ("row-nan", "input kernel 'failing' from plugin 'failing' (FailingKernel): pairwise returned NaN or infinite "
+                "values"),
+    ("self-nan", "input kernel 'failing' from plugin 'failing' (FailingKernel): self_similarity returned NaN or "
+                 "infinite values")])
 def test_a_plugin_kernel_that_fails_is_a_plugin_error_naming_it(tmp_path, monkeypatch, fail, message):
     """A plugin's kernel that raises, or returns NaN (a NaN self-similarity zeroed every score silently), stops
     training with one line naming the plugin or kernel and exit 3, never an internal error."""

@@ -10,7 +10,7 @@ from molpredict.lazy import lazy_module
 
 torch = lazy_module("torch")  # fitting and GPU paths only: not imported to predict
 
-__all__ = ["truncated_eigh", "symmetric_eigh"]
+__all__ = ["truncated_eigh", "cut_eigenpairs", "symmetric_eigh"]
 
 
 def _cores_free() -> bool:
@@ -72,11 +72,16 @@ def truncated_eigh(matrix: "np.ndarray | torch.Tensor", rtol: float = 1e-10
     """
     as_numpy = not isinstance(matrix, torch.Tensor)
     tensor = torch.from_numpy(np.asarray(matrix, dtype=np.float64)) if as_numpy else matrix.to(torch.float64)
-    s, V = symmetric_eigh(tensor)
+    s, V = cut_eigenpairs(*symmetric_eigh(tensor), rtol)
+    return (s.numpy(), V.numpy()) if as_numpy else (s, V)
+
+
+def cut_eigenpairs(s: "torch.Tensor", V: "torch.Tensor", rtol: float) -> "tuple[torch.Tensor, torch.Tensor]":
+    """:func:`truncated_eigh`'s cut of a whole ascending decomposition ``(s, V)`` (for callers that read the
+    whole spectrum first, e.g. to check that it is PSD): the pairs above ``rtol * largest``, largest first."""
     top = float(s[-1]) if s.numel() else 0.0
     if top > 0:
         first = int(torch.searchsorted(s, torch.tensor(rtol * top, dtype=s.dtype, device=s.device), right=True))
     else:
         first = int(s.shape[0])
-    s, V = s[first:].flip(0), V[:, first:].flip(1)
-    return (s.numpy(), V.numpy()) if as_numpy else (s, V)
+    return s[first:].flip(0), V[:, first:].flip(1)

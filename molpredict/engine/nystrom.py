@@ -31,15 +31,15 @@ from molpredict.lazy import lazy_module
 
 from molpredict.component import frozen_spec
 from molpredict.errors import ModelFileError, SpecError
-from molpredict.engine.linalg import truncated_eigh
-from molpredict.kernels.base import Kernel, StateNotSaveable
+from molpredict.engine.linalg import cut_eigenpairs, symmetric_eigh, truncated_eigh
+from molpredict.kernels.base import Kernel, StateNotSaveable, all_degenerate_error, component_result_error
 from molpredict.engine.sketches import Sketch, make_sketch
 from molpredict.specs import ComponentSpec, nested_spec, parse_spec
 
 torch = lazy_module("torch")  # fitting and GPU paths only: not imported to predict
 
 __all__ = ["Nystrom", "objects_to_state", "objects_from_state", "create_component", "restrict_kernel",
-           "LazyLandmarks", "FITTED_KERNEL"]
+           "LazyLandmarks", "FITTED_KERNEL", "asymmetry_problem", "spectrum_problem", "SYMMETRY_RTOL", "PSD_RTOL"]
 
 #: metadata key (and array name part) of a map's fitted kernel state (:meth:`Kernel.get_fitted_state`)
 FITTED_KERNEL = "fitted_kernel"
@@ -169,6 +169,92 @@ class LazyLandmarks:
         model.__dict__[self.name] = value
 
 
+# ----------------------------------------------------------------------------------------------------------
+# checks of the sketched kernel matrix (the eigensolver reads only its lower triangle and the cut drops its
+# negative eigenvalues: an asymmetric or indefinite kernel would otherwise train quietly into garbage)
+# ----------------------------------------------------------------------------------------------------------
+
+#: largest max|K - K^T| / max|K| of the sketched kernel matrix taken as symmetric. A float64 kernel is symmetric to
+#: round-off (~1e-16); one computed in float32 (embeddings, a GPU plugin) was measured at up to 9e-7 (cosine of
+#: 300-dimensional vectors, different row blocks for k(a, b) and k(b, a)): 1e-5 leaves it a margin of 10, and an
+#: asymmetry this small changes what the eigensolver (reading the lower triangle) sees by less than the PSD
+#: tolerance. The asymmetric kernels that break a model differ by 1e-2 and more.
+SYMMETRY_RTOL = 1e-5
+#: an eigenvalue below -PSD_RTOL * the largest means the kernel is not positive semi-definite. Round-off gives
+#: ~1e-15 of the largest in float64 and up to 1e-7 measured in float32 (the same cosine kernel); such eigenvalues
+#: are dropped by the cut as before. An indefinite kernel (a distance, a box kernel) gives 1e-2 and more.
+PSD_RTOL = 1e-5
+#: side of the square tiles :func:`asymmetry_problem` compares (2 MB of float64: in cache)
+_SYMMETRY_TILE = 512
+
+
+def asymmetry_problem(K: torch.Tensor, rtol: float = SYMMETRY_RTOL) -> str | None:
+    """What makes ``K`` not symmetric, or None: ``max|K - K^T| > rtol * max|K|``.
+
+    Parameters
+    ----------
+    K : Tensor of shape (m, m)
+        On any device. Compared in square tiles (i, j) against (j, i)^T over the upper triangle of tiles: no second
+        m x m matrix, cache-friendly (m = 4000 on one CPU thread: 45 to 70 ms where ``(K - K.T).abs().max()`` took
+        340 ms, against 9 to 15 s for the eigendecomposition).
+    rtol : float
+
+    Returns
+    -------
+    str or None
+        E.g. ``"the sketched kernel matrix (10 x 10) is not symmetric: max|K - K^T| = 0.3 max|K| ..."``.
+    """
+    m = int(K.shape[0])
+    if m == 0:
+        return None
+    b = _SYMMETRY_TILE
+    diffs = [(K[i:i + b, j:j + b] - K[j:j + b, i:i + b].T).abs().max() for i in range(0, m, b) for j in range(i, m, b)]
+    lowest, highest = torch.aminmax(K)  # one pass, no |K| copy
+    worst, scale = float(torch.stack(diffs).max()), max(float(highest), -float(lowest))
+    if worst <= rtol * scale:
+        return None
+    return (f"the sketched kernel matrix ({m} x {m}) is not symmetric: max|K - K^T| = {worst / scale:.3g} max|K| "
+            f"(tolerance {rtol:g}); k(a, b) must equal k(b, a)")
+
+
+def spectrum_problem(s: torch.Tensor | np.ndarray, rtol: float = PSD_RTOL) -> str | None:
+    """What makes a symmetric matrix with eigenvalues ``s`` not positive semi-definite, or None: its smallest
+    eigenvalue is below ``-rtol * max(largest, 0)`` (with no positive eigenvalue, any negative one).
+
+    Parameters
+    ----------
+    s : Tensor or ndarray of shape (m,)
+        All the eigenvalues, ascending.
+    rtol : float
+    """
+    if len(s) == 0:
+        return None
+    smallest, largest = float(s[0]), float(s[-1])
+    if smallest >= -rtol * max(largest, 0.0):
+        return None
+    return (f"the sketched kernel matrix ({len(s)} x {len(s)}) is not positive semi-definite: smallest eigenvalue "
+            f"{smallest:.3g}, largest {largest:.3g} (tolerance {rtol:g} of the largest); if the kernel is only "
+            "approximately PSD, set its psd attribute to False")
+
+
+def _checked_eigh(K: torch.Tensor, rtol: float, kernel: Any, psd: bool, stage: Callable[..., Any]
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~molpredict.engine.linalg.truncated_eigh` of the sketched kernel matrix ``K`` (m, m), with its checks:
+    an error naming ``kernel`` when ``K`` is not symmetric, or (``psd``) not positive semi-definite. The whole
+    spectrum is needed for the second and ``truncated_eigh`` returns only the kept part, so the decomposition is
+    made here and cut by its rule (:func:`~molpredict.engine.linalg.cut_eigenpairs`): no second decomposition."""
+    problem = asymmetry_problem(K)
+    if problem is not None:
+        raise component_result_error(kernel, "kernel", problem)
+    with stage("eigh"):
+        s, V = symmetric_eigh(K.to(torch.float64))  # ascending
+    if psd:
+        problem = spectrum_problem(s)
+        if problem is not None:
+            raise component_result_error(kernel, "kernel", problem)
+    return cut_eigenpairs(s, V, rtol)
+
+
 def _no_stage(name: str, shape: tuple[int, int, int] | None = None, kind: str = "gemm"):
     return contextlib.nullcontext()
 
@@ -257,6 +343,13 @@ class Nystrom:
         groups : ndarray of shape (n,), optional
             A label per object (e.g. its structure), for sketches that spread their draw over groups
             (``subsample:probs=groups``); the others ignore it.
+
+        Raises
+        ------
+        PluginError (for a built-in kernel: InputError or RuntimeError)
+            The kernel is 0 on every object (all self-similarities 0), or its sketched matrix is not symmetric
+            (:func:`asymmetry_problem`) or, unless its ``psd`` attribute is False, not positive semi-definite
+            (:func:`spectrum_problem`); the message names the kernel and its plugin.
         """
         objects = list(objects)
         if not objects:
@@ -272,6 +365,9 @@ class Nystrom:
         if self.fit_kernel_on == "all":
             with stage("kernel_fit"):
                 kernel = create_component(self.kernel_kind, self.kernel).fit(objects)
+            error = all_degenerate_error(kernel)  # gram()'s unit diagonal would hide it: K = I, a model of nothing
+            if error is not None:
+                raise error
             with stage("sketch_fit"):
                 sketch.fit(n, kernel, groups=groups)
             if self.whiten:
@@ -289,6 +385,9 @@ class Nystrom:
         with stage("landmark_kernel_fit"):
             if kernel is None:
                 self.kernel_ = create_component(self.kernel_kind, self.kernel).fit(self.landmarks_)
+                error = all_degenerate_error(self.kernel_)
+                if error is not None:
+                    raise error
             elif isinstance(self.kernel, (str, ComponentSpec)):
                 self.kernel_ = create_component(self.kernel_kind, str(frozen_spec(kernel))).fit(self.landmarks_)
             else:  # an instance need not be registered: keep its fit, restricted to the landmarks
@@ -303,9 +402,8 @@ class Nystrom:
             self.rank_ = len(used)
             return self
         K_tilde = sketch.apply_right((B[:, used] if B is not None else sketch.apply(self.kernel_.gram())))
-        with stage("eigh"):
-            s, V = truncated_eigh(torch.as_tensor(K_tilde, dtype=torch.float64, device=device),
-                                  float(self.rel_cutoff))
+        s, V = _checked_eigh(torch.as_tensor(K_tilde, dtype=torch.float64, device=device), float(self.rel_cutoff),
+                             self.kernel_, bool(getattr(self.kernel_, "psd", True)), stage)
         if s.numel() == 0:
             raise SpecError("the sketched kernel matrix is zero (no direction to regress on): check the kernel "
                             "and the sketch")

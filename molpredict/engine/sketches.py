@@ -39,7 +39,7 @@ import scipy.sparse as sp
 from molpredict.component import Component
 from molpredict.errors import ResourceError, SpecError
 from molpredict.specs import is_no_sketch
-from molpredict.kernels.base import Kernel
+from molpredict.kernels.base import Kernel, component_result_error
 
 __all__ = [
     "Sketch",
@@ -54,6 +54,7 @@ __all__ = [
     "bernoulli_positions",
     "leverage_scores",
     "group_spread_draw",
+    "draw_problem",
 ]
 
 #: bytes of kernel rows held at once by :meth:`Sketch.sketch_rows` / :meth:`Sketch.sketch_gram`
@@ -169,6 +170,42 @@ def group_spread_draw(groups: np.ndarray, m: int, rng: np.random.Generator) -> t
     return used, inclusion
 
 
+def draw_problem(used: Any, A: Any, n: int) -> str | None:
+    """What breaks the contract R = A I_n[used, :] in a sketch's draw, or None.
+
+    Parameters
+    ----------
+    used : array-like, expected of shape (n',), integers, distinct, in [0, n) (any order: :meth:`Sketch.fit`
+        sorts them, with the columns of ``A``)
+    A : ndarray or scipy.sparse matrix, expected of shape (m, n') with m >= 1, finite
+    n : int
+        Number of columns of R.
+
+    Returns
+    -------
+    str or None
+        E.g. ``"used indices out of [0, 40): min -3"``; duplicate indices are an error rather than merged, since a
+        draw that repeats a point is a bug more often than a choice.
+    """
+    used = np.asarray(used)
+    if used.ndim != 1 or not (used.dtype.kind in "iu" or (used.size == 0 and used.dtype.kind == "f")):
+        return f"used indices of shape {used.shape} and dtype {used.dtype}, not a 1-D integer array"
+    if used.size and (int(used.min()) < 0 or int(used.max()) >= n):
+        return f"used indices out of [0, {n}): min {int(used.min())}, max {int(used.max())}"
+    n_duplicates = int(np.count_nonzero(np.diff(np.sort(used)) == 0))
+    if n_duplicates:
+        return f"{n_duplicates} duplicate used indices"
+    if not sp.issparse(A):
+        A = np.asarray(A)
+    if A.ndim != 2 or A.shape[1] != used.size or A.shape[0] < 1:
+        return f"weights A of shape {A.shape} for {used.size} used indices, expected (m >= 1, {used.size})"
+    try:
+        finite = bool(np.isfinite(np.asarray(A.data if sp.issparse(A) else A, dtype=np.float64)).all())
+    except (TypeError, ValueError):
+        return f"weights A of dtype {A.dtype}, not numbers"
+    return None if finite else "NaN or infinite weights in A"
+
+
 def _memory_check(n_bytes: float, max_memory_gb: float, what: str) -> None:
     if max_memory_gb is not None and n_bytes > float(max_memory_gb) * 2**30:
         raise ResourceError(f"{what} needs {n_bytes / 2**30:.1f} GB, over the budget max_memory_gb="
@@ -235,6 +272,12 @@ class Sketch(Component, ABC):
         groups : ndarray of shape (n,), optional
             A label per point (e.g. the structure of each training spectrum), read by the sketches that
             ``uses_groups``; without it every point is its own group.
+
+        Raises
+        ------
+        PluginError (RuntimeError for a built-in sketch)
+            The draw breaks the contract (:func:`draw_problem`); the message names the sketch and its plugin. Indices
+            drawn in another order are sorted, with the columns of ``A_``.
         """
         n = int(n)
         if n < 1:
@@ -249,15 +292,22 @@ class Sketch(Component, ABC):
             raise SpecError(f"{type(self).__name__}: m must be a positive integer, got {self.m!r}")
         rng = np.random.default_rng(self.seed)
         used, A = (self._draw(n, rng, kernel, groups) if self.uses_groups else self._draw(n, rng, kernel))
+        problem = draw_problem(used, A, n)
+        if problem is not None:
+            raise component_result_error(self, "sketch", f"_draw returned {problem}")
         used = np.asarray(used, dtype=np.int64)
         if sp.issparse(A):
             A = sp.csr_matrix(A, dtype=np.float64)
             A.sort_indices()
         else:
             A = np.ascontiguousarray(A, dtype=np.float64)
-        if A.ndim != 2 or A.shape[1] != used.shape[0]:
-            raise RuntimeError(f"{type(self).__name__}._draw returned A of shape {A.shape} for "
-                               f"{used.shape[0]} used columns")
+        if used.size > 1 and (used[1:] < used[:-1]).any():
+            # R = A I[used] does not depend on the order of the pairs (column of A, index): sort them together
+            order = np.argsort(used, kind="stable")
+            used, A = used[order], A[:, order]
+            if sp.issparse(A):
+                A = sp.csr_matrix(A)
+                A.sort_indices()
         self.n_ = n
         self.m_ = int(A.shape[0])
         self.used_ = used

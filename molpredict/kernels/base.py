@@ -14,6 +14,12 @@ Degenerate objects whose raw self-similarity is 0 (a spectrum with no peaks, an 
 :meth:`diagonal` (an object is always identical to itself). :meth:`fit`, :meth:`transform` and
 :meth:`transform_features` each issue one :class:`DegenerateObjectWarning` giving how many such objects they met.
 
+What the three methods return is checked where the base class receives it (:func:`result_problem`): ``featurize``
+one row per object, ``pairwise`` exactly (len(fa), len(fb)) (numpy would broadcast a column, a row or a scalar),
+``self_similarity`` exactly (len(f),) and >= 0, all finite. A violation stops with one line naming the kernel by its
+registry name and plugin (:func:`component_result_error`): a :class:`~molpredict.errors.PluginError` for a plugin's
+kernel. The cost is a shape comparison per call and the one finiteness pass over each block.
+
 Fitted state. Because features are what a fitted kernel keeps, a fitted kernel is saved as them:
 :meth:`Kernel.get_fitted_state` writes its registry name, parameters and every fitted attribute (``fit_features_``,
 ``fit_diag_``, resolved parameters, sub-kernels) as arrays plus JSON, and :meth:`Kernel.from_fitted_state` rebuilds
@@ -35,7 +41,93 @@ from molpredict.component import Component
 from molpredict.kernels.workers import active_row_pool
 
 __all__ = ["Kernel", "InputKernel", "OutputKernel", "DegenerateObjectWarning", "normalize_block", "saveable",
-           "StateNotSaveable", "encode_fitted", "decode_fitted"]
+           "StateNotSaveable", "NotRegistered", "encode_fitted", "decode_fitted", "result_problem",
+           "component_result_error", "all_degenerate_error"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# checks of what a component returns (kernels here; sketches and the Nystrom map use the same error)
+# ----------------------------------------------------------------------------------------------------------
+
+def result_problem(values: np.ndarray, shape: tuple[int, ...]) -> str | None:
+    """What is wrong with an array a kernel method returned, or None: a shape other than ``shape`` (numpy would
+    broadcast a column, a row or a scalar into the block silently), or a NaN / infinite value.
+
+    Parameters
+    ----------
+    values : ndarray, float64
+    shape : tuple of int
+        The shape the method must return, e.g. (n_rows, n_cols) for ``pairwise``, (n,) for ``self_similarity``.
+    """
+    if values.shape != shape:
+        return f"an array of shape {values.shape} where {shape} was expected"
+    if not np.isfinite(values).all():  # the one pass over the values, paid by every block
+        return "NaN or infinite values"
+    return None
+
+
+def _describe(component: Any, noun: str) -> tuple[str, bool]:
+    """``(how an error names component, whether it is third-party code)``: a registered class by its kind, registry
+    name and the plugin that registered it (``input kernel 'shaped' from plugin 'shapes' (Shaped)``), another by
+    its class and module (``kernel Shaped (module my_plugin)``)."""
+    cls = type(component)
+    third_party = cls.__module__.split(".")[0] != "molpredict"
+    name = cls.__dict__.get("registry_name")  # set by the registry on the class it loaded, not on subclasses
+    if name:
+        try:
+            from molpredict.registry import KINDS, get_registry
+
+            registry = get_registry()
+            for kind in KINDS:
+                if name in registry.names(kind) and registry.get(kind, name) is cls:
+                    provider = registry.entry(kind, name).provider
+                    plugin = "" if provider == "molpredict" else f" from plugin {provider!r}"
+                    return f"{kind.replace('_', ' ')} {name!r}{plugin} ({cls.__name__})", provider != "molpredict"
+        except Exception:  # naming the culprit must never hide the error being reported
+            pass
+    return f"{noun} {cls.__name__} (module {cls.__module__})", third_party
+
+
+def all_degenerate_error(kernel: Any) -> Exception | None:
+    """The error for a fitted normalised kernel whose reference objects are all degenerate (zero self-similarity:
+    every kernel value among them is 0, the model trained on it constant), else None.
+
+    Not raised by :meth:`Kernel.fit`: a sub-kernel of a combination may be degenerate on every object while the
+    combination is not (``mkl``'s formula-annotation on spectra without formulas); the engine that trains on a
+    kernel (:class:`~molpredict.engine.nystrom.Nystrom`) raises it. A plugin's kernel gets a
+    :class:`~molpredict.errors.PluginError`, a built-in one an :class:`~molpredict.errors.InputError` (the
+    training objects do not suit it).
+    """
+    diag = getattr(kernel, "fit_diag_", None)
+    if not getattr(kernel, "normalized", False) or diag is None or not len(diag) or (np.asarray(diag) > 0).any():
+        return None
+    from molpredict.errors import InputError
+
+    return component_result_error(kernel, "kernel", f"self_similarity is 0 for all {len(diag)} training objects "
+                                  "(e.g. spectra without peaks): every kernel value would be 0", builtin=InputError)
+
+
+def component_result_error(component: Any, noun: str, problem: str, builtin: type = RuntimeError) -> Exception:
+    """The error to raise when ``component`` (a kernel or sketch; ``noun`` says which) returned something that breaks
+    its contract: one line naming it, a :class:`~molpredict.errors.PluginError` (exit 3) for a plugin's component
+    (or any class outside molpredict), ``builtin`` (by default ``RuntimeError``: an internal error, a bug to report)
+    for a built-in one.
+
+    Parameters
+    ----------
+    component : Kernel or Sketch
+    noun : str
+        ``"kernel"`` or ``"sketch"``, for a component the registry does not know.
+    problem : str
+        What it did, e.g. ``"pairwise returned NaN or infinite values"``.
+    builtin : type
+        The exception class for a built-in component (default: an internal error).
+    """
+    from molpredict.errors import PluginError
+
+    label, third_party = _describe(component, noun)
+    message = " ".join(f"{label}: {problem}".split())
+    return PluginError(message) if third_party else builtin(message)
 
 
 def normalize_block(raw: np.ndarray, diag_rows: np.ndarray, diag_cols: np.ndarray) -> np.ndarray:
@@ -125,17 +217,23 @@ class Kernel(Component, ABC):
     # -- provided ----------------------------------------------------------------------------------------
     def fit(self, objects: Sequence[Any]) -> "Kernel":
         """Remember the reference objects (as features)."""
-        self.fit_features(self.featurize(list(objects)))
+        self.fit_features(self._featurize(list(objects)))
         if self.normalized:
             _warn_degenerate(self, int(np.count_nonzero(self.fit_diag_ <= 0)), self.n_fit_, "fit")
         return self
 
     def fit_features(self, features: Any) -> "Kernel":
-        """Remember reference objects given as features (what :meth:`featurize` returns, e.g. stored ones)."""
+        """Remember reference objects given as features (what :meth:`featurize` returns, e.g. stored ones).
+
+        Raises
+        ------
+        PluginError (RuntimeError for a built-in kernel)
+            ``self_similarity`` breaks its contract (see :meth:`_self_similarity`). Every object degenerate is not
+            an error here (a sub-kernel of a combination may be so): see :func:`all_degenerate_error`.
+        """
         self.fit_features_ = features
-        self.fit_diag_ = self._finite(np.asarray(self.self_similarity(self.fit_features_), dtype=np.float64),
-                                      "self_similarity")
         self.n_fit_ = len(features)
+        self.fit_diag_ = self._self_similarity(features, self.n_fit_)
         self._fit_data_dependent(self.fit_features_)
         return self
 
@@ -143,21 +241,43 @@ class Kernel(Component, ABC):
         if not hasattr(self, "fit_features_"):
             raise RuntimeError(f"{type(self).__name__} is not fitted: call fit(objects) first")
 
-    def _finite(self, values: np.ndarray, method: str) -> np.ndarray:
-        """``values``, or an error naming the kernel and ``method`` when any is NaN or infinite: one NaN in a
-        self-similarity silently zeroes every score of the model trained on it, and one in a block breaks the
-        eigensolver far from its cause. A plugin's kernel gets a :class:`PluginError` (exit 3)."""
-        if np.isfinite(values).all():
-            return values
-        module = type(self).__module__
-        where = f"kernel {type(self).__name__} ({module}) returned NaN or infinite values in {method}"
-        if module.split(".")[0] != "molpredict":
-            from molpredict.errors import PluginError
-            raise PluginError(where)
-        raise FloatingPointError(where)
+    # -- the checks of what the implemented methods return: one line naming the kernel (and its plugin), instead
+    # of numpy broadcasting a wrong shape into a block, a NaN silently zeroing every score, or a crash far from
+    # the cause. Their cost: a shape comparison per call and the finiteness pass (one read of each block).
+    def _result_error(self, problem: str) -> Exception:
+        return component_result_error(self, "kernel", problem)
+
+    def _checked(self, values: Any, shape: tuple[int, ...], method: str) -> np.ndarray:
+        """``values`` as a float64 array, or the error naming the kernel and ``method`` when it has another shape than
+        ``shape`` or a NaN or infinite value."""
+        values = np.asarray(values, dtype=np.float64)
+        problem = result_problem(values, shape)
+        if problem is not None:
+            raise self._result_error(f"{method} returned {problem}")
+        return values
+
+    def _featurize(self, objects: list[Any]) -> Any:
+        """:meth:`featurize`, checked to give one row per object (``len(features) == len(objects)``)."""
+        features = self.featurize(objects)
+        try:
+            n = len(features)
+        except TypeError:
+            raise self._result_error(f"featurize returned a {type(features).__name__}, which has no len()") from None
+        if n != len(objects):
+            raise self._result_error(f"featurize returned {n} rows for {len(objects)} objects")
+        return features
+
+    def _self_similarity(self, features: Any, n: int) -> np.ndarray:
+        """:meth:`self_similarity` of ``n`` objects, checked: shape (n,), finite and >= 0 (k(x, x) = ||phi(x)||^2;
+        a negative value would be treated as a degenerate object and hide the bug)."""
+        diag = self._checked(self.self_similarity(features), (n,), "self_similarity")
+        if (diag < 0).any():
+            raise self._result_error(f"self_similarity returned {int(np.count_nonzero(diag < 0))} negative values "
+                                     f"(min {float(diag.min()):.3g}); k(x, x) must be >= 0")
+        return diag
 
     def _block(self, fa: Any, diag_a: np.ndarray, fb: Any, diag_b: np.ndarray) -> np.ndarray:
-        raw = self._finite(np.asarray(self.pairwise(fa, fb), dtype=np.float64), "pairwise")
+        raw = self._checked(self.pairwise(fa, fb), (len(diag_a), len(diag_b)), "pairwise")
         return normalize_block(raw, diag_a, diag_b) if self.normalized else raw
 
     def _transform_features(self, features: Any, out: np.ndarray) -> int:
@@ -187,7 +307,7 @@ class Kernel(Component, ABC):
         for start in range(0, n, step):
             stop = min(start + step, n)
             block = self.take(features, slice(start, stop))
-            diag = self._finite(np.asarray(self.self_similarity(block), dtype=np.float64), "self_similarity")
+            diag = self._self_similarity(block, stop - start)
             n_degenerate += int(np.count_nonzero(diag <= 0))
             out[start:stop] = self._block(block, diag, self.fit_features_, self.fit_diag_)
         return n_degenerate if self.normalized else 0
@@ -212,7 +332,7 @@ class Kernel(Component, ABC):
         n_degenerate = 0
         for start in range(0, len(objects), self.block_rows):
             stop = min(start + self.block_rows, len(objects))
-            n_degenerate += self._transform_features(self.featurize(objects[start:stop]), out[start:stop])
+            n_degenerate += self._transform_features(self._featurize(objects[start:stop]), out[start:stop])
         _warn_degenerate(self, n_degenerate, len(objects), "transform")
         return out
 
@@ -240,7 +360,8 @@ class Kernel(Component, ABC):
         """k(x, x) for each object, shape (len(objects),): all ones for a normalised kernel."""
         if self.normalized or self.unit_diagonal:
             return np.ones(len(objects), dtype=np.float64)
-        return np.asarray(self.self_similarity(self.featurize(list(objects))), dtype=np.float64)
+        objects = list(objects)
+        return self._self_similarity(self._featurize(objects), len(objects))
 
     # -- fitted state (model files) ----------------------------------------------------------------------
     def get_fitted_state(self, prefix: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
@@ -252,19 +373,57 @@ class Kernel(Component, ABC):
         Raises
         ------
         StateNotSaveable
-            Some fitted attribute is not arrays, saveable features (:func:`saveable`), kernels or JSON values.
+            Some fitted attribute is not arrays, saveable features (:func:`saveable`), kernels or JSON values;
+            :class:`NotRegistered` (a subclass) when the kernel's class is not registered.
         """
         self._check_fitted()
-        if self.n_fit_:  # one row through transform fills the reference side's caches, which are then saved too
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DegenerateObjectWarning)
-                self.transform_features(self.take(self.fit_features_, slice(0, 1)))
+        self._fill_caches()
         arrays: dict[str, np.ndarray] = {}
         meta = self._fitted_state(prefix, arrays, {})
         return arrays, meta
 
+    def get_fitted_attributes(self, prefix: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """:meth:`get_fitted_state` without the registry name, for a kernel whose class is at hand but not registered
+        (a plugin's test): JSON ``{"params": ..., "attributes": ...}``, which :meth:`from_fitted_attributes` of the
+        same class reads. What is written is exactly what a model file keeps of a registered kernel.
+
+        Raises
+        ------
+        StateNotSaveable
+        """
+        self._check_fitted()
+        self._fill_caches()
+        arrays: dict[str, np.ndarray] = {}
+        return arrays, self._params_and_attributes(prefix, arrays, {})
+
+    @classmethod
+    def from_fitted_attributes(cls, arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> "Kernel":
+        """The kernel of class ``cls`` that :meth:`get_fitted_attributes` wrote: built from its parameters, its fitted
+        attributes set as a model file's loader sets them.
+
+        Raises
+        ------
+        StateNotSaveable
+            The state is incomplete.
+        """
+        try:
+            kernel = cls(**dict(meta["params"]))
+        except (KeyError, TypeError) as exc:
+            raise StateNotSaveable(f"fitted kernel state lacks {exc}") from None
+        return _set_fitted(kernel, meta, arrays, {})
+
+    def _fill_caches(self) -> None:
+        if self.n_fit_:  # one row through transform fills the reference side's caches, which are then saved too
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DegenerateObjectWarning)
+                self.transform_features(self.take(self.fit_features_, slice(0, 1)))
+
     def _fitted_state(self, prefix: str, arrays: dict[str, np.ndarray], memo: dict[int, str]) -> dict[str, Any]:
         kind, name = _registration(self)
+        return {"kind": kind, "name": name, **self._params_and_attributes(prefix, arrays, memo)}
+
+    def _params_and_attributes(self, prefix: str, arrays: dict[str, np.ndarray], memo: dict[int, str]
+                               ) -> dict[str, Any]:
         params = self.get_params()
         if not all(v is None or isinstance(v, (bool, int, float, str)) for v in params.values()):
             raise StateNotSaveable(f"{type(self).__name__}: a parameter is not a JSON value")
@@ -273,7 +432,7 @@ class Kernel(Component, ABC):
         # features classes before the combination's own features (made of theirs) are read
         order = sorted(fitted, key=lambda key: (not _holds_kernels(fitted[key]), key))
         attributes = {key: encode_fitted(fitted[key], f"{prefix}.{key}", arrays, memo) for key in order}
-        return {"kind": kind, "name": name, "params": params, "attributes": attributes}
+        return {"params": params, "attributes": attributes}
 
     @staticmethod
     def from_fitted_state(arrays: Mapping[str, np.ndarray], meta: Mapping[str, Any]) -> "Kernel":
@@ -296,14 +455,23 @@ class Kernel(Component, ABC):
 
         try:
             kernel = create(meta["kind"], ComponentSpec(meta["name"], dict(meta["params"])))
-            attributes = meta["attributes"]
         except (KeyError, TypeError) as exc:
             raise StateNotSaveable(f"fitted kernel state lacks {exc}") from None
-        for key, value in attributes.items():
-            setattr(kernel, key, decode_fitted(value, arrays, refs))
-        if not hasattr(kernel, "fit_features_"):
-            raise StateNotSaveable("fitted kernel state has no fitted features")
-        return kernel
+        return _set_fitted(kernel, meta, arrays, refs)
+
+
+def _set_fitted(kernel: Kernel, meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray], refs: dict[str, Any]
+                ) -> Kernel:
+    """``kernel`` (built from the saved parameters) with the saved fitted attributes set."""
+    try:
+        attributes = meta["attributes"]
+    except (KeyError, TypeError) as exc:
+        raise StateNotSaveable(f"fitted kernel state lacks {exc}") from None
+    for key, value in attributes.items():
+        setattr(kernel, key, decode_fitted(value, arrays, refs))
+    if not hasattr(kernel, "fit_features_"):
+        raise StateNotSaveable("fitted kernel state has no fitted features")
+    return kernel
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -313,6 +481,11 @@ class Kernel(Component, ABC):
 class StateNotSaveable(TypeError):
     """A fitted kernel holds something that cannot be written as arrays and JSON (e.g. graph objects); a model
     file then keeps only its spec and landmarks, and the kernel is refitted on load."""
+
+
+class NotRegistered(StateNotSaveable):
+    """The kernel's class is not registered, so a model file could not name it (its state may still be saveable:
+    :meth:`Kernel.get_fitted_attributes`)."""
 
 
 #: features classes whose instances :func:`encode_fitted` may write, by qualified name (see :func:`saveable`)
@@ -464,7 +637,7 @@ def _registration(kernel: "Kernel") -> tuple[str, str]:
         for name in registry.names(kind):
             if registry.get(kind, name) is type(kernel):
                 return kind, name
-    raise StateNotSaveable(f"{type(kernel).__name__} is not a registered kernel")
+    raise NotRegistered(f"{type(kernel).__name__} is not a registered kernel")
 
 
 class InputKernel(Kernel, ABC):

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from molpredict.errors import PluginError
 from molpredict.kernels.base import Kernel
 from molpredict.engine.sketches import Sketch
 
@@ -48,12 +49,20 @@ class RBFKernel(Kernel):
 
 
 def _factory(sketch: "Sketch | Callable[[int], Sketch]") -> Callable[[int], Sketch]:
+    """``seed -> unfitted sketch``: an instance is re-created through its class from ``get_params()`` (as a model's
+    spec re-creates it), and a failure to do so is the named check failure ``re-creation``, not a traceback."""
     if isinstance(sketch, Sketch):
-        params = sketch.get_params()
         cls = type(sketch)
-        if "seed" not in params:
-            return lambda seed: cls(**params)
-        return lambda seed: cls(**{**params, "seed": seed})
+
+        def make(seed: int) -> Sketch:
+            try:
+                params = sketch.get_params()
+                return cls(**params) if "seed" not in params else cls(**{**params, "seed": seed})
+            except Exception as exc:
+                detail = " ".join(f"{type(exc).__name__}: {exc}".split())
+                raise AssertionError(f"{cls.__name__}: re-creation: {cls.__name__}(**get_params()) raised {detail} "
+                                     "(__init__ must store each parameter under its own name)") from None
+        return make
     if callable(sketch):
         return sketch
     raise TypeError("check_sketch takes a Sketch instance or a factory seed -> Sketch")
@@ -98,8 +107,12 @@ def check_sketch(sketch: "Sketch | Callable[[int], Sketch]", n: int = 60, n_draw
     kernel = RBFKernel(gamma=0.3).fit(points)
     K = kernel.gram()
 
-    first = make(seed).fit(n, kernel)
+    first = make(seed)
     name = type(first).__name__
+    try:
+        first.fit(n, kernel)
+    except PluginError as exc:  # Sketch.fit's own check of the draw (used_, A_), as training would stop on it
+        raise AssertionError(f"{name}: draw: {exc}") from None
     R = first.matrix()
     m = first.m_
     assert R.shape == (m, n), f"{name}: matrix() has shape {R.shape}, expected ({m}, {n})"
