@@ -79,6 +79,9 @@ def load_library(library: "PathLike | CandidateLibrary | None" = None, *, progre
     if library is not None and not isinstance(library, (str, os.PathLike)):
         raise InputError(f"library must be a path or a CandidateLibrary (molpredict.load_library), "
                          f"not {type(library).__name__}")
+    _check_flag("progress", progress)
+    if cache is not None:
+        _check_flag("cache", cache)
     # read once per process and known by its file: cluster workers read it themselves (no pickled copy)
     path = library_path(library)
     from molpredict.chem.candidates import check_usable
@@ -95,7 +98,8 @@ def iter_spectra(spectra: Any, report: "SkipReport | None" = None) -> Iterator[A
         Files (``.mgf``, ``.msp``, ``.mzML``, ``.mzXML``, optionally gzipped) are streamed; matchms spectra are
         converted with :func:`molpredict.io.matchms.from_matchms` (their ``record`` is their 1-based position).
     report : SkipReport, optional
-        Collects unreadable records of files (they are skipped, not raised).
+        Collects unreadable records of files and unusable matchms spectra (non-finite peaks, a non-numeric
+        precursor m/z...; file ``""``, record their position): they are skipped, not raised.
 
     Raises
     ------
@@ -104,17 +108,19 @@ def iter_spectra(spectra: Any, report: "SkipReport | None" = None) -> Iterator[A
     """
     from molpredict.io import read_spectra
 
-    for item in _spectra_items(spectra):
+    for item in _spectra_items(spectra, report):
         if isinstance(item, (str, os.PathLike)):
             yield from read_spectra(item, report=report)
         else:
             yield item
 
 
-def _spectra_items(spectra: Any) -> Iterator[Any]:
+def _spectra_items(spectra: Any, report: "SkipReport | None" = None) -> Iterator[Any]:
     """What :func:`iter_spectra` and :func:`spectra_files` take, item by item: a path (checked to be one), or a
-    molpredict Spectrum (a matchms one converted; ``record`` its 1-based position where it has none)."""
-    from molpredict.io.matchms import from_matchms, is_matchms_spectrum
+    molpredict Spectrum (a matchms one converted; ``record`` its 1-based position where it has none). A matchms
+    spectrum that cannot be converted goes to ``report`` and is left out (raised without a report): one NaN peak
+    among thousands of spectra must not stop the run that the same record in an MGF file would not stop."""
+    from molpredict.io.matchms import convert_or_skip, is_matchms_spectrum
     from molpredict.spectra.record import Spectrum
 
     if isinstance(spectra, (str, os.PathLike)) or isinstance(spectra, Spectrum) or is_matchms_spectrum(spectra):
@@ -126,7 +132,9 @@ def _spectra_items(spectra: Any) -> Iterator[Any]:
         elif isinstance(item, Spectrum):
             yield item if item.record is not None else _with_record(item, index)
         elif is_matchms_spectrum(item):
-            yield from_matchms(item, index)
+            converted = convert_or_skip(item, index, report)
+            if converted is not None:
+                yield converted
         else:
             raise InputError(f"not a spectrum or a path: {type(item).__name__}", path="spectra", record=index)
 
@@ -135,6 +143,9 @@ def _checked_path(path: "str | os.PathLike") -> "str | os.PathLike":
     """``path``, or the one-line :class:`InputError` when a string is a file's content rather than its name."""
     if isinstance(path, str) and "\n" in path:
         raise InputError("spectra: a path, not a file's content (write it to a file, or give Spectrum records)")
+    if os.path.isdir(path):  # else refused as "unknown spectra format '(no extension)'"
+        raise InputError("is a directory, not a spectra file (give the files in it, e.g. "
+                         "sorted(Path(folder).glob('*.mgf')))", path=os.fspath(path))
     return path
 
 
@@ -157,11 +168,13 @@ def spectra_files(spectra: Any) -> Iterator[list[str]]:
     """File paths for the jobs that read files (training, evaluation) from what :func:`iter_spectra` takes: paths as
     they are, each run of in-memory spectra (molpredict or matchms) written to a temporary MGF, which
     :func:`~molpredict.io.write_mgf` writes so that it reads back bit for bit (metadata such as SMILES included),
-    and removed on exit. A spectrum's ``record`` in messages is then its 1-based position within its run.
+    and removed on exit. A spectrum's ``record`` in messages is then its 1-based position within its run. A
+    matchms spectrum that cannot be converted (non-finite peaks, ...) is left out with one warning naming its
+    position and reason, as a file reader without a skip report says what it dropped.
     """
     import tempfile
 
-    from molpredict.io import write_mgf
+    from molpredict.io import SkipReport, write_mgf
 
     if isinstance(spectra, (str, os.PathLike)):  # the common case: no temporary folder
         yield [os.fspath(_checked_path(spectra))]
@@ -177,13 +190,21 @@ def spectra_files(spectra: Any) -> Iterator[list[str]]:
                 paths.append(path)
                 run.clear()
 
-        for item in _spectra_items(spectra):
+        report = SkipReport()
+        for item in _spectra_items(spectra, report):
             if isinstance(item, (str, os.PathLike)):
                 flush()
                 paths.append(os.fspath(item))
             else:
                 run.append(item)
         flush()
+        if report:
+            import logging
+            first = report.entries[0]
+            logging.getLogger("molpredict.io").warning(
+                "matchms spectra: skipped %d unusable spectr%s (%s; first: record %d, %s)", len(report),
+                "a" if len(report) > 1 else "um", ", ".join(f"{n} {r}" for r, n in report.by_reason().items()),
+                first.record, first.spectrum_id)
         yield paths
 
 
@@ -204,6 +225,14 @@ def _check_flag(name: str, value: Any) -> None:
         raise InputError(f"{name} must be True or False, not {value!r}")
 
 
+def _check_cluster(cluster: Any) -> None:
+    """Raise the one-line :class:`InputError` unless ``cluster`` is an address string or None (a number reached
+    the executor's string handling as an AttributeError)."""
+    if cluster is not None and not isinstance(cluster, str):
+        raise InputError(f"cluster must be 'local:N', a scheduler address or None, not {type(cluster).__name__} "
+                         f"{cluster!r}")
+
+
 def identify_options(*, top_k: int = 10, by: str | None = None, ppm: float = 10.0, precision_window: bool = True,
                      sources: Sequence[str] | None = None, formulas: "PathLike | dict[str, str] | None" = None,
                      block_queries: int = 512, prior: bool = True, properties: Any = None,
@@ -220,15 +249,54 @@ def identify_options(*, top_k: int = 10, by: str | None = None, ppm: float = 10.
     for name, flag in (("prior", prior), ("precision_window", precision_window),
                        ("formula_per_candidate", formula_per_candidate)):
         _check_flag(name, flag)
-    if isinstance(sources, str):  # one source named alone, not its letters
-        sources = [sources]
+    sources = check_sources(sources)
     if formulas is not None and not isinstance(formulas, (str, os.PathLike, Mapping)):
         raise InputError(f"formulas must be a file of query_id<TAB>formula lines or a dict, "
                          f"not {type(formulas).__name__}")
-    hints = read_formula_hints(formulas) if isinstance(formulas, (str, os.PathLike)) else formulas
+    hints = read_formula_hints(formulas) if isinstance(formulas, (str, os.PathLike)) else \
+        formula_hints(formulas) if formulas is not None else None
     return IdentifyOptions(by=by, ppm=ppm, precision_window=precision_window, sources=list(sources) if sources else None,
                            top_k=top_k, formulas=hints, block_queries=block_queries,
                            prior=prior, properties=properties, formula_per_candidate=formula_per_candidate)
+
+
+def check_sources(sources: Any) -> list[str] | None:
+    """``sources`` as a list of source names (one name given alone is that source, not its letters), None for
+    none; the one-line :class:`InputError` for anything else (a number reached the library filter as an Arrow
+    type error, deep inside pyarrow)."""
+    if sources is None:
+        return None
+    if isinstance(sources, str):
+        return [sources]
+    if isinstance(sources, (bytes, bytearray, Mapping)) or not hasattr(sources, "__iter__"):
+        raise InputError(f"sources must be a source name or a list of them, not {type(sources).__name__}")
+    names = list(sources)
+    for name in names:
+        if not isinstance(name, str):
+            raise InputError(f"sources must be source names (strings), not {type(name).__name__} {name!r}")
+    return names or None
+
+
+def formula_hints(formulas: Mapping) -> dict[str, str]:
+    """A dict of formula hints checked and normalised as :func:`~molpredict.identification.identify.read_formula_hints`
+    reads a hints file: a hint that does not parse would otherwise replace the spectrum's own FORMULA and leave it
+    to be selected by mass without a word. Raises the one-line :class:`InputError` naming the query id."""
+    from molpredict.chem.molecules import normalize_formula
+
+    hints: dict[str, str] = {}
+    for query, formula in formulas.items():
+        if not isinstance(query, str):
+            raise InputError(f"query ids must be strings (spectrum ids), not {type(query).__name__} {query!r}",
+                             path="formulas")
+        if not isinstance(formula, str):
+            raise InputError(f"a formula must be a string, not {type(formula).__name__} {formula!r}",
+                             path="formulas", record=query, field="formula")
+        try:
+            hints[query] = normalize_formula(formula.strip())
+        except InputError:
+            raise InputError(f"unparsable formula {formula!r}", path="formulas", record=query,
+                             field="formula") from None
+    return hints
 
 
 def load_properties(model: Any) -> tuple[Any, tuple[str, ...]]:
@@ -242,6 +310,9 @@ def load_properties(model: Any) -> tuple[Any, tuple[str, ...]]:
     from molpredict.properties.model import PropertyBundle
     from molpredict.properties.pipeline import output_columns
 
+    if not isinstance(model, (PropertyBundle, str, os.PathLike)):
+        raise InputError(f"properties must be a property model's path or a PropertyBundle, not "
+                         f"{type(model).__name__}")
     bundle = model if isinstance(model, PropertyBundle) else PropertyBundle.load(os.fspath(model))
     return bundle, tuple(OUTPUT_COLUMNS) + tuple(output_columns(bundle.names))
 
@@ -252,6 +323,9 @@ def coordinates_root(cache_dir: "PathLike | None | bool") -> "Path | str | None 
     for none."""
     if cache_dir is False:
         return False
+    if cache_dir is not None and (isinstance(cache_dir, bool) or not isinstance(cache_dir, (str, os.PathLike))):
+        raise InputError(f"cache_dir must be a path, a URL, None (the default store) or False (none), "
+                         f"not {type(cache_dir).__name__} {cache_dir!r}")
     if not cache_dir:
         return None
     return str(cache_dir) if "://" in str(cache_dir) else Path(cache_dir)
@@ -264,9 +338,12 @@ def check_spectra_model(bundle: "ModelBundle") -> None:
                          f"(molpredict.identify_text from Python)", path=str(bundle.path))
 
 
-def text_queries(texts: "str | Sequence[str]", where: str = "texts") -> list[tuple[str, str]]:
-    """Descriptions as queries ``(text1, description), ...``, whitespace collapsed; a one-line
-    :class:`InputError` naming ``where`` and the position of what is not a non-empty string."""
+def text_queries(texts: "str | Sequence[str]", where: str = "texts") -> list[tuple[str, str, str, int]]:
+    """Descriptions as queries ``(query_id, description, file, record)``: ``("text1", description, "", 1), ...``
+    (``record`` the 1-based position in ``texts``), whitespace collapsed; a one-line :class:`InputError` naming
+    ``where`` and the position of what is not a non-empty string. A list has no blank-line convention (a file's
+    blank lines are passed over, :func:`text_file_queries`), so an empty string in it is refused, not dropped:
+    dropping it would shift the answers against the caller's list."""
     if isinstance(texts, str):
         texts = [texts]
     if isinstance(texts, (bytes, bytearray, Mapping)) or not hasattr(texts, "__iter__"):
@@ -277,11 +354,24 @@ def text_queries(texts: "str | Sequence[str]", where: str = "texts") -> list[tup
             raise InputError(f"a description must be a string, not {type(text).__name__}", path=where, record=i)
         text = " ".join(text.split())
         if not text:
-            raise InputError("empty description", path=where, record=i)
-        queries.append((f"text{i}", text))
+            raise InputError(f"empty description at position {i}: leave it out (an empty string is no query)",
+                             path=where)
+        queries.append((f"text{i}", text, "", i))
     if not queries:
         raise InputError("no descriptions", path=where)
     return queries
+
+
+def text_file_queries(path: PathLike) -> list[tuple[str, str, str, int]]:
+    """The descriptions of a file, one per line, as queries ``(query_id, description, file, line)``: the id
+    ``<file stem>:<line>`` (the spectra readers' id for a record without one), which neither shifts when blank
+    lines are added nor collides with the ``text<n>`` ids of descriptions given one by one (``--text``). Blank
+    lines and ``#`` comments are not queries (:func:`~molpredict.io.text_pairs.read_text_queries`)."""
+    from molpredict.io.common import file_stem
+    from molpredict.io.text_pairs import read_text_queries
+
+    stem = file_stem(path)
+    return [(f"{stem}:{line}", text, os.fspath(path), line) for line, text in read_text_queries(path)]
 
 
 def text_identifier(model: "PathLike | ModelBundle | None" = None,
@@ -295,8 +385,8 @@ def text_identifier(model: "PathLike | ModelBundle | None" = None,
 
     bundle = load_model(model)
     if bundle.input_type != "text":
-        raise InputError(f"the model takes {bundle.input_type} input, not text: give SPECTRA",
-                         path=str(bundle.path))
+        raise InputError(f"the model takes {bundle.input_type} input, not text: give spectra (SPECTRA; "
+                         f"molpredict.identify from Python)", path=str(bundle.path))
     options = identify_options(top_k=top_k, sources=sources)
     lib = load_library(library, progress=progress, cache=True)
     return Identifier(bundle, LibrarySource(lib, options), options, cache_root=coordinates_root(cache_dir),
@@ -314,16 +404,27 @@ def identify_text(texts: "str | Sequence[str]", model: "PathLike | ModelBundle |
     -------
     pandas.DataFrame
         One row per (description, rank), the command's columns; ``query_id`` is ``text1``, ``text2``, ... in
-        the order given; ``df.attrs["summary"]`` the run's counts.
+        the order given and ``record`` the description's 1-based position. ``df.attrs["skipped"]`` lists the
+        descriptions without rows as dicts ``{query_id, reason, file, record}`` (one with no word the model
+        knows, which every candidate would score alike); ``df.attrs["summary"]`` the run's counts.
+
+    Raises
+    ------
+    InputError
+        A description that is not a string or is empty (naming its position), or no descriptions.
     """
     import pandas as pd
 
     from molpredict.io.results import OUTPUT_COLUMNS
 
     queries = text_queries(texts)
+    _check_flag("progress", progress)
+    coordinates_root(cache_dir)  # a wrong type named before the model and library are read
     identifier = text_identifier(model, library, top_k=top_k, sources=sources, cache_dir=cache_dir,
                                  progress=progress)
     frame = pd.DataFrame(list(identifier.run_text(queries)), columns=list(OUTPUT_COLUMNS))
+    frame.attrs["skipped"] = [{"query_id": s.query_id, "reason": s.reason, "file": s.file, "record": s.record}
+                              for s in identifier.skipped]
     frame.attrs["summary"] = identifier.summary()
     return frame
 
@@ -407,6 +508,15 @@ def identify(spectra: Any, model: "PathLike | ModelBundle | None" = None,
     from molpredict.identification.scoring import executor_for
     from molpredict.io import SkipReport
 
+    # every argument checked before the model and the library are read (a minute of loading, then a type error)
+    _check_flag("progress", progress)
+    _check_cluster(cluster)
+    coordinates_root(cache_dir)
+    _check_spectra_container(spectra)
+    if isinstance(spectra, Sequence) and not isinstance(spectra, str) and not spectra:
+        # as identify_text([]) and train([]) say: an empty list is a mistake upstream (a filter that kept
+        # nothing), not a run whose answer is an empty table
+        raise InputError("no spectra given (spectra is empty)")
     property_model, columns = load_properties(properties)
     options = identify_options(top_k=top_k, by=by, ppm=ppm, precision_window=precision_window, sources=sources,
                                formulas=formulas, block_queries=block_queries, prior=prior,
@@ -455,6 +565,11 @@ def train(train: Any, val: Any = (), *,
 
     from molpredict.training.pipeline import TrainOptions, train_bundle
 
+    _check_flag("progress", progress)
+    if log is not None and not callable(log):
+        raise InputError(f"log must be a function taking a message (print, say), not {type(log).__name__}")
+    if output is not None and not isinstance(output, (str, os.PathLike)):
+        raise InputError(f"output must be a path, not {type(output).__name__}")
     known = {f.name for f in dataclasses.fields(TrainOptions)}
     unknown = sorted(set(options) - known)
     if unknown:
@@ -495,14 +610,17 @@ def evaluate(spectra: Any, candidates: "PathLike | Mapping[str, Any]", model: "P
     from molpredict.identification.evaluate import evaluate as run_evaluation
     from molpredict.identification.scoring import executor_for
 
+    _check_flag("prior", prior)
+    _check_flag("kernel_loss", kernel_loss)
+    _check_flag("progress", progress)
+    _check_cluster(cluster)
+    _check_number("n_boot", n_boot, integer=True, minimum=0)
+    _check_number("seed", seed, integer=True)
+    cache_root = coordinates_root(cache_dir)
     bundle = load_model(model)
     if bundle.input_type != "spectrum":
         raise InputError(f"the model takes {bundle.input_type} input, not spectra", path=str(bundle.path))
-    _check_flag("prior", prior)
-    _check_number("n_boot", n_boot, integer=True, minimum=0)
-    _check_number("seed", seed, integer=True)
     sets = _candidate_sets(candidates)
-    cache_root = coordinates_root(cache_dir)
     with spectra_files(spectra) as paths:
         executor = executor_for(cluster)
         try:
@@ -546,10 +664,18 @@ def predict_properties(spectra: Any, model: Any) -> "pd.DataFrame":
     """
     from molpredict.properties import predict_properties as predict
 
+    from molpredict.io import SkipReport
+    from molpredict.properties.model import PropertyBundle
+
+    if not isinstance(model, (PropertyBundle, str, os.PathLike)):
+        raise InputError(f"model must be a property model's path or a PropertyBundle, not {type(model).__name__}")
+    report = SkipReport()
     if not isinstance(spectra, (str, os.PathLike)):
-        spectra = list(iter_spectra(spectra))
+        spectra = list(iter_spectra(spectra, report))  # unusable matchms spectra skipped, listed below
     skipped: list = []
     table = predict(spectra, model, skipped=skipped)
-    table.attrs["skipped"] = [{"file": getattr(s, "file", None), "record": getattr(s, "record", None),
-                               "reason": getattr(s, "reason", str(s))} for s in skipped]
+    table.attrs["skipped"] = [{"file": e.path, "record": e.record, "reason": f"unreadable record: {e.reason}"}
+                              for e in report] + \
+        [{"file": getattr(s, "file", None), "record": getattr(s, "record", None),
+          "reason": getattr(s, "reason", str(s))} for s in skipped]
     return table

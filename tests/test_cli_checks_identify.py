@@ -182,7 +182,8 @@ def test_the_cache_help_says_it_keeps_int8_coordinates():
         text = " ".join(_run(command, "--help").output.split())
         assert "Do not read or write the coordinates cache: compute the candidates' coordinates every run, in " \
                "full precision. The cache keeps them in int8" in text, command
-        assert "near-ties can swap ranks" in text
+        assert "spectrum scores differ from these by up to about 0.01" in text
+        assert "nearly tied candidates can swap ranks" in text
         assert "(default: $MOLPREDICT_HOME/coordinates" in text, command
 
 

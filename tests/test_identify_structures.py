@@ -151,7 +151,8 @@ def test_a_formula_hint_the_precursor_contradicts_skips_the_query_with_the_reaso
 
 def test_hints_with_by_mass_warn_that_they_are_ignored(bundle, tmp_path):
     library = CandidateLibrary.from_smiles(SMILES)
-    with pytest.warns(UserWarning, match="ignored with --by mass"):
+    with pytest.warns(UserWarning, match=r"formula hints \(formulas= / --formulas\) are ignored with "
+                                         r"by=.mass. / --by mass"):
         rows, identifier = run(bundle, library, [query(0)], tmp_path, by="mass", formulas={"s0-0": "C9H8O4"})
     assert rows and not identifier.skipped  # by mass, the hint does not count, nor is it checked
 

@@ -142,10 +142,13 @@ def test_identify_text_ranks_own_molecule_first(text_model, tmp_path):
     assert result.exit_code == 0, result.output
     rows = read_rows(result.stdout)
     assert list(rows[0]) == list(OUTPUT_COLUMNS)
-    assert [r["query_id"] for r in rows] == [f"text{i}" for i in (1, 2, 3, 4) for _ in range(3)]
+    # --text ones by position, the file's line by its stem and line number (the blank and comment lines count)
+    ids = ["text1", "text2", "text3", "queries:3"]
+    assert [r["query_id"] for r in rows] == [i for i in ids for _ in range(3)]
+    assert [(r["file"], r["record"]) for r in rows[::3]] == [("", "1"), ("", "2"), ("", "3"), (str(text_file), "3")]
     n_library = sum(1 for line in LIBRARY.read_text().splitlines()[1:] if line.strip())
     for i, name in enumerate(names):
-        top = [r for r in rows if r["query_id"] == f"text{i + 1}"]
+        top = [r for r in rows if r["query_id"] == ids[i]]
         assert [r["rank"] for r in top] == ["1", "2", "3"]
         assert top[0]["smiles"] == pairs[name].molecule.smiles and top[0]["name"] == name
         assert float(top[0]["confidence"]) > 0
@@ -212,10 +215,52 @@ def test_identify_text_from_python_gives_the_commands_rows(text_model, tmp_path)
     assert frame["score"].tolist() == pytest.approx([float(r["score"]) for r in rows], abs=5e-7)  # 6 decimals
     assert list(molpredict.identify_text("an alcohol", model=text_model, library=LIBRARY, top_k=3,
                                          cache_dir=False)["smiles"]) == list(frame["smiles"][:3])
-    for bad, message in [(["ok", "  "], "texts, record 2: empty description"),
+    for bad, message in [(["ok", "  ", "ok"], r"texts: empty description at position 2: leave it out \(an empty "
+                                               r"string is no query\)"),
                          ([3], "texts, record 1: a description must be a string, not int"), ([], "texts: no descriptions")]:
         with pytest.raises(InputError, match=f"^{message}$"):
             molpredict.identify_text(bad, model=text_model, library=LIBRARY)
+
+
+def test_a_description_with_no_known_word_is_skipped_not_ranked(text_model, tmp_path):
+    """Every candidate would score the same (0.0): its rows would be the library's first InChIKeys, answers that
+    look like any other. Skipped with the reason, in the API and on the command line."""
+    import warnings
+
+    import molpredict
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        frame = molpredict.identify_text(["zzqx", "an alcohol"], model=text_model, library=LIBRARY, top_k=2,
+                                         cache_dir=False)
+    assert set(frame["query_id"]) == {"text2"} and list(frame["record"]) == [2, 2]
+    reason = "no word of the description is known to the model (every candidate scores the same)"
+    assert frame.attrs["skipped"] == [{"query_id": "text1", "reason": reason, "file": "", "record": 1}]
+    assert frame.attrs["summary"]["n_skipped"] == 1
+    assert not [w for w in caught if "spectra without peaks" in str(w.message)]  # the kernel's wording for spectra
+    result = invoke(["identify", "--text", "zzqx", "--text", "an alcohol", "--model", str(text_model),
+                     "--library", str(LIBRARY), "--top-k", "1", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    assert [r["query_id"] for r in read_rows(result.stdout)] == ["text2"]
+    assert f"skipped 1: {reason} (text1)" in result.stderr
+
+
+def test_text_file_ids_are_line_numbers_that_blank_lines_do_not_shift(text_model, tmp_path):
+    pairs = list(read_text_pairs(PAIRS))
+    tight, loose = tmp_path / "q.txt", tmp_path / "loose" / "q.txt"
+    loose.parent.mkdir()
+    tight.write_text(f"{pairs[0].description}\n{pairs[1].description}\n")
+    loose.write_text(f"{pairs[0].description}\n\n   \n# a comment\n{pairs[1].description}\n")
+    args = ["--model", str(text_model), "--library", str(LIBRARY), "--top-k", "1", "-q", "--no-cache"]
+    rows = [read_rows(invoke(["identify", "--text-file", str(path), *args]).stdout) for path in (tight, loose)]
+    assert [(r["query_id"], r["file"], r["record"]) for r in rows[0]] == [("q:1", str(tight), "1"),
+                                                                        ("q:2", str(tight), "2")]
+    assert [(r["query_id"], r["file"], r["record"]) for r in rows[1]] == [("q:1", str(loose), "1"),
+                                                                        ("q:5", str(loose), "5")]
+    assert [r["smiles"] for r in rows[0]] == [r["smiles"] for r in rows[1]]
+    (tmp_path / "blank.txt").write_text("\n  \n# only a comment\n")
+    result = invoke(["identify", "--text-file", str(tmp_path / "blank.txt"), *args])
+    assert result.exit_code == 2 and "no descriptions (only blank lines and # comments)" in result.output
 
 
 def test_spectrum_model_given_text_is_one_line_error(tmp_path):

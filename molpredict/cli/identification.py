@@ -69,7 +69,7 @@ _CACHE_DIR_HELP = ("Candidate-coordinates cache, a directory or an fsspec URL su
                    "coordinates in int8 with a per-row scale.")
 _NO_CACHE_HELP = ("Do not read or write the coordinates cache: compute the candidates' coordinates every run, in "
                   "full precision. The cache keeps them in int8, so spectrum scores differ from these by up to about "
-                  "0.01, fused scores and probabilities by up to about 0.1, and near-ties can swap ranks.")
+                  "0.01, fused scores and probabilities by up to about 0.1, and nearly tied candidates can swap ranks.")
 
 
 class _PositiveFinite(click.FloatRange):
@@ -281,7 +281,8 @@ def _load_library(library: str | None, say, progress: bool, cache: bool | None =
 @click.option("--text", "texts", multiple=True,
               help="A description to identify with a text model (repeatable; instead of SPECTRA).")
 @click.option("--text-file", default=None, type=click.Path(dir_okay=False),
-              help="Descriptions to identify, one per line (instead of SPECTRA).")
+              help="Descriptions to identify, one per line (instead of SPECTRA; blank lines and # comments are "
+                   "not queries).")
 @click.option("--model", "model_path", default=None, type=click.Path(),
               help="Model bundle (default: `molpredict config set model` or $MOLPREDICT_MODEL, else "
                    "$MOLPREDICT_HOME/models/default).")
@@ -344,8 +345,11 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     Every spectrum appears in the output or in the skipped report (stderr summary, --skipped FILE).
     -o FILE is written in blocks under FILE.partial and renamed when complete; after a kill, --resume
     continues it.
-    Text queries (query_id text1, text2, ...) are ranked against the whole library (or its --source rows);
-    --by, --ppm, --formulas and --cluster apply to spectra only.
+    Text queries are ranked against the whole library (or its --source rows); query_id is text1, text2, ...
+    for the --text descriptions (record: their position) and <file stem>:<line> for the lines of --text-file
+    (file and record: the file and line; blank lines and # comments are not queries). A description with no
+    word the model knows is skipped (every candidate would score the same). --by, --ppm, --formulas and
+    --cluster apply to spectra only.
 
     \b
     Example:
@@ -631,19 +635,20 @@ def _identify_text(texts: list[str], text_file: str | None, model_path: str | No
                    sources, top_k: int, output: str | None, out_format: str, cache_dir: str | None,
                    no_cache: bool, show: bool, quiet: bool) -> None:
     """``identify --text``: every description against the whole library (or its --source rows)."""
-    from molpredict.api import text_identifier, text_queries
+    from molpredict.api import text_file_queries, text_identifier, text_queries
     from molpredict.atomic import atomic_write
     from molpredict.io.results import ResultWriter
-    from molpredict.io.text_pairs import read_text_lines
 
     say = _say(quiet)
-    texts = list(texts) + (read_text_lines(text_file) if text_file else [])
-    if not texts:
-        raise InputError("no descriptions", path=text_file)
-    queries = text_queries(texts, where="--text")  # before the model and the library are read
+    # before the model and the library are read: --text ones text1, text2, ..., a file's <stem>:<line>
+    queries = (text_queries(list(texts), where="--text") if texts else []) + \
+        (text_file_queries(text_file) if text_file else [])
+    if not queries:
+        raise InputError("no descriptions (only blank lines and # comments)" if text_file else "no descriptions",
+                         path=text_file)
     bundle = _load_bundle(model_path, say)
     if bundle.input_type != "text":  # before the library is read
-        raise InputError(f"the model takes {bundle.input_type} input, not text: give SPECTRA",
+        raise InputError(f"the model takes {bundle.input_type} input, not text: give SPECTRA (not --text)",
                          path=str(bundle.path))
     lib = _load_library(library, say, show, cache=True)
     _check_sources(lib, sources, library)
@@ -658,8 +663,13 @@ def _identify_text(texts: list[str], text_file: str | None, model_path: str | No
             writer.write(row)
         writer.close()
     summary = identifier.summary()
-    say(f"{summary['n_queries']} descriptions identified against {summary['candidates_max']} candidates "
-        f"({time.perf_counter() - t0:.1f} s)")
+    n_candidates = summary["candidates_max"] if summary["candidates_max"] is not None else len(lib)
+    say(f"{summary['n_identified']} of {summary['n_queries']} descriptions identified against {n_candidates} "
+        f"candidates, {summary['n_skipped']} skipped ({time.perf_counter() - t0:.1f} s)")
+    if not quiet:  # --skipped is for spectra: the ids of the skipped descriptions are listed here
+        for line in _reason_lines(identifier.skipped, lambda s: s.reason,
+                                  lambda group: ", ".join(s.query_id for s in group), "without output rows", 5):
+            click.echo(f"  {line}", err=True)
 
 
 # ----------------------------------------------------------------------------------------------------------

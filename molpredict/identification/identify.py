@@ -165,6 +165,46 @@ def read_formula_hints(path: str | os.PathLike) -> dict[str, str]:
     return hints
 
 
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that attributes a warning to the first frame outside molpredict, for the function that
+    calls this one and then :func:`warnings.warn`: the line of a notebook's ``molpredict.identify(...)`` call
+    however deep inside the package the warning is raised (the chain differs between the API, the command line
+    and a direct :class:`Identifier`, so no fixed number would do)."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_ROOT):
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+def _without_warning(iterator: Iterable, category: type[Warning]) -> Iterator:
+    """``iterator``'s items, each computed with warnings of ``category`` ignored (a ``catch_warnings`` around the
+    whole loop would also cover the caller's code between items)."""
+    iterator = iter(iterator)
+    while True:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", category)
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+        yield item
+
+
+def _parses(formula: str) -> bool:
+    from molpredict.chem.molecules import normalize_formula
+
+    try:
+        normalize_formula(formula)
+    except InputError:
+        return False
+    return True
+
+
 def _usable_adducts(spectrum: Any, mode: str, sub: SubModel) -> tuple[list[Any], bool]:
     """The adducts to try: the spectrum's own when usable (known and of its polarity; written without brackets
     and charge as GNPS does, ``M+H``, it is read as the common adduct it names), else the defaults."""
@@ -249,6 +289,8 @@ class IdentifiedBlock:
     n_candidates: list[int] = field(default_factory=list)   # per identified query
     timings: dict[str, float] = field(default_factory=dict)
     n_merged: int = 0  # candidate rows merged into an earlier row of their structure (InChIKey first block)
+    #: (query id, FORMULA as written) of the identified queries whose own FORMULA did not parse (selected by mass)
+    unparsed_formulas: list[tuple[str, str]] = field(default_factory=list)
 
 
 class Identifier:
@@ -283,10 +325,13 @@ class Identifier:
         self.n_identified = 0
         self.n_candidates: list[int] = []
         self.n_merged = 0
+        self.unparsed_formulas: list[tuple[str, str]] = []
         self.timings: Counter = Counter()
         if self.options.formulas and self.options.by == "mass":
-            warnings.warn("formula hints (--formulas) are ignored with --by mass: candidates are selected by the "
-                          "precursor mass", UserWarning, stacklevel=2)
+            # worded for both callers, the Python API and the command line
+            warnings.warn("formula hints (formulas= / --formulas) are ignored with by='mass' / --by mass: "
+                          "candidates are selected by the precursor mass", UserWarning,
+                          stacklevel=user_stacklevel())
 
     def fresh(self) -> Identifier:
         """The same bundle, source, options and coordinates, with empty accounting (for one block's task)."""
@@ -295,6 +340,7 @@ class Identifier:
         view.n_queries = view.n_identified = 0
         view.n_candidates = []
         view.n_merged = 0
+        view.unparsed_formulas = []
         view.timings = Counter()
         return view
 
@@ -353,12 +399,19 @@ class Identifier:
                 if mismatch is not None:
                     self._skip(spectrum, mismatch)
                     return None
+        unparsed = None
         if formula is None:
             formula = spectrum.formula
+            if formula and self.options.by is None and not _parses(formula):
+                # Selection by mass, as before: the precursor mass is still evidence. But the user's FORMULA was
+                # meant to decide, so the run counts such spectra and says so (run_blocks warns once).
+                unparsed, formula = formula, None
         selected = self.source.select(cleaned, mode, adducts, formula)
         if isinstance(selected, str):
             self._skip(spectrum, selected)
             return None
+        if unparsed is not None:
+            self.unparsed_formulas.append((str(spectrum.id), str(unparsed)))
         ids, adduct_names, reported, window = selected
         if own:
             reported = adducts[0].name
@@ -406,6 +459,7 @@ class Identifier:
         self.n_identified += len(block.n_candidates)
         self.n_candidates.extend(block.n_candidates)
         self.n_merged += block.n_merged
+        self.unparsed_formulas.extend(block.unparsed_formulas)
         self.skipped.extend(block.skipped)
         self.timings.update(block.timings)
 
@@ -446,16 +500,35 @@ class Identifier:
         finally:
             if bar is not None:
                 bar.close()
+        self.warn_unparsed_formulas()
 
-    def run_text(self, texts: Sequence[tuple[str, str]], block_queries: int = 64) -> Iterator[dict[str, Any]]:
-        """Output rows for text queries ``(query_id, description)``, each ranked against every candidate of the
-        source (:meth:`LibrarySource.all_ids`), top-k per query, in input order.
+    def warn_unparsed_formulas(self) -> None:
+        """One warning for the run's spectra whose own FORMULA did not parse and which were selected by precursor
+        mass instead (their rows' ``mass_window`` says by how much), naming the first."""
+        if self.unparsed_formulas:
+            n = len(self.unparsed_formulas)
+            query, written = self.unparsed_formulas[0]
+            more = f"; {n - 1} more" if n > 1 else ""
+            warnings.warn(f"{n} spectr{'a' if n > 1 else 'um'} with a FORMULA that does not parse ({query} with "
+                          f"FORMULA={written!r}{more}) selected candidates by precursor mass instead "
+                          f"(see each row's mass_window)", UserWarning, stacklevel=user_stacklevel())
+
+    def run_text(self, texts: Sequence[tuple], block_queries: int = 64) -> Iterator[dict[str, Any]]:
+        """Output rows for text queries ``(query_id, description)`` or ``(query_id, description, file, record)``
+        (:func:`molpredict.api.text_queries`), each ranked against every candidate of the source
+        (:meth:`LibrarySource.all_ids`), top-k per query, in input order.
+
+        A query the model scores alike for every candidate is skipped (:attr:`skipped`) rather than ranked: its
+        rows would be the library's first InChIKeys in tie order, answers that look like any other. That is a
+        description with no word (n-gram) of the model's training vocabulary, whose predicted coordinates are
+        zero, as a spectrum cleaned down to no peaks is skipped rather than ranked.
 
         Raises
         ------
         InputError
             The bundle has no text model, or the source has no candidates.
         """
+        from molpredict.kernels.base import DegenerateObjectWarning
         from molpredict.modelfile import TEXT_MODE
 
         sub = self.bundle.for_mode(TEXT_MODE)
@@ -464,25 +537,33 @@ class Identifier:
                              path=str(self.bundle.path) if self.bundle.path else None)
         ids = self.source.all_ids()
         if ids.size == 0:
-            raise InputError("no candidates in the library (after the --source filter)")
+            raise InputError("no candidates in the library (after the sources= / --source filter)")
         top_k = self.options.top_k
         n = len(ids)
-        texts = list(texts)
-        iterator: Iterable = shared_candidate_scores(self.candidate_coordinates, sub, [t for _, t in texts], ids,
+        texts = [tuple(t) + ("", None) if len(t) == 2 else tuple(t) for t in texts]
+        iterator: Iterable = shared_candidate_scores(self.candidate_coordinates, sub, [t[1] for t in texts], ids,
                                                      self.timings, block_queries=block_queries,
                                                      chunk=self.options.max_block_candidates)
         if self.progress:
             from tqdm import tqdm
             iterator = tqdm(iterator, total=-(-len(texts) // block_queries), desc="identifying", unit=" blocks",
                             file=sys.stderr)
-        for start, scores in iterator:
+        # the kernel's DegenerateObjectWarning is worded for spectra and shown once per place; the skip below
+        # names each such description instead
+        for start, scores in _without_warning(iterator, DegenerateObjectWarning):
             for row_index, row in enumerate(scores):
-                query_id = texts[start + row_index][0]
+                query_id, description, origin, record = texts[start + row_index][:4]
                 self.n_queries += 1
+                if n >= 2 and not (np.ptp(row) > 0):  # NaN compares False: skipped too
+                    self.skipped.append(Skipped(query_id, "no word of the description is known to the model "
+                                                          "(every candidate scores the same)", origin or "", record))
+                    continue
                 self.n_identified += 1
                 self.n_candidates.append(n)
-                query = Query(start + row_index, texts[start + row_index][1], TEXT_MODE, sub, ids)
-                yield from rank_rows(query, row, self.source, top_k, query_id=query_id)
+                query = Query(start + row_index, description, TEXT_MODE, sub, ids)
+                for out in rank_rows(query, row, self.source, top_k, query_id=query_id):
+                    out["file"], out["record"] = origin or "", record
+                    yield out
 
     def summary(self) -> dict[str, Any]:
         reasons = Counter(s.reason for s in self.skipped)
@@ -492,6 +573,7 @@ class Identifier:
                 "candidates_median": float(np.median(n_c)) if n_c.size else None,
                 "candidates_max": int(n_c.max()) if n_c.size else None,
                 "candidates_merged": self.n_merged,
+                "formula_unparsed": len(self.unparsed_formulas),
                 "timings": {k: round(v, 3) for k, v in self.timings.items()}}
 
 
@@ -585,4 +667,5 @@ def identify_block(identifier: Identifier, block: Sequence[tuple[int, Any]]) -> 
         by_id = dict(zip((str(s.id) for s in spectra), property_columns(worker.options.properties, spectra)))
         for row in rows:
             row.update(by_id.get(row["query_id"], {}))
-    return IdentifiedBlock(rows, worker.skipped, len(block), n_candidates, dict(worker.timings), worker.n_merged)
+    return IdentifiedBlock(rows, worker.skipped, len(block), n_candidates, dict(worker.timings), worker.n_merged,
+                           worker.unparsed_formulas)

@@ -18,7 +18,8 @@ from molpredict.errors import InputError, ResourceError
 from molpredict.io.common import adduct_from_name, normalize_ion_mode, parse_charge
 from molpredict.spectra.record import Spectrum, ion_mode_from
 
-__all__ = ["from_matchms", "to_matchms", "is_matchms_spectrum", "with_identifications", "IDENTIFICATION_KEYS"]
+__all__ = ["from_matchms", "to_matchms", "is_matchms_spectrum", "matchms_id", "with_identifications",
+           "IDENTIFICATION_KEYS"]
 
 #: matchms metadata keys that become Spectrum fields rather than metadata
 _FIELD_KEYS = frozenset({"precursor_mz", "pepmass", "charge", "ionmode", "adduct", "ms_level", "title"})
@@ -41,12 +42,40 @@ def is_matchms_spectrum(obj: Any) -> bool:
     return type(obj).__module__.startswith("matchms") and hasattr(obj, "peaks") and hasattr(obj, "metadata")
 
 
-def _decimals(value: float) -> int:
-    """Decimal places of the shortest repr of ``value`` (``224.1`` -> 1), the precision a text file would show."""
-    text = repr(float(value)).lower()
+def _decimals(value: Any) -> int:
+    """Decimal places of ``value`` as a text file would show it (``224.1`` -> 1): a string as written (the file
+    readers' count), a number in the shortest form of its own type. A numpy ``float32`` counts in float32: widened
+    to float64 first, ``224.1`` becomes ``224.10000610351562`` and a unit-resolution precursor would get a
+    precision of 1e-13, never the 0.5 m/z window its two written decimals allow."""
+    if isinstance(value, str):
+        text, strip = value.strip().lower(), False
+    elif isinstance(value, np.floating):
+        text, strip = str(value).lower(), True  # numpy's shortest round-trip form in the value's own precision
+    else:
+        text, strip = repr(float(value)).lower(), True
     mantissa, _, exponent = text.partition("e")
-    fraction = mantissa.partition(".")[2].rstrip("0")
-    return max(0, len(fraction) - (int(exponent) if exponent else 0))
+    fraction = mantissa.partition(".")[2]
+    if strip:
+        fraction = fraction.rstrip("0")
+    try:
+        return max(0, len(fraction) - (int(exponent) if exponent else 0))
+    except ValueError:
+        return 0
+
+
+def matchms_id(spectrum: Any, index: int | None = None) -> str:
+    """The id :func:`from_matchms` gives ``spectrum`` (its title, spectrum id, feature id or scans, else
+    ``matchms:<index>``), also for a spectrum it refuses, so that a skipped one is named as its rows would be."""
+    metadata = spectrum.metadata
+    found = next((str(metadata[k]) for k in _ID_KEYS if metadata.get(k) not in (None, "")), None)
+    return found if found is not None else f"matchms:{index if index is not None else 1}"
+
+
+def _one(value: Any) -> Any:
+    """The element of a one-element list or tuple (matchms filters write ``charge=[1]``), else ``value``."""
+    if isinstance(value, (list, tuple, np.ndarray)) and len(value) == 1:
+        return value[0]
+    return value
 
 
 def from_matchms(spectrum: Any, index: int | None = None) -> Spectrum:
@@ -69,10 +98,13 @@ def from_matchms(spectrum: Any, index: int | None = None) -> Spectrum:
     Raises
     ------
     InputError
-        Peaks that are not finite, or a negative m/z or intensity (naming the record and field).
+        Peaks that are not finite, or a negative m/z or intensity, or a non-numeric precursor m/z, charge or MS
+        level (naming the record and field). :func:`molpredict.identify` and the other API calls skip such a
+        spectrum into their skip report, as the file readers skip an unreadable record, and go on.
     """
     metadata = dict(spectrum.metadata)
-    mz = np.asarray(spectrum.peaks.mz, dtype=np.float64)
+    written_mz = np.asarray(spectrum.peaks.mz)
+    mz = written_mz.astype(np.float64)
     intensities = np.asarray(spectrum.peaks.intensities, dtype=np.float64)
     if mz.size and (not np.isfinite(mz).all() or not np.isfinite(intensities).all()):
         raise InputError("non-finite peak", path="matchms spectra", record=index, field="peaks")
@@ -80,18 +112,19 @@ def from_matchms(spectrum: Any, index: int | None = None) -> Spectrum:
         raise InputError("negative m/z or intensity", path="matchms spectra", record=index, field="peaks")
     order = np.argsort(mz, kind="stable")
     mz, intensities = mz[order], intensities[order]
-    precursor = metadata.get("precursor_mz", metadata.get("pepmass"))
-    if isinstance(precursor, (tuple, list)):
-        precursor = precursor[0] if precursor else None
+    written = metadata.get("precursor_mz", metadata.get("pepmass"))
+    if isinstance(written, (tuple, list)):
+        written = written[0] if written else None
     try:
-        precursor = float(precursor) if precursor not in (None, "") else None
+        precursor = float(written) if written is not None and not (isinstance(written, str) and
+                                                                   not written.strip()) else None
     except (TypeError, ValueError):
-        raise InputError(f"non-numeric precursor m/z {precursor!r}", path="matchms spectra", record=index, field="precursor_mz") from None
+        raise InputError(f"non-numeric precursor m/z {written!r}", path="matchms spectra", record=index, field="precursor_mz") from None
     if precursor is not None and (not math.isfinite(precursor) or precursor <= 0):
         precursor = None
-    charge_value = metadata.get("charge")
+    charge_value = _one(metadata.get("charge"))
     try:
-        charge = int(charge_value) if isinstance(charge_value, (int, np.integer, float)) else \
+        charge = int(charge_value) if isinstance(charge_value, (int, np.integer, float, np.floating)) else \
             parse_charge(str(charge_value or ""))
     except ValueError:
         raise InputError(f"non-numeric charge {charge_value!r}", path="matchms spectra", record=index, field="charge") from None
@@ -110,15 +143,13 @@ def from_matchms(spectrum: Any, index: int | None = None) -> Spectrum:
         ms_level = int(str(ms_level).lower().removeprefix("ms")) if ms_level not in (None, "") else 2
     except ValueError:
         raise InputError(f"non-numeric MS level {ms_level!r}", path="matchms spectra", record=index, field="ms_level") from None
-    spectrum_id = next((str(metadata[k]) for k in _ID_KEYS if metadata.get(k) not in (None, "")), None)
-    if spectrum_id is None:
-        spectrum_id = f"matchms:{index if index is not None else 1}"
+    spectrum_id = matchms_id(spectrum, index)
     kept = {k: v for k, v in metadata.items() if k not in _FIELD_KEYS and v not in (None, "")}
     return Spectrum(id=spectrum_id, mz=mz, intensities=intensities, precursor_mz=precursor, charge=charge,
                     ion_mode=ion_mode, adduct=adduct, ms_level=ms_level,
-                    mz_precision=10.0 ** -max((_decimals(v) for v in mz), default=0) if mz.size else None,
+                    mz_precision=10.0 ** -max((_decimals(v) for v in written_mz), default=0) if mz.size else None,
                     metadata=kept,
-                    precursor_mz_precision=10.0 ** -_decimals(precursor) if precursor is not None else None,
+                    precursor_mz_precision=10.0 ** -_decimals(written) if precursor is not None else None,
                     record=index)
 
 
@@ -175,7 +206,24 @@ def with_identifications(spectra: Sequence[Any], results: Any, prefix: str = "mo
     return out
 
 
-def iter_from_matchms(spectra: Iterable[Any]) -> Iterable[Spectrum]:
-    """:func:`from_matchms` over a sequence, each spectrum's record its 1-based position."""
+def iter_from_matchms(spectra: Iterable[Any], report: Any = None) -> Iterable[Spectrum]:
+    """:func:`from_matchms` over a sequence, each spectrum's record its 1-based position; with a
+    :class:`~molpredict.io.common.SkipReport`, a spectrum it refuses is added there (file ``""``, its position, the
+    reason, its id) and skipped rather than raised."""
     for index, spectrum in enumerate(spectra, start=1):
-        yield from_matchms(spectrum, index)
+        converted = convert_or_skip(spectrum, index, report)
+        if converted is not None:
+            yield converted
+
+
+def convert_or_skip(spectrum: Any, index: int, report: Any = None) -> Spectrum | None:
+    """:func:`from_matchms`, or None with a skip entry in ``report`` when the spectrum is unusable (without a
+    report the :class:`InputError` is raised). The entry's file is ``""``, as the rows of in-memory spectra have
+    it, and its record the spectrum's position: the same keys as the rows of the spectra that were read."""
+    try:
+        return from_matchms(spectrum, index)
+    except InputError as exc:
+        if report is None:
+            raise
+        report.add("", index, exc.message, matchms_id(spectrum, index))
+        return None

@@ -32,6 +32,7 @@ __all__ = [
     "is_pairs_path",
     "read_text_pairs",
     "read_text_lines",
+    "read_text_queries",
     "canonical_smiles",
     "split_inputs",
 ]
@@ -234,17 +235,25 @@ def read_text_pairs(path: str | os.PathLike, report: PairsReport | None = None,
     return pairs
 
 
-def read_text_lines(path: str | os.PathLike) -> list[str]:
-    """Queries from a text file, one description per line (blank lines and ``#`` comments ignored)."""
+def read_text_queries(path: str | os.PathLike) -> list[tuple[int, str]]:
+    """Queries from a text file, one description per line, as ``(line number, description)`` (1-based, whitespace
+    collapsed). Blank lines and ``#`` comments are not queries; their lines keep their numbers, so a query is
+    found by its line and its id (``<file stem>:<line>``, see :func:`molpredict.api.text_queries`) does not change
+    when blank lines are added or removed above it."""
     path = Path(path)
     if not path.is_file():
         raise InputError("no such file", path=str(path))
     try:
         with open_table_text(path) as handle:
-            lines = [" ".join(line.split()) for line in handle]
+            lines = [(lineno, " ".join(line.split())) for lineno, line in enumerate(handle, start=1)]
     except UnicodeDecodeError:
         raise InputError("not a UTF-8 text file", path=str(path)) from None
-    return [line for line in lines if line and not line.startswith("#")]
+    return [(lineno, line) for lineno, line in lines if line and not line.startswith("#")]
+
+
+def read_text_lines(path: str | os.PathLike) -> list[str]:
+    """The descriptions of :func:`read_text_queries`, without their line numbers."""
+    return [line for _, line in read_text_queries(path)]
 
 
 def split_inputs(paths: Sequence[str | os.PathLike], what: str = "training") -> bool:
