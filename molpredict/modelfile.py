@@ -30,9 +30,12 @@ The default bundle lives at ``$MOLPREDICT_HOME/models/default`` (``MOLPREDICT_HO
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
+import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -42,6 +45,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from molpredict import __version__
+from molpredict.atomic import creation_mode, replace_atomically
 from molpredict.cache import file_sha256, home_dir, known_file_sha256  # noqa: F401  (re-exported: home and hashes)
 from molpredict.errors import ModelFileError, PluginError, SpecError
 from molpredict.specs import ComponentSpec, Grid, is_no_sketch, parse_spec
@@ -50,6 +54,11 @@ from molpredict.spectra.record import ION_MODES  # the bundle is keyed by ion mo
 __all__ = [
     "check_bundle_output",
     "check_output_folder",
+    "check_writable_folder",
+    "save_tensors",
+    "commit_folder",
+    "remove_stale_temporaries",
+    "write_error",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "ION_MODES",
@@ -124,6 +133,93 @@ def check_output_folder(path: str | os.PathLike, is_model: Callable[[Path], bool
     path = Path(path)
     if path.exists() and not (path.is_dir() and (not any(path.iterdir()) or is_model(path))):
         raise ModelFileError(f"{path}: exists and is not {what}; choose another output path")
+    check_writable_folder(path)
+
+
+def check_writable_folder(path: str | os.PathLike) -> None:
+    """Raise ModelFileError unless a folder can be created at ``path``: its nearest existing ancestor (saving
+    creates the missing ones) is a folder where a file can be created and removed. Trying is the only reliable
+    test: ``os.access`` ignores read-only mounts on some systems, ACLs and quotas."""
+    path = Path(os.path.abspath(path))
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ModelFileError(f"{path}: {folder} is not a folder; choose another output path")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ModelFileError(f"{path}: cannot write in {folder} ({exc.strerror or exc}); choose another output "
+                             f"path") from None
+
+
+def write_error(exc: BaseException) -> str:
+    """What went wrong writing a model, on one line: an OSError's text, or the OS message inside a
+    ``SafetensorError`` (which wraps it as ``IoError(Os { ..., message: "No space left on device" })``)."""
+    if isinstance(exc, OSError):
+        return " ".join(str(exc).split())
+    found = re.search(r'message: "([^"]*)"', str(exc))
+    return found.group(1) if found else " ".join(str(exc).split())
+
+
+def save_tensors(tensors: dict[str, np.ndarray], path: str | os.PathLike) -> None:
+    """Write a safetensors file with the permissions ``open`` gives a new file under the umask (safetensors
+    writes through a 0600 temporary file: a model shared with a group could not be loaded by it)."""
+    from safetensors.numpy import save_file
+
+    save_file(tensors, str(path))
+    os.chmod(path, creation_mode())
+
+
+def _process_gone(pid: int) -> bool:
+    """Whether no process ``pid`` runs on this machine (one of another user counts as running)."""
+    import psutil
+
+    return not psutil.pid_exists(pid)
+
+
+def remove_stale_temporaries(path: str | os.PathLike) -> None:
+    """Clear what runs killed while saving a model at ``path`` left beside it: ``.NAME.tmp-PID`` folders (a
+    partial model) are removed, an ``.NAME.old-PID`` folder (the previous model, set aside between the two
+    renames of :func:`commit_folder`) is removed when a model is at ``path`` and put back otherwise. Only those
+    of processes that are gone: another process may be saving there now. (A process on another machine sharing
+    the folder cannot be told apart: two machines saving one model at once race anyway.)"""
+    path = Path(path)
+    pattern = re.compile(rf"^\.{re.escape(path.name)}\.(tmp|old)-(\d+)$")
+    try:
+        entries = list(path.parent.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        found = pattern.match(entry.name)
+        if not found or int(found.group(2)) == os.getpid() or not _process_gone(int(found.group(2))):
+            continue
+        if found.group(1) == "old" and not path.exists():
+            with contextlib.suppress(OSError):
+                os.replace(entry, path)
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+
+
+def commit_folder(tmp: Path, path: Path) -> None:
+    """Rename the complete folder ``tmp`` to ``path``: a model already there is moved aside first, put back if
+    the second rename fails, and removed once the new one is in place (never deleted before)."""
+    old = None
+    if path.exists():
+        old = path.parent / f".{path.name}.old-{os.getpid()}"
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(path, old)
+    try:
+        replace_atomically(tmp, path)
+    except OSError:
+        if old is not None:
+            os.replace(old, path)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def check_bundle_output(path: str | os.PathLike) -> None:
@@ -305,8 +401,14 @@ class ModelBundle:
         path = Path(path)
         if not self.models:
             raise ModelFileError(f"{path}: nothing to save (the bundle has no models)")
+        from safetensors import SafetensorError
+
         check_bundle_output(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ModelFileError(f"{path}: could not write the model bundle: {write_error(exc)}") from None
+        remove_stale_temporaries(path)
         tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -321,23 +423,18 @@ class ModelBundle:
             _write_json(tmp / BUNDLE_FILE, {"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
                                             "molpredict_version": __version__, "created": created,
                                             "ion_modes": [m for m in MODES if m in self.models]})
-            old = None
-            if path.exists():
-                old = path.parent / f".{path.name}.old-{os.getpid()}"
-                os.replace(path, old)
-            os.replace(tmp, path)
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
-        except OSError as exc:
+            commit_folder(tmp, path)
+        except (OSError, SafetensorError) as exc:  # a full disk is a SafetensorError from the tensors' writer
             shutil.rmtree(tmp, ignore_errors=True)
-            raise ModelFileError(f"{path}: could not write the model bundle: {exc}") from exc
+            raise ModelFileError(f"{path}: could not write the model bundle: {write_error(exc)}") from None
+        except BaseException:  # a state that cannot be saved, an interrupt: no partial folder left behind
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         self.path = path
         return path
 
     @staticmethod
     def _save_submodel(sub: SubModel, directory: Path, created: str, registry: Any = None) -> None:
-        from safetensors.numpy import save_file
-
         directory.mkdir(parents=True)
         arrays, state = sub.model.get_state()
         tensors = {}
@@ -347,7 +444,7 @@ class ModelBundle:
                 raise ModelFileError(f"model state array {name!r} has dtype object: cannot be saved without pickle")
             tensors[name] = np.ascontiguousarray(array)
         tensor_path = directory / TENSORS_FILE
-        save_file(tensors, str(tensor_path))
+        save_tensors(tensors, tensor_path)
         model_name = getattr(sub.model, "registry_name", None) or type(sub.model).__name__
         params = sub.model.get_params() if hasattr(sub.model, "get_params") else {}
         metadata = {

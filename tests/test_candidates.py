@@ -384,9 +384,9 @@ def test_candidate_sets_by_mass_share_formula_masses():
 
 def test_bad_candidate_set_files(tmp_path):
     (tmp_path / "list.json").write_text("[1, 2]")
-    (tmp_path / "entry.json").write_text(json.dumps({"AAA": [["AAA"]]}))
+    (tmp_path / "entry.json").write_text(json.dumps({"AAAAAAAAAAAAAA": [["AAA"]]}))
     (tmp_path / "text.json").write_text("not json")
-    for name, expected in [("list.json", "object"), ("entry.json", "record AAA"), ("text.json", "JSON")]:
+    for name, expected in [("list.json", "object"), ("entry.json", "record AAAAAAAAAAAAAA"), ("text.json", "JSON")]:
         with pytest.raises(InputError, match=expected):
             load_candidate_sets(tmp_path / name)
 

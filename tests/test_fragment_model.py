@@ -412,8 +412,12 @@ def test_train_with_fragments_keeps_a_fragment_model_only_when_fused(tmp_path):
     from test_identify import DECOYS
 
     install_fake_model()
-    train, _ = synthetic_spectra(n_per=3, seed=0)
+    train, train_molecules = synthetic_spectra(n_per=3, seed=0)
     val, val_molecules = synthetic_spectra(n_per=2, seed=2)
+    # validation needs structures training has not seen (train refuses shared ones): half of them each
+    held = {m.inchikey14 for m in val_molecules[len(val_molecules) // 2:]}
+    train = [s for s, m in zip(train, train_molecules) if m.inchikey14 not in held]
+    val, val_molecules = map(list, zip(*[(s, m) for s, m in zip(val, val_molecules) if m.inchikey14 in held]))
     write_mgf(train, tmp_path / "train_pos.mgf")
     write_mgf(val, tmp_path / "val_pos.mgf")
     same = [Molecule(s) for s in SMILES + DECOYS]

@@ -15,6 +15,26 @@ from molpredict.io import write_mgf
 from molpredict.training.pipeline import TrainOptions, build_model, license_excluded, load_labelled, train_bundle
 
 
+#: validation structures: none is a training structure (train refuses validation spectra of seen structures)
+VAL_SMILES = ["CCO", "CCCCO", "CC(=O)O", "Oc1ccccc1", "CC(C)CO", "OCCCO", "CC(N)C(=O)O", "NCC(=O)O",
+              "c1ccncc1", "CCOC(C)=O", "CCCC(=O)O", "OC(=O)CCC(=O)O"]
+
+
+def other_structures(n_per: int = 1, seed: int = 2, smiles: list[str] = VAL_SMILES) -> list:
+    """:func:`synthetic_spectra` of other structures than the training ones (``smiles``)."""
+    import identification_helpers
+
+    saved = identification_helpers.SMILES
+    identification_helpers.SMILES = list(smiles)
+    try:
+        spectra, _ = synthetic_spectra(n_per=n_per, seed=seed)
+    finally:
+        identification_helpers.SMILES = saved
+    for s in spectra:
+        s.id = "val-" + s.id
+    return spectra
+
+
 @pytest.fixture
 def files(tmp_path):
     install_fake_model()
@@ -32,8 +52,7 @@ def files(tmp_path):
     ]
     write_mgf(pos + odd, tmp_path / "train_pos.mgf")
     write_mgf(neg, tmp_path / "train_neg.mgf")
-    val, _ = synthetic_spectra(n_per=1, seed=2)
-    write_mgf(val, tmp_path / "val_pos.mgf")
+    write_mgf(other_structures(n_per=1, seed=2), tmp_path / "val_pos.mgf")
     with open(tmp_path / "train_pos.mgf", "a") as handle:  # a record the reader cannot parse
         handle.write("BEGIN IONS\nTITLE=broken\nPEPMASS=100\n12.0 abc\nEND IONS\n")
     return tmp_path, pos, neg

@@ -1043,9 +1043,30 @@ def load_candidate_sets(path: str | os.PathLike) -> dict[str, list[tuple[str, st
     return candidate_sets_from(data, path)
 
 
+#: an InChIKey, or its first block alone (upper case once normalised); digits are let through for the
+#: placeholder keys of generated decoys (``DECOY000000001``), which real keys never collide with
+_INCHIKEY_LIKE = re.compile(r"[A-Z0-9]{14}(-[A-Z0-9]{10}-[A-Z0-9])?")
+
+
+def _set_key(key: Any, path: str | os.PathLike, record: str | None = None) -> str:
+    """A candidate-set key as the sets are looked up: the upper-case first block (14 characters) of an InChIKey
+    or of its first block, in any case; anything else is refused (naming the file and the key)."""
+    text = key.strip().upper() if isinstance(key, str) else ""
+    if not _INCHIKEY_LIKE.fullmatch(text):
+        raise InputError(f"key {str(key)[:60]!r} is not an InChIKey or its first block (14 characters)", path=path,
+                         record=record)
+    return text[:14]
+
+
 def candidate_sets_from(data: Any, path: str | os.PathLike = "candidates") -> dict[str, list[tuple[str, str]]]:
     """The candidate sets of a parsed JSON value (or a dict built in Python), checked: what
-    :func:`load_candidate_sets` returns; ``path`` names the source in errors."""
+    :func:`load_candidate_sets` returns; ``path`` names the source in errors.
+
+    Keys (of the sets and of their candidates) are normalised to the upper-case first InChIKey block, as
+    queries look them up: a file keyed by full InChIKeys, or in lower case, would otherwise match no query (or
+    hold no query's truth). A key that is not InChIKey-like is refused. A set whose true structure (the entry
+    under the set's own key) has a SMILES that gives another key is counted and warned about once: ranking
+    reads the SMILES, while the hit is decided by the key."""
     if not isinstance(data, dict):
         raise InputError("not a candidate-set JSON file (expected an object keyed by InChIKey first block)",
                          path=path)
@@ -1053,14 +1074,38 @@ def candidate_sets_from(data: Any, path: str | os.PathLike = "candidates") -> di
     for query, entries in data.items():
         if not isinstance(entries, list):
             raise InputError("expected a list of [inchikey14, smiles] pairs", path=path, record=query)
-        pairs = []
+        key = _set_key(query, path)
+        pairs = out.setdefault(key, [])  # a full key and its first block are one set
         for entry in entries:
             if not (isinstance(entry, (list, tuple)) and len(entry) == 2 and all(isinstance(v, str) for v in entry)):
                 raise InputError(f"bad candidate entry {str(entry)[:60]!r} (expected [inchikey14, smiles])",
                                  path=path, record=query)
-            pairs.append((entry[0], entry[1]))
-        out[query] = pairs
+            pairs.append((_set_key(entry[0], path, record=query), entry[1]))
+    _warn_wrong_truths(out, path)
     return out
+
+
+def _warn_wrong_truths(sets: dict[str, list[tuple[str, str]]], path: str | os.PathLike) -> None:
+    """One warning counting the sets whose truth entry's SMILES does not give the set's key (RDKit's InChIKey of
+    the first truth entry; one parse per set)."""
+    from rdkit import RDLogger
+
+    RDLogger.DisableLog("rdApp.*")  # an unparsable truth is counted below, not logged per SMILES
+    wrong: list[str] = []
+    for key, entries in sets.items():
+        smiles = next((s for k, s in entries if k == key), None)
+        if smiles is None:
+            continue
+        try:
+            found = Molecule.from_smiles(smiles).inchikey14
+        except (InputError, ValueError, RuntimeError):
+            found = None
+        if found != key:
+            wrong.append(key)
+    if wrong:
+        warnings.warn(f"{path}: {len(wrong)} of {len(sets)} candidate sets list their true structure with a SMILES "
+                      f"that does not give its key (first: set {wrong[0]}); hits are decided by the key",
+                      UserWarning, stacklevel=3)
 
 
 def shares_one_formula(molecules: Iterable[Molecule]) -> bool:

@@ -6,11 +6,13 @@ by itself, an array by its bytes.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["output_key", "structure_key", "distinct_positions", "distinct_objects", "split_by_structure",
+from molpredict.errors import InputError
+
+__all__ = ["output_key", "structure_key", "refuse_shared_structures", "distinct_positions", "distinct_objects", "split_by_structure",
            "group_size_weights"]
 
 
@@ -128,3 +130,15 @@ def group_size_weights(index: np.ndarray, power: float = 1.0) -> np.ndarray:
     index = np.asarray(index, dtype=np.int64).reshape(-1)
     counts = np.bincount(index)
     return (1.0 / counts[index].astype(np.float64)) ** float(power)
+
+
+def refuse_shared_structures(train_keys: Iterable[str], val_keys: Iterable[str],
+                             what: str = "the validation spectra", path: str | None = None) -> None:
+    """Raise InputError when validation spectra share structures with the training spectra (keys of one kind for
+    both, e.g. :func:`~molpredict.chem.molecules.spectrum_structure_key`): what is chosen or calibrated on them
+    (grid points, intervals, a score fusion and its probability) would be fitted on structures the model has
+    seen, as unknowns are not. ``path`` names the validation files."""
+    shared = set(train_keys) & set(val_keys)
+    if shared:
+        raise InputError(f"{what} share {len(shared)} structure{'s' if len(shared) > 1 else ''} with the training "
+                         f"spectra (first: {sorted(shared)[0]}); validation needs other structures", path=path)

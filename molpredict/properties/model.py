@@ -22,7 +22,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from molpredict.errors import InputError, ModelFileError
-from molpredict.modelfile import check_output_folder
+from molpredict.modelfile import (check_output_folder, commit_folder, remove_stale_temporaries, save_tensors,
+                                  write_error)
 
 __all__ = ["PropertyPredictor", "PropertyBundle", "conformal_offsets", "apply_offsets", "check_output_dir",
            "BUNDLE_FILE"]
@@ -198,30 +199,36 @@ class PropertyBundle:
             ``path`` exists and is not a property model (it is never overwritten: see :func:`check_output_dir`),
             or writing failed.
         """
-        from safetensors.numpy import save_file
+        from safetensors import SafetensorError
 
         path = Path(path)
         check_output_dir(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ModelFileError(f"{path}: could not write the property model: {write_error(exc)}") from None
+        remove_stale_temporaries(path)
         tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
         if tmp.exists():
             shutil.rmtree(tmp)
         try:
-            tmp.mkdir(parents=True)
+            tmp.mkdir()
             for mode, predictor in self.predictors.items():
                 arrays, meta = predictor.get_state()
                 (tmp / mode).mkdir()
-                save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(tmp / mode / TENSORS_FILE))
+                save_tensors({k: np.ascontiguousarray(v) for k, v in arrays.items()}, tmp / mode / TENSORS_FILE)
                 (tmp / mode / METADATA_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True))
             head = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "ion_modes": self.ion_modes,
                     "properties": self.names, "quantiles": list(self.quantiles),
                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             (tmp / BUNDLE_FILE).write_text(json.dumps(head, indent=1))
-            if path.exists():
-                shutil.rmtree(path)
-            os.replace(tmp, path)
-        except OSError as exc:
+            commit_folder(tmp, path)  # the old model is set aside, not deleted, until the new one is in place
+        except (OSError, SafetensorError) as exc:  # a full disk is a SafetensorError from the tensors' writer
             shutil.rmtree(tmp, ignore_errors=True)
-            raise ModelFileError(f"{path}: could not write the property model: {exc}") from exc
+            raise ModelFileError(f"{path}: could not write the property model: {write_error(exc)}") from None
+        except BaseException:  # an interrupt: no partial folder left behind
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         self.path = path
         return path
 

@@ -21,7 +21,8 @@ from molpredict.properties.targets import PROPERTY_NAMES, compute_properties
 
 __all__ = ["Skipped", "DEFAULT_LEVELS", "DEFAULT_REGRESSOR", "load_spectra", "label_spectra", "train_properties",
            "predict_table", "evaluate_properties", "column_names", "output_columns", "property_columns",
-           "COLUMN_PREFIX", "structure_key", "CALIBRATION_FRACTION"]
+           "COLUMN_PREFIX", "structure_key",
+           "CALIBRATION_FRACTION"]
 
 #: the quantile levels of ``properties train`` (median and an 80% interval)
 DEFAULT_LEVELS = (0.1, 0.5, 0.9)
@@ -149,10 +150,10 @@ def train_properties(train: Any, val: Any = None, *, levels: Sequence[float] = D
     def key(spectrum: Any) -> str:
         return structure_key(spectrum, parsed)
 
-    shared = {key(x) for x in train_spectra} & {key(x) for x in val_spectra}
-    if shared:  # the intervals would be calibrated on structures the model has seen: too narrow
-        raise InputError(f"the validation spectra share {len(shared)} structure{'s' if len(shared) > 1 else ''} with the training spectra "
-                         f"(first: {sorted(shared)[0]}); validation needs other structures")
+    # the intervals would be calibrated on structures the model has seen: too narrow
+    from molpredict.models.distinct import refuse_shared_structures
+
+    refuse_shared_structures({key(x) for x in train_spectra}, {key(x) for x in val_spectra})
     train_modes, val_modes = _by_mode(train_spectra), _by_mode(val_spectra)
     predictors = {}
     rng = np.random.default_rng(seed)

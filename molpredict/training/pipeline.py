@@ -8,9 +8,11 @@ no peaks after cleaning. Records the reader could not parse are counted too (the
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import sys
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,13 +26,18 @@ from molpredict.specs import Grid, is_no_sketch, nested_spec, parse_spec
 from molpredict.spectra.record import spectrum_ion_mode
 
 __all__ = ["TrainOptions", "DEFAULT_MODEL", "LabelledSet", "load_labelled", "train_bundle", "train_text_bundle",
-           "model_defaults", "license_excluded", "build_model", "format_summary"]
+           "model_defaults", "license_excluded", "build_model", "format_summary", "check_train_options",
+           "MIN_STRUCTURES"]
 
 #: the model ``molpredict train`` fits when none is named; every other default is the model's own
 #: (its constructor's for spectra, :meth:`Model.train_defaults` for text)
 DEFAULT_MODEL = "sisokr"
 #: the options that name a model parameter of the same name
 MODEL_OPTIONS = ("input_kernel", "output_kernel", "input_sketch", "output_sketch", "lam")
+#: fewer distinct training structures than this in a mode is warned about: the model predicts in the span of the
+#: training structures' fingerprints (fewer than 10 directions), and without --val the grid is chosen on
+#: round(10%) of them, a single structure
+MIN_STRUCTURES = 10
 
 
 def model_defaults(model_spec: str, input_type: str = "spectrum", n_inputs: int = 0, n_structures: int = 0,
@@ -266,6 +273,37 @@ def check_component_names(options: TrainOptions, registry: Any = None) -> None:
         registry.check_names(kind, spec.name.strip(), spec.params)
 
 
+def check_train_options(options: TrainOptions) -> None:
+    """Refuse, before any data is read, the option values the fit would refuse only after reading it: ``lam``
+    (``options.lam`` or the model spec's; positive finite numbers, a grid ``a|b|c``) and the device (a name
+    :func:`~molpredict.engine.device.resolve_device` knows, CUDA only where present).
+
+    Raises
+    ------
+    SpecError
+        A bad ``lam`` or device name.
+    ResourceError
+        A CUDA device that is not present.
+    """
+    from molpredict.engine.device import resolve_device
+    from molpredict.specs import parse_values
+
+    model_lam = parse_spec(options.model).params.get("lam")
+    for where, lam in (("--lam", options.lam), (f"--model {options.model}", model_lam)):
+        if lam is None:
+            continue
+        if isinstance(lam, str):
+            parsed = parse_values(lam.strip())
+            values = list(parsed.values) if isinstance(parsed, Grid) else [parsed]
+        else:
+            values = list(lam.values) if isinstance(lam, Grid) else list(lam) if isinstance(lam, (list, tuple)) \
+                else [lam]
+        if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+                             or not v > 0 for v in values):
+            raise SpecError(f"{where}: lam must be positive numbers (a value or a grid a|b|c), not {str(lam)!r}")
+    resolve_device(options.device)
+
+
 def build_model(model_spec: str, params: dict[str, Any], registry: Any = None) -> Any:
     """Instantiate a model from ``name[:key=value,...]`` plus ``params`` (only those the model accepts; values
     given in the spec win). Grids (``a|b``) are passed to the model as strings for it to search."""
@@ -318,6 +356,7 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
     from molpredict.io.text_pairs import split_inputs
 
     check_component_names(options)  # a typo fails now, not after the training data has been read
+    check_train_options(options)  # so do a bad lam and a missing device
     if split_inputs(list(train_paths) + list(val_paths), what="train"):
         return train_text_bundle(train_paths, options, val_paths=val_paths, log=log)
     say = log or (lambda message: None)
@@ -339,6 +378,16 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
         if not train.n_used(mode):
             raise InputError(f"no usable {mode} training spectra (use --ion-mode to train other modes)",
                              path=", ".join(str(p) for p in train_paths))
+    train_keys = {mode: _structure_keys(train, mode) for mode in modes}
+    if val is not None:  # grid points, the fusion and the calibration would be fitted on structures seen in training
+        from molpredict.models.distinct import refuse_shared_structures
+
+        for mode in modes:
+            refuse_shared_structures(set(train_keys[mode]), set(_structure_keys(val, mode)),
+                                     what=f"the {mode} validation spectra",
+                                     path=", ".join(str(p) for p in val_paths))
+    for mode in modes:
+        _warn_degenerate_data(train, mode, train_keys[mode])
     from molpredict.chem.molecules import DEFAULT_ADDUCTS, remembered_fingerprints
     from molpredict.kernels.workers import rows_on_workers
     from molpredict.spectra.cleaning import CleaningPipeline
@@ -380,6 +429,12 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
             model.fit(spectra, molecules, val=val_pair)
             fit_s = time.perf_counter() - t0
             validation = _validation(model, val_pair, "spectra", val.n_structures(mode) if val_pair else 0)
+            held_out = _held_out_selection(model, molecules)
+            if held_out:
+                say(f"{mode}: no validation spectra: the grid point was chosen on {held_out['n_spectra']} "
+                    f"training spectra of {held_out['n_structures']} structures held out "
+                    f"({held_out['fraction']:.0%} of them), kernel loss {held_out['kernel_loss']:.4f}")
+            _warn_tied_grid(model, mode)
             info = {
                 "training": {"sha256": train_hash, "files": [Path(p).name for p in train_paths],
                              "filters": options.filters(), "n_spectra": len(spectra), "n_structures": n_struct,
@@ -427,10 +482,89 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
                 "licenses": dict(train.licenses[mode].most_common()), "validation": validation,
                 "fit_s": fit_s,
             }
+            if held_out:
+                summary["models"][mode]["held_out_selection"] = held_out
             finetune = _finetune_summary(model)
             if finetune:  # printed with the closing summary (format_summary)
                 summary["models"][mode]["finetune"] = finetune
     return bundle, summary
+
+
+def _structure_keys(data: LabelledSet, mode: str) -> list[str]:
+    """Each labelled spectrum's structure as evaluation and property training key it
+    (:func:`~molpredict.chem.molecules.spectrum_structure_key`: the INCHIKEY's first block, else the SMILES'),
+    else its label's first block; the labels seed the memo, so no SMILES is parsed twice."""
+    from molpredict.chem.molecules import spectrum_structure_key
+
+    spectra, molecules = data.spectra.get(mode, []), data.molecules.get(mode, [])
+    parsed = {s.smiles: m.inchikey14 for s, m in zip(spectra, molecules) if isinstance(s.smiles, str)}
+    return [spectrum_structure_key(s, parsed) or m.inchikey14 for s, m in zip(spectra, molecules)]
+
+
+def _warn_degenerate_data(data: LabelledSet, mode: str, keys: Sequence[str]) -> None:
+    """One warning per degenerate property of a mode's training spectra that the fit accepts: fewer than
+    :data:`MIN_STRUCTURES` distinct structures, and spectra that repeat another (same structure, precursor and
+    peaks after cleaning: each copy weighs its structure once more, as a second measurement would not)."""
+    n_structures = len(set(keys))
+    if n_structures < MIN_STRUCTURES:
+        warnings.warn(f"{mode}: the training spectra hold {n_structures} distinct structure"
+                      f"{'s' if n_structures != 1 else ''} (fewer than {MIN_STRUCTURES}): the model can predict "
+                      f"little beyond them and its selection rests on very few structures", UserWarning,
+                      stacklevel=3)
+    seen: set = set()
+    duplicates = 0
+    for spectrum, key in zip(data.spectra.get(mode, []), keys):
+        signature = (key, round(float(spectrum.precursor_mz or 0.0), 6), np.asarray(spectrum.mz).tobytes(),
+                     np.asarray(spectrum.intensities).tobytes())
+        duplicates += signature in seen
+        seen.add(signature)
+    if duplicates:
+        warnings.warn(f"{mode}: {duplicates} training spectr{'a repeat' if duplicates > 1 else 'um repeats'} "
+                      f"another (same structure, precursor and peaks): used as given", UserWarning, stacklevel=3)
+
+
+def _selection_values(model: Any) -> tuple[list[dict[str, Any]], str, list[float]]:
+    """A grid search's points, the key it chose by (``val_<metric>`` or ``val_loss``) and each point's value."""
+    selection = getattr(model, "selection_", None)
+    if not isinstance(selection, dict):
+        return [], "", []
+    points = selection.get("points") or []
+    key = f"val_{selection.get('select_by')}"
+    key = key if points and all(key in p for p in points) else "val_loss"
+    values = [float(p[key]) if p.get(key) is not None else math.nan for p in points]
+    return points, key, values
+
+
+def _warn_tied_grid(model: Any, mode: str) -> None:
+    """Warn when every point of a grid search scored the same: the first was kept, by order, not by the data."""
+    points, key, values = _selection_values(model)
+    if len(points) < 2 or not all(math.isfinite(v) for v in values):
+        return
+    if max(values) - min(values) <= 1e-12 * max(1.0, abs(values[0])):
+        best = points[model.selection_.get("best", 0)]
+        chosen = ", ".join(f"{k} {best[k]}" for k in ("lam", "input_kernel", "output_kernel") if k in best)
+        where = "held-out" if model.selection_.get("source") == "held-out" else "validation"
+        warnings.warn(f"{mode}: the {len(points)} grid points tie on the {where} {key.removeprefix('val_')} "
+                      f"({values[0]:.6g}): the first ({chosen}) was kept; the data cannot choose", UserWarning,
+                      stacklevel=3)
+
+
+def _held_out_selection(model: Any, molecules: Sequence[Any]) -> dict[str, Any] | None:
+    """What a grid search without validation spectra was chosen on: the model held out a seeded fraction of the
+    training structures (its ``val_fraction`` and ``seed``, the split redone here to count it) and recorded each
+    point's loss; None when the model did not."""
+    selection = getattr(model, "selection_", None)
+    fraction = getattr(model, "val_fraction", None)
+    if not isinstance(selection, dict) or selection.get("source") != "held-out" or fraction is None:
+        return None
+    from molpredict.models.distinct import split_by_structure
+
+    _, held = split_by_structure(list(molecules), float(fraction), int(getattr(model, "seed", 0)))
+    points, best = selection.get("points") or [], selection.get("best")
+    loss = points[best].get("val_loss") if isinstance(best, int) and 0 <= best < len(points) else None
+    return {"fraction": float(fraction), "n_spectra": int(held.size),
+            "n_structures": len({molecules[i].inchikey14 for i in held}),
+            "kernel_loss": float(loss) if loss is not None else math.nan}
 
 
 def _finetune_summary(model: Any) -> dict[str, Any] | None:
@@ -594,6 +728,11 @@ def format_summary(summary: dict[str, Any]) -> str:
         if "kernel_loss" in val:
             lines.append(f"  validation kernel loss {val['kernel_loss']:.4f} on {val[f'n_{unit}']} {unit} "
                          f"({val['n_structures']} structures)")
+        held = info.get("held_out_selection")
+        if held:
+            lines.append(f"  held-out selection: kernel loss {held['kernel_loss']:.4f} on {held['n_spectra']} "
+                         f"training {unit} ({held['n_structures']} structures, {held['fraction']:.0%}), not "
+                         f"a test: the chosen model is refitted on them")
         if "licenses" in info:
             licences = ", ".join(f"{k}: {v}" for k, v in info["licenses"].items())
             lines.append(f"  licences: {licences}")
@@ -650,8 +789,16 @@ def train_text_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
         t0 = time.perf_counter()
         val_pairs = [p for path in val_paths for p in read_text_pairs(path, val_report, structures)]
         timings["read_val_s"] = time.perf_counter() - t0
-    for entry in list(report)[:5] + list(val_report)[:5]:
-        say(f"skipped {entry}")
+    for entries, what in ((list(report), "training"), (list(val_report), "validation")):
+        for entry in entries[:5]:
+            say(f"skipped {entry}")
+        if len(entries) > 5:
+            say(f"... and {len(entries) - 5} more skipped {what} rows (summary: skipped_rows)")
+    if len(report) and len(pairs) >= 2:
+        # the API's caller sees no log (only summary["skipped_rows"]): one warning, so that no row is dropped
+        # silently; with fewer than two usable pairs the error below says it
+        warnings.warn(f"{len(report)} training row{'s' if len(report) > 1 else ''} skipped (first: "
+                      f"{next(iter(report))})", UserWarning, stacklevel=3)
     if len(pairs) < 2:
         reasons = ", ".join(f"{n} {r}" for r, n in report.by_reason().items()) or "no rows"
         raise InputError(f"fewer than two usable description/SMILES pairs ({report.n_read} read; skipped: "
