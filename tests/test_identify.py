@@ -338,6 +338,17 @@ def test_cli_identify_skipped_report(cli_setup, tmp_path):
     assert unreadable["record"] == "7" and "unreadable record" in unreadable["reason"]
     assert "7 spectra: 3 identified, 4 skipped" in result.stderr
     assert "no model for ion mode negative" in result.stderr
+    # nothing identified at all (QA: exit 0 and an empty table read as success in a batch job): exit 2, the
+    # output and the skipped list still written
+    from molpredict.io import read_spectra, write_mgf
+    negative = [s for s in read_spectra(FIXTURES / "edge_cases.mgf") if s.ion_mode == "negative"]
+    write_mgf(negative, tmp_path / "negative.mgf")
+    result = CliRunner().invoke(cli, ["identify", str(tmp_path / "negative.mgf"), "--model", str(model),
+                                      "--library", str(lib), "-o", str(tmp_path / "none.tsv"),
+                                      "--skipped", str(tmp_path / "none_skipped.tsv")])
+    assert result.exit_code == 2 and "no spectrum identified: all 1 skipped (most often: no model for ion " \
+        "mode negative" in result.stderr, result.output
+    assert (tmp_path / "none.tsv").is_file() and len(list(open(tmp_path / "none_skipped.tsv"))) == 2
 
 
 def test_cli_identify_bad_inputs(cli_setup, tmp_path, monkeypatch):

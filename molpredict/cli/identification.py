@@ -12,6 +12,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -491,6 +492,10 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
     if summary["n_queries"] == 0 and len(report):  # bad input, as evaluate and properties predict say
         raise InputError(f"no readable spectrum ({len(report)} record{'s' if len(report) > 1 else ''} unreadable)",
                          path="<stdin>" if spool else spectra_file)
+    if summary["n_identified"] == 0 and skipped:  # a batch job must not read an empty table as success (QA)
+        first = Counter(s.reason for s in skipped).most_common(1)[0][0]
+        raise InputError(f"no spectrum identified: all {len(skipped)} skipped (most often: {first}); the "
+                         f"skipped list says why for each", path="<stdin>" if spool else spectra_file)
 
 
 def skip_summary(skipped: list, listed_in: str | None = None, shown: int = 3) -> list[str]:
