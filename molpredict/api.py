@@ -52,17 +52,25 @@ def load_model(path: "PathLike | ModelBundle | None" = None) -> "ModelBundle":
             raise ModelFileError(f"{default}: no default model; train one with `molpredict train TRAIN.mgf -o "
                                  f"{default}` (or `make demo`), give --model, or set one with "
                                  f"`molpredict config set model MODEL`")
+        if not Path(default).exists():  # a configured model since deleted: say where the path came from
+            raise ModelFileError(f"{default}: model bundle not found; it is the model set by the {origin}: give "
+                                 f"--model, or `molpredict config set model MODEL` (or unset it)")
         path = default
     return ModelBundle.load(path)
 
 
 def library_path(library: PathLike | None) -> str:
     """``library``, else the configured default library; without either, the one-line error saying how to set one."""
-    from molpredict.config import default_library, no_library_message
+    from molpredict.config import no_library_message, resolve
 
-    library = library or default_library()
+    if library:
+        return str(library)
+    library, origin = resolve("library")
     if library is None:
         raise InputError(no_library_message())
+    if not Path(library).exists():  # a configured library since moved or deleted: say where the path came from
+        raise InputError(f"{library}: no such file; it is the library set by the {origin}: give --library, or "
+                         f"`molpredict config set library LIB` (or unset it)")
     return str(library)
 
 

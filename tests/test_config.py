@@ -124,5 +124,13 @@ def test_cli_config_and_identify_defaults(home, tmp_path, monkeypatch):
     monkeypatch.setenv("MOLPREDICT_LIBRARY", str(tmp_path / "gone.tsv"))
     result = runner.invoke(cli, ["identify", str(mgf)])
     assert result.exit_code == 2 and "gone.tsv" in result.stderr
+    # a configured path since deleted: the error says where the path came from (QA)
+    assert "it is the library set by the environment (MOLPREDICT_LIBRARY)" in result.stderr
+    monkeypatch.delenv("MOLPREDICT_LIBRARY")
+    model_path.rename(tmp_path / "moved")
+    result = runner.invoke(cli, ["identify", str(mgf)])
+    assert result.exit_code == 4 and "it is the model set by the config file" in result.stderr, result.output
+    assert "molpredict config set model" in result.stderr
+    (tmp_path / "moved").rename(model_path)
     result = runner.invoke(cli, ["config", "set", "library", str(tmp_path / "gone.tsv")])
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
