@@ -8,27 +8,15 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra
+from identification_helpers import SMILES, synthetic_spectra
 from molpredict.chem.candidates import CandidateLibrary
 from molpredict.identification.candidate_sources import LibrarySource, SetSource
 from molpredict.identification.identify import Identifier, IdentifyOptions
 from molpredict.identification.scoring import CandidateCoordinates
-from molpredict.modelfile import ModelBundle, SubModel
-from molpredict.spectra.cleaning import CleaningPipeline
-from molpredict.training.pipeline import build_model
+from test_identify import bundle  # noqa: F401 - the fixture: a fitted fake model over SMILES, positive mode
 
 #: two C9H8O4 isomers (caffeic acid, aspirin) and caffeine (C8H10N4O2)
 CAFFEIC, ASPIRIN, CAFFEINE = SMILES[1], SMILES[4], SMILES[2]
-
-
-@pytest.fixture
-def bundle():
-    install_fake_model()
-    spectra, molecules = synthetic_spectra(n_per=3, seed=0)
-    model = build_model(FAKE_MODEL, {"lam": "0.001|0.01|0.1"}).fit(spectra, molecules)
-    sub = SubModel(model=model, ion_mode="positive", cleaning=CleaningPipeline().to_dict(),
-                   adducts=["[M+H]+", "[M+Na]+", "[M+NH4]+", "[M]+"])
-    return ModelBundle({"positive": sub})
 
 
 def declared_library(rows):
