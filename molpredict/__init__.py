@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 
 from molpredict import errors as _errors
 from molpredict.errors import InputError, ModelFileError, MolpredictError, PluginError, ResourceError, SpecError
-from molpredict.registry import create, get_registry
+from molpredict.registry import create, get_registry, load_plugins
 from molpredict.specs import ComponentSpec, parse_spec
 
 # The data types and entry points most scripts need, imported on first use so that `import molpredict` (and the
@@ -47,6 +47,7 @@ __all__ = [
     "ComponentSpec",
     "parse_spec",
     "get_registry",
+    "load_plugins",
     "create",
     *_LAZY,
 ]

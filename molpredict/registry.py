@@ -10,7 +10,8 @@ MOLPREDICT_LOAD_PLUGINS
 MOLPREDICT_BLOCK_PLUGINS
     Comma-separated names of external plugins never to load.
 MOLPREDICT_PLUGINS_DIR
-    A directory of ``*.py`` plugin files (the CLI's ``--plugins-dir`` sets it).
+    A directory of ``*.py`` plugin files (the CLI's ``--plugins-dir`` sets it). Read when the process-wide registry
+    is built (at its first use): from Python, call :func:`load_plugins` instead of setting it later.
 MOLPREDICT_STRICT_PLUGINS
     ``1``: a plugin that fails to load is a fatal error instead of a one-line warning.
 """
@@ -19,9 +20,12 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import importlib.abc
 import inspect
 import os
 import sys
+import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -42,7 +46,11 @@ __all__ = [
     "Registry",
     "get_registry",
     "reset_registry",
+    "load_plugins",
     "create",
+    "PLUGIN_MODULE_PREFIX",
+    "plugin_files",
+    "find_plugin_files",
 ]
 
 #: kind -> hook name. The order is the order of ``plugins list``.
@@ -56,6 +64,8 @@ KINDS: dict[str, str] = {
 }
 BUILTIN_PROVIDER = "molpredict"
 ENTRY_POINT_GROUP = "molpredict"
+#: a plugins-directory file ``NAME.py`` is imported as the module ``molpredict_plugin_NAME``
+PLUGIN_MODULE_PREFIX = "molpredict_plugin_"
 
 
 #: kind -> (the base class its components subclass, as a lazy "module:Class", and the name plugin authors import)
@@ -216,6 +226,82 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(text.split())
 
 
+def plugin_files() -> dict[str, str]:
+    """Module name -> file of every plugins-directory module imported in this process (by any :class:`Registry`).
+
+    A component of such a module pickles by reference to ``molpredict_plugin_NAME``, a name no other process can
+    import by itself: a process that unpickles one (a kernel's row worker) first calls :func:`find_plugin_files`
+    with this mapping.
+    """
+    return {name: module.__file__ for name, module in list(sys.modules.items())
+            if name.startswith(PLUGIN_MODULE_PREFIX) and getattr(module, "__file__", None)}
+
+
+class _PluginFileFinder(importlib.abc.MetaPathFinder):
+    """Imports ``molpredict_plugin_NAME`` from its plugins-directory file, as :class:`Registry` does."""
+
+    def __init__(self, files: dict[str, str]) -> None:
+        self.files = dict(files)
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        file = self.files.get(fullname)
+        return None if file is None else importlib.util.spec_from_file_location(fullname, file)
+
+
+def find_plugin_files(files: dict[str, str]) -> None:
+    """Make the plugins-directory modules of :func:`plugin_files` (another process's) importable here by name.
+
+    Each is imported from its file on first use only (unpickling a component of it), so a plugin file that the
+    pickled objects do not need is never run.
+    """
+    for finder in sys.meta_path:
+        if isinstance(finder, _PluginFileFinder):
+            finder.files.update(files)
+            return
+    sys.meta_path.append(_PluginFileFinder(files))
+
+
+def _text_only(parameter: inspect.Parameter, hints: dict[str, Any]) -> tuple[bool, bool]:
+    """``(takes text only, takes None too)`` for one ``__init__`` parameter: annotated ``str`` (or ``str | None``),
+    or, unannotated, with a ``str`` default (None is then taken as well: ``none`` may mean "no value")."""
+    hint = hints.get(parameter.name, parameter.annotation)
+    if hint is inspect.Parameter.empty:
+        return isinstance(parameter.default, str), True
+    if isinstance(hint, str):  # an annotation typing could not resolve: read the common spellings
+        hint = hint.replace(" ", "")
+        if hint == "str":
+            return True, False
+        return hint in ("str|None", "None|str", "Optional[str]", "typing.Optional[str]"), True
+    if hint is str:
+        return True, False
+    args = set(typing.get_args(hint))
+    return (type(None) in args and args - {type(None)} == {str}), True
+
+
+def _as_text(cls: type, spec: ComponentSpec) -> dict[str, Any]:
+    """The parameters of ``spec`` with the value of each that ``cls`` takes as text only replaced by the text it
+    was parsed from: ``mode=inf`` gives a string parameter ``"inf"``, not float inf (nor ``true`` True, ``1e3``
+    1000.0). A number parameter keeps the parsed value, and a spec not parsed from text (no texts) is unchanged."""
+    if not spec.texts:
+        return dict(spec.params)
+    try:
+        parameters = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return dict(spec.params)
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # an annotation that does not resolve (a name under TYPE_CHECKING): the raw strings
+        hints = {}
+    params = dict(spec.params)
+    for key, value in spec.params.items():
+        if isinstance(value, str) or key not in spec.texts or key not in parameters:
+            continue
+        text_only, takes_none = _text_only(parameters[key], hints)
+        if text_only and not (value is None and takes_none):
+            params[key] = spec.texts[key]
+    return params
+
+
 class Registry:
     """Name -> component maps per kind, built from a pluggy plugin manager.
 
@@ -236,7 +322,10 @@ class Registry:
     def __init__(self, plugins_dir: str | os.PathLike | None = None, load_external: bool = True,
                  strict: bool | None = None, extra_plugins: Iterable[Any] = ()) -> None:
         self.strict = os.environ.get("MOLPREDICT_STRICT_PLUGINS", "") == "1" if strict is None else strict
-        self.plugins_dir = plugins_dir if plugins_dir is not None else os.environ.get("MOLPREDICT_PLUGINS_DIR")
+        #: whether the plugins directory was read from MOLPREDICT_PLUGINS_DIR (see :meth:`stale_plugins_dir`)
+        self._dir_from_env = plugins_dir is None
+        self.plugins_dir = plugins_dir if plugins_dir is not None else (
+            os.environ.get("MOLPREDICT_PLUGINS_DIR") or None)
         self.failures: list[PluginFailure] = []
         #: one-line warnings about plugins that loaded (a hook that returned a value, a refused command)
         self.warnings: list[str] = []
@@ -303,7 +392,10 @@ class Registry:
 
     def _load_directory(self, directory: Path) -> None:
         if not directory.is_dir():
-            self._fail(str(directory), "plugins directory does not exist")
+            # the variable may be set for every shell: a warning naming it, not an error (--plugins-dir is one)
+            source = " (MOLPREDICT_PLUGINS_DIR)" if self._dir_from_env else ""
+            what = "is not a directory" if directory.exists() else "does not exist"
+            self._fail(str(directory), f"plugins directory{source} {what}")
             return
         for path in sorted(directory.glob("*.py")):
             name = path.stem
@@ -313,7 +405,7 @@ class Registry:
                 self._fail(str(path), f"its name {name!r} is taken by the plugin from "
                                       f"{self._origins.get(name, 'elsewhere')}")
                 continue
-            module_name = f"molpredict_plugin_{name}"
+            module_name = f"{PLUGIN_MODULE_PREFIX}{name}"
             try:
                 spec = importlib.util.spec_from_file_location(module_name, path)
                 module = importlib.util.module_from_spec(spec)
@@ -432,7 +524,23 @@ class Registry:
             return self._entries[kind][name]
         except KeyError:
             valid = ", ".join(self.names(kind)) or "(none)"
-            raise SpecError(f"unknown {kind.replace('_', ' ')} {name!r}; valid names: {valid}") from None
+            raise SpecError(f"unknown {kind.replace('_', ' ')} {name!r}; valid names: {valid}"
+                            f"{self._stale_hint()}") from None
+
+    def stale_plugins_dir(self) -> str | None:
+        """The directory MOLPREDICT_PLUGINS_DIR names now when this registry read another value of it (it was set
+        after the registry was built, which does not read it again), else None."""
+        now = os.environ.get("MOLPREDICT_PLUGINS_DIR") or None
+        if not self._dir_from_env or now is None or now == (str(self.plugins_dir) if self.plugins_dir else None):
+            return None
+        return now
+
+    def _stale_hint(self) -> str:
+        stale = self.stale_plugins_dir()
+        if stale is None:
+            return ""
+        return (f" (MOLPREDICT_PLUGINS_DIR={stale} was set after the plugin registry was built and is not read "
+                f"again: call molpredict.load_plugins({stale!r}))")
 
     def get(self, kind: str, name: str) -> type:
         """The class registered as ``name`` under ``kind``.
@@ -463,7 +571,7 @@ class Registry:
             raise SpecError(f"{spec} is a grid; choose one value (or let the model search it on validation data)")
         cls, valid = self.check_names(kind, spec.name, spec.params)
         params = {k: v for k, v in overrides.items() if k in valid}
-        params.update(spec.params)
+        params.update(_as_text(cls, spec))
         try:
             return cls(**params)
         except (TypeError, ValueError) as exc:
@@ -542,18 +650,66 @@ class Registry:
 _REGISTRY: Registry | None = None
 
 
+#: MOLPREDICT_PLUGINS_DIR values set after the process-wide registry was built that were warned about (once each)
+_WARNED_STALE: set[str] = set()
+
+
 def get_registry() -> Registry:
-    """The process-wide registry, built on first use."""
+    """The process-wide registry, built on first use (reading MOLPREDICT_PLUGINS_DIR then, not later: see
+    :func:`load_plugins`)."""
     global _REGISTRY
     if _REGISTRY is None:
         _REGISTRY = Registry()
+    stale = _REGISTRY.stale_plugins_dir()
+    if stale is not None and stale not in _WARNED_STALE:
+        # a script that sets the variable after its first call would otherwise only hear "not registered"
+        _WARNED_STALE.add(stale)
+        warnings.warn(f"MOLPREDICT_PLUGINS_DIR={stale} was set after the plugin registry was built and is not "
+                      f"read again; call molpredict.load_plugins({stale!r}) to load its plugins", UserWarning,
+                      stacklevel=2)
     return _REGISTRY
 
 
 def reset_registry(registry: Registry | None = None) -> None:
-    """Drop (or replace) the process-wide registry; the next :func:`get_registry` rebuilds it."""
+    """Drop (or replace) the process-wide registry; the next :func:`get_registry` rebuilds it.
+
+    Parameters
+    ----------
+    registry : Registry, optional
+        The registry to use from now on (a test's); None: rebuild from the environment at the next use.
+    """
     global _REGISTRY
     _REGISTRY = registry
+
+
+def load_plugins(directory: str | os.PathLike | None = None) -> Registry:
+    """Rebuild the process-wide registry now: the built-ins, the installed entry points and the plugin files of
+    ``directory``, as ``molpredict --plugins-dir DIRECTORY`` does.
+
+    The registry is built at the first call that needs it and reads MOLPREDICT_PLUGINS_DIR then only: call this
+    to load a plugins directory from Python at any time (components created before keep their classes).
+
+    Parameters
+    ----------
+    directory : str or path, optional
+        A directory of ``*.py`` plugin files. None: the one MOLPREDICT_PLUGINS_DIR names now, if any.
+
+    Returns
+    -------
+    Registry
+        The new process-wide registry (its ``failures`` list the plugins that were skipped).
+
+    Raises
+    ------
+    PluginError
+        ``directory`` is not a directory (a mistyped path is not a plugin to skip).
+    """
+    if directory is not None and not Path(directory).is_dir():
+        what = "is a file, not a plugins directory" if Path(directory).exists() else "no such plugins directory"
+        raise PluginError(f"{directory}: {what}")
+    registry = Registry(plugins_dir=directory)
+    reset_registry(registry)
+    return registry
 
 
 def create(kind: str, spec: "str | ComponentSpec", **overrides: Any) -> Any:

@@ -82,10 +82,14 @@ class ComponentSpec:
         The registry name.
     params : dict
         Parameter values; a :class:`Grid` marks a parameter to be searched.
+    texts : dict
+        The text each value was parsed from (a grid's: ``a|b``), for the parameters :func:`parse_spec` read: a
+        parameter that takes text gets that text, not the number or boolean it looks like (``mode=inf``).
     """
 
     name: str
     params: dict[str, Any] = field(default_factory=dict)
+    texts: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def is_grid(self) -> bool:
@@ -95,7 +99,12 @@ class ComponentSpec:
         """All grid points (the cartesian product of the grids), in order; ``[self]`` when there is no grid."""
         keys = list(self.params)
         choices = [v.values if isinstance(v, Grid) else (v,) for v in self.params.values()]
-        return [ComponentSpec(self.name, dict(zip(keys, combo))) for combo in itertools.product(*choices)]
+        # each grid point keeps the text of its own alternative (a grid's text is its alternatives' joined by |)
+        texts = [[t.strip() for t in self.texts[k].split("|")] if k in self.texts and isinstance(v, Grid)
+                 else [self.texts.get(k)] * len(choice) for (k, v), choice in zip(self.params.items(), choices)]
+        return [ComponentSpec(self.name, dict(zip(keys, combo)),
+                              {k: t for k, t in zip(keys, text) if t is not None})
+                for combo, text in zip(itertools.product(*choices), itertools.product(*texts))]
 
     def __str__(self) -> str:
         if not self.params:
@@ -131,6 +140,7 @@ def parse_spec(text: "str | ComponentSpec") -> ComponentSpec:
     if not name:
         raise SpecError(f"component spec {text!r}: missing name (expected name:key=value,...)")
     params: dict[str, Any] = {}
+    texts: dict[str, str] = {}
     if rest.strip():
         for item in rest.split(","):
             key, eq, value = item.partition("=")
@@ -140,4 +150,5 @@ def parse_spec(text: "str | ComponentSpec") -> ComponentSpec:
             if key in params:
                 raise SpecError(f"component spec {text!r}: parameter {key!r} given twice")
             params[key] = parse_values(value)
-    return ComponentSpec(name, params)
+            texts[key] = value.strip()
+    return ComponentSpec(name, params, texts)

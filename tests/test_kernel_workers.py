@@ -2,6 +2,7 @@
 a fallback when a kernel cannot travel, and blocks bounded by ``block_cells``."""
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
@@ -131,10 +132,101 @@ def test_a_failing_worker_falls_back_to_this_process():
         path = pool._ship(kernel)
         with open(path, "wb") as handle:  # the workers cannot load the kernel: every task fails
             handle.write(b"not a pickle")
-        with pytest.warns(RuntimeWarning, match="kernel rows on worker processes failed"):
+        with pytest.warns(RuntimeWarning, match="kernel rows on worker processes failed for PPKLossesKernel"):
             got = kernel.transform_features(kernel.featurize(queries))
-        assert pool.broken and not pool.wants(kernel, 80)
+        assert not pool.wants(kernel, 80)
+        # one kernel's failure is that kernel's: the pool (not broken) still serves the others
+        other = _fitted(CosineKernel(), train)
+        assert not pool.broken and pool.wants(other, 80)
+        before = pool.tasks_run
+        np.testing.assert_array_equal(other.transform(queries), _rows_away_from(other, queries))
+        assert pool.tasks_run > before
     np.testing.assert_array_equal(want, got)
+
+
+def _rows_away_from(kernel, queries):
+    with rows_here():
+        return kernel.transform(queries)
+
+
+class _KilledWorker(PPKLossesKernel):
+    """An opted-in kernel whose rows kill the worker process computing them (out of memory, say)."""
+
+    def _rows_here(self, features, out):
+        import multiprocessing
+
+        if multiprocessing.parent_process() is not None:
+            os._exit(1)
+        return super()._rows_here(features, out)
+
+
+@pytest.mark.filterwarnings("ignore::molpredict.kernels.base.DegenerateObjectWarning")
+def test_a_broken_pool_sends_every_kernel_back_to_this_process():
+    train, queries = random_spectra(100), random_spectra(80, seed=9)
+    kernel, other = _fitted(_KilledWorker(), train), _fitted(CosineKernel(), train)
+    want = _rows_away_from(kernel, queries)
+    with using_pool(RowPool(2, min_pairs=0)) as pool:
+        with pytest.warns(RuntimeWarning, match=r"kernel rows on worker processes failed \(BrokenProcessPool"):
+            got = kernel.transform(queries)
+        assert pool.broken and not pool.wants(other, 80)
+    np.testing.assert_array_equal(want, got)
+
+
+_PLUGIN_PPK = """
+from molpredict.hookspecs import hookimpl
+from molpredict.kernels.spectra import PPKernel
+
+
+class DirPPK(PPKernel):
+    \"\"\"A plugins-directory kernel: inherits rows_in_processes from the built-in PPK.\"\"\"
+
+
+@hookimpl
+def register_input_kernels(register):
+    register("dir-ppk", DirPPK)
+"""
+
+
+@pytest.mark.filterwarnings("ignore::molpredict.kernels.base.DegenerateObjectWarning")
+def test_a_plugins_dir_kernel_trains_with_rows_on_workers(tmp_path, monkeypatch):
+    """A spawned worker imports the kernel's class from the plugins-directory file (as molpredict_plugin_NAME);
+    it could not import that module by itself, and every row came back to the training process."""
+    from contextlib import contextmanager
+
+    from click.testing import CliRunner
+    from identification_helpers import synthetic_spectra
+    from molpredict.cli import cli
+    from molpredict.io import write_mgf
+    from molpredict.kernels import workers
+    from molpredict.registry import reset_registry
+
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "dirppk.py").write_text(_PLUGIN_PPK)
+    monkeypatch.delenv("MOLPREDICT_LOAD_PLUGINS", raising=False)
+    monkeypatch.setenv("MOLPREDICT_PLUGINS_DIR", str(plugins))
+    monkeypatch.setenv("MOLPREDICT_HOME", str(tmp_path / "home"))
+    reset_registry()
+    pools = []
+
+    @contextmanager
+    def small_rows_on_workers(n_jobs=-1, min_pairs=workers.MIN_PAIRS):  # every request goes out, on 2 workers
+        with using_pool(RowPool(2, min_pairs=0)) as pool:
+            pools.append(pool)
+            yield pool
+
+    monkeypatch.setattr(workers, "rows_on_workers", small_rows_on_workers)
+    spectra, _ = synthetic_spectra(n_per=8, seed=0)  # 96: the 64 landmarks' rows are a request for the workers
+    write_mgf(spectra, tmp_path / "train.mgf")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        result = CliRunner().invoke(cli, ["train", str(tmp_path / "train.mgf"), "-o", str(tmp_path / "m"),
+                                          "--input-kernel", "dir-ppk", "--lam", "0.1", "--device", "cpu",
+                                          "--no-fragments", "--prior", "none", "--input-sketch", "subsample:m=64",
+                                          "--output-sketch", "subsample:m=8"])
+    assert result.exit_code == 0, result.output
+    failed = [str(w.message) for w in caught if "worker processes" in str(w.message)]
+    assert failed == [] and pools and sum(pool.tasks_run for pool in pools) > 0
 
 
 @pytest.mark.filterwarnings("ignore::molpredict.kernels.base.DegenerateObjectWarning")

@@ -11,18 +11,22 @@ import sys
 import click
 
 from molpredict.errors import MolpredictError
-from molpredict.cli.group import cli
+from molpredict.cli.group import cli, plugins_dir_problem
 
 __all__ = ["cli", "main"]
 
 
-def _preset_plugins_dir(argv: list[str]) -> None:
-    """Honour ``--plugins-dir`` before the registry is built (plugins may add commands)."""
+def _preset_plugins_dir(argv: list[str]) -> str | None:
+    """Honour ``--plugins-dir`` before the registry is built (plugins may add commands); its value, if given."""
+    given = None
     for i, arg in enumerate(argv):
         if arg == "--plugins-dir" and i + 1 < len(argv):
-            os.environ["MOLPREDICT_PLUGINS_DIR"] = argv[i + 1]
+            given = argv[i + 1]
         elif arg.startswith("--plugins-dir="):
-            os.environ["MOLPREDICT_PLUGINS_DIR"] = arg.split("=", 1)[1]
+            given = arg.split("=", 1)[1]
+    if given is not None:
+        os.environ["MOLPREDICT_PLUGINS_DIR"] = given
+    return given
 
 
 # Command modules attach their commands to ``cli`` (from .group) on import.
@@ -53,12 +57,12 @@ def main(argv: list[str] | None = None) -> None:
 
     warnings.showwarning = one_line_warning  # the command line's process only: the library's callers keep theirs
     argv = list(sys.argv[1:] if argv is None else argv)
-    _preset_plugins_dir(argv)
+    given = _preset_plugins_dir(argv)
     directory = os.environ.get("MOLPREDICT_PLUGINS_DIR")
-    if directory and os.path.exists(directory) and not os.path.isdir(directory):
-        # before the registry reads it: one message (the registry warned "does not exist", then click refused it)
-        click.echo(f"molpredict: error: {directory}: is a file, not a plugins directory (--plugins-dir or "
-                   f"MOLPREDICT_PLUGINS_DIR)", err=True)
+    # before the registry reads it, so that the error is the one message (not the registry's warning, then this)
+    problem = plugins_dir_problem(directory or "", from_option=given is not None)
+    if problem is not None:
+        click.echo(f"molpredict: error: {problem}", err=True)
         sys.exit(2)
     _add_plugin_commands()
     cli.main(args=argv, prog_name="molpredict")

@@ -13,7 +13,7 @@ import click
 from molpredict import __version__
 from molpredict.errors import InputError, MolpredictError, PluginError, ResourceError
 
-__all__ = ["cli", "MolpredictGroup"]
+__all__ = ["cli", "MolpredictGroup", "plugins_dir_problem"]
 
 _RESOURCE_ERRNOS = {errno.ENOSPC, errno.ENOMEM, getattr(errno, "EDQUOT", errno.ENOSPC)}
 
@@ -43,6 +43,31 @@ def _plugin_frame(exc: BaseException) -> tuple[str, str] | None:
             found = (owners[module.split(".")[0]], f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}")
         tb = tb.tb_next
     return found
+
+
+def plugins_dir_problem(directory: str, from_option: bool) -> str | None:
+    """The one-line usage error (exit 2) for a plugins directory that is not one, or None.
+
+    A file is an error from either source; a directory that does not exist is one from ``--plugins-dir`` (a typo
+    would load no plugin) but not from MOLPREDICT_PLUGINS_DIR alone, which may be set for every shell: the registry
+    warns about it, naming the variable.
+    """
+    if not directory or os.path.isdir(directory):
+        return None
+    if os.path.exists(directory):
+        return f"{directory}: is a file, not a plugins directory (--plugins-dir or MOLPREDICT_PLUGINS_DIR)"
+    return f"{directory}: no such plugins directory (--plugins-dir)" if from_option else None
+
+
+def _check_plugins_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    # main() checks this before the registry is built; this covers a caller of `cli` itself (CliRunner)
+    from click.core import ParameterSource
+
+    problem = plugins_dir_problem(value, ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE)
+    if problem is not None:
+        click.echo(f"molpredict: error: {problem}", err=True)
+        ctx.exit(2)
+    return value
 
 
 class MolpredictGroup(click.Group):
@@ -83,7 +108,8 @@ class MolpredictGroup(click.Group):
 
 @click.group(cls=MolpredictGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="molpredict")
-@click.option("--plugins-dir", type=click.Path(file_okay=False), envvar="MOLPREDICT_PLUGINS_DIR",
+@click.option("--plugins-dir", metavar="DIRECTORY", envvar="MOLPREDICT_PLUGINS_DIR", callback=_check_plugins_dir,
+              is_eager=True,
               help="Directory of *.py plugin files to load (env MOLPREDICT_PLUGINS_DIR).")
 def cli(plugins_dir: str | None) -> None:
     """Identify molecules from MS/MS spectra by (sketched) output kernel regression.

@@ -12,9 +12,16 @@ from molpredict.cli.group import cli
 LIST_KINDS = list(KINDS) + ["command"]
 
 
-@cli.group()
+def _kinds_text() -> str:
+    """Every kind ``plugins list`` shows, in words (``input kernels, ..., regressors and commands``): built from
+    :data:`LIST_KINDS`, so that a kind the registry gains is never left out of the help."""
+    words = [kind.replace("_", " ") + ("es" if kind.endswith(("sh", "ch")) else "s") for kind in LIST_KINDS]
+    return ", ".join(words[:-1]) + " and " + words[-1]
+
+
+@cli.group(help=f"Inspect plugins: the {_kinds_text()} they provide, built-in or third-party.")
 def plugins() -> None:
-    """Inspect plugins: kernels, sketches, models and encoders, built-in or third-party."""
+    """Inspect plugins (the help text lists every kind the registry has)."""
 
 
 def _target(obj) -> str:

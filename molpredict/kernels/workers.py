@@ -7,13 +7,16 @@ faster on 2 cores and not at all faster on 16 (docs/benchmarks/train_speed_gpu.m
 a large request of rows (``gram``, ``transform``) on a pool of spawned processes instead:
 
 - the fitted kernel is pickled once per pool into a private temporary directory, and each worker unpickles it once
-  (transport between this process and its own workers; the directory is removed with the pool);
+  (transport between this process and its own workers; the directory is removed with the pool); the file names the
+  plugins-directory modules imported here first, so that a worker imports a plugin's kernel class from the same
+  file (:func:`molpredict.registry.find_plugin_files`);
 - the rows are cut into chunks of whole rows, and a worker runs the kernel's own block code on its chunk, so every
   value is the one the single-process path computes, bit for bit;
 - the pool starts only as many processes as fit in half of the memory available then (each holds the kernel and
   a chunk's rows); fewer than two, and this process computes the rows;
-- a kernel that cannot be pickled, or a pool that breaks, falls back to this process with a warning: the values do
-  not depend on where they were computed.
+- a kernel that cannot be pickled, or whose rows fail on the workers, falls back to this process with a warning
+  (the values do not depend on where they were computed), and the other kernels keep the pool; a pool that breaks
+  (a worker killed) sends every kernel's rows back to this process.
 
 Identification never opens a pool: its requests are a block of queries against the landmarks, where starting
 processes would cost more than the rows.
@@ -26,10 +29,13 @@ import shutil
 import tempfile
 import threading
 import warnings
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from typing import Any, Iterator
 
 import numpy as np
+
+from molpredict.registry import find_plugin_files, plugin_files
 
 __all__ = ["rows_on_workers", "using_pool", "rows_here", "active_row_pool", "RowPool", "available_memory", "MIN_PAIRS",
            "MIN_CHUNK_ROWS"]
@@ -142,6 +148,7 @@ class RowPool:
         if self._executor is None and self._processes_that_fit(per_worker) < 2:
             return None  # too little free memory for two workers: this process computes the rows
         starts = range(0, n, chunk)
+        futures: list[Any] = []
         try:
             executor = self._pool()
             futures = [executor.submit(_rows_task, path, kernel.take(features, slice(s, min(s + chunk, n))))
@@ -151,10 +158,18 @@ class RowPool:
                 block, degenerate = future.result()
                 out[start:start + len(block)] = block
                 n_degenerate += degenerate
-        except Exception as exc:  # a broken pool (a worker killed, out of memory): this process does the work
+        except BrokenProcessPool as exc:  # a worker killed (out of memory): no kernel can use the pool any more
             self.broken = True
             warnings.warn(f"kernel rows on worker processes failed ({type(exc).__name__}: {exc}); computing them "
                           "in this process", RuntimeWarning, stacklevel=3)
+            return None
+        except Exception as exc:  # this kernel's tasks failed (it cannot be loaded or run there): only its rows
+            for future in futures:  # stay here; the pool still serves the other kernels
+                future.cancel()
+            self._refused.add(id(kernel))
+            warnings.warn(f"kernel rows on worker processes failed for {type(kernel).__name__} "
+                          f"({type(exc).__name__}: {' '.join(str(exc).split())}); computing its rows in this process",
+                          RuntimeWarning, stacklevel=3)
             return None
         self.tasks_run += len(futures)
         return n_degenerate
@@ -172,6 +187,9 @@ class RowPool:
         path = os.path.join(self._directory, f"kernel-{self._files_written}.pickle")
         try:
             with open(path, "wb") as handle:
+                # first the plugin files a worker must be able to import (by the name this process gave them) before
+                # it unpickles the kernel: a plugins-directory kernel's class lives in one
+                pickle.dump(plugin_files(), handle, protocol=pickle.HIGHEST_PROTOCOL)
                 pickle.dump(kernel, handle, protocol=pickle.HIGHEST_PROTOCOL)
         except (pickle.PicklingError, TypeError, AttributeError, OSError) as exc:
             self._refused.add(id(kernel))
@@ -230,6 +248,7 @@ def _rows_task(path: str, features: Any) -> tuple[np.ndarray, int]:
     kernel = _LOADED.get(path)
     if kernel is None:
         with open(path, "rb") as handle:  # written by this worker's own parent (RowPool._ship)
+            find_plugin_files(pickle.load(handle))
             kernel = _LOADED[path] = pickle.load(handle)
     out = np.empty((len(features), kernel.n_fit_), dtype=np.float64)
     n_degenerate = kernel._rows_here(features, out)
