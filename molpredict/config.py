@@ -118,12 +118,26 @@ def set_value(key: str, value: str) -> Path:
     return _write(values)
 
 
-def unset_value(key: str) -> Path:
-    """Remove ``key`` from the config file; returns the file."""
+def unset_value(key: str) -> tuple[Path, bool]:
+    """Remove ``key`` from the config file; returns the file and whether ``key`` was in it (a second unset must
+    not read as having removed something)."""
     _setting(key)
-    values = read_config(strict=False)
+    path = config_path()
+    values = read_config(path, strict=False)
+    # a value that is not a string (dropped by strict=False) was set too: removing it is what repairs the file
+    was_set = key in values or key in _stored_keys(path)
     values.pop(key, None)
-    return _write(values)
+    return _write(values), was_set
+
+
+def _stored_keys(path: Path) -> set[str]:
+    """The keys of the config file's JSON object (empty when there is none; :func:`read_config` has refused a
+    file that is not one)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8") or "{}")
+    except (OSError, json.JSONDecodeError):
+        return set()
+    return set(data) if isinstance(data, dict) else set()
 
 
 def resolve(key: str) -> tuple[str | None, str]:

@@ -604,8 +604,8 @@ class ModelBundle:
         out: dict[str, Any] = {"path": str(self.path) if self.path else None, "ion_modes": self.ion_modes}
         for mode, sub in self.models.items():
             meta = sub.metadata
-            out[mode] = {"model": meta.get("model"), "created": meta.get("created"),
-                         "components": _component_rows(meta.get("components")),
+            out[mode] = {"model": _model_as_selected(meta.get("model"), sub.info.get("selection")),
+                         "created": meta.get("created"), "components": _component_rows(meta.get("components")),
                          **{k: v for k, v in sub.info.items()}}
             if sub.prior is not None:
                 out[mode]["prior"] = {"model": sub.prior.registry_name, "params": json_ready(sub.prior.get_params())}
@@ -621,6 +621,21 @@ class ModelBundle:
             if sub.fragment_model is not None:
                 out[mode]["fragment_model"] = json_ready(sub.fragment_model.get_params())
         return out
+
+
+def _model_as_selected(model: Any, selection: Any) -> Any:
+    """The saved ``model`` entry (name, params), with ``params.select_by`` annotated when the grid selection used
+    another metric: without validation candidate sets the model's ``mrr`` default is not what chose the grid point
+    (``selection.select_by`` is ``kernel-loss``), and showing it bare read as if it were (QA). The saved file keeps
+    the parameter as given."""
+    if not (isinstance(model, dict) and isinstance(model.get("params"), dict) and isinstance(selection, dict)):
+        return model
+    given, used = model["params"].get("select_by"), selection.get("select_by")
+    if given is None or used is None or given == used:
+        return model
+    note = f"{given} (not used: the selection used {used}" + \
+        (", no validation candidate sets were given)" if used == "kernel-loss" else ")")
+    return {**model, "params": {**model["params"], "select_by": note}}
 
 
 def _component_rows(components: Any, registry: Any = None) -> list[dict[str, Any]]:

@@ -195,3 +195,19 @@ def test_a_ppm_that_is_not_positive_fails_before_any_loading(setup):
                                           "--ppm", value])
         assert result.exit_code == 2, (value, result.output)
         assert "Invalid value for '--ppm'" in result.output and "nosuch-model" not in result.output, result.output
+
+
+# -- 8. train's help names the metadata a label is read from ----------------------------------------------------
+
+def test_train_help_says_labels_are_smiles_else_inchi_as_the_pipeline_reads_them(tmp_path):
+    """The help said "SMILES / INCHIKEY", but a spectrum with only an INCHIKEY is skipped: no structure can be drawn
+    from a key (QA: a file of such spectra trained on nothing)."""
+    from molpredict.training.pipeline import TrainOptions, load_labelled
+
+    text = " ".join(_run("train", "--help").output.split())
+    assert "spectra labelled with structures (SMILES, else INCHI metadata)" in text
+    assert "SMILES / INCHIKEY" not in text and "an INCHIKEY alone is not one" in text
+    (tmp_path / "k.mgf").write_text("BEGIN IONS\nPEPMASS=181.0707\nIONMODE=positive\n"
+                                    "INCHIKEY=RYYVLZVUVIJVGH-UHFFFAOYSA-N\n55.0 10\n82.1 100\nEND IONS\n")
+    labelled = load_labelled([tmp_path / "k.mgf"], TrainOptions())
+    assert labelled.n_used() == 0 and labelled.skipped == {"no structure (SMILES or InChI)": 1}

@@ -178,12 +178,29 @@ def test_warnings_of_the_command_line_are_one_line(setup, capsys):
                      f"'not_a_smiles((')"]
 
 
-def test_a_library_without_a_usable_structure_is_an_error_not_a_run_of_skips(setup):
+def test_a_library_without_a_usable_structure_is_an_error_not_a_run_of_skips(setup, capsys):
     (setup / "none.tsv").write_text("smiles\nnot_a_smiles((\n")
     (setup / "header.tsv").write_text("smiles\n")
-    for name, why in [("none.tsv", "(1 rows read, none usable; first: "), ("header.tsv", "(no rows)")]:
+    (setup / "two.tsv").write_text("smiles\tname\n\tx\nC1CC(\ty\n")
+    for name, why in [("none.tsv", "(1 row read, none usable; first: line 2, field smiles: RDKit cannot parse "
+                                   "SMILES 'not_a_smiles(('"),
+                      ("header.tsv", "(no rows)"),
+                      ("two.tsv", "(2 rows read, none usable; first: line 2, field smiles: empty SMILES)")]:
         result = _identify("--library", name)  # the later --library wins
         assert result.exit_code == 2 and f"{name}: no usable structure in the library {why}" in _last_line(result)
+    # the whole story in one line naming the file once: no warning about the skipped rows before it (QA)
+    import warnings
+
+    from molpredict.cli import main
+
+    with warnings.catch_warnings():  # main() installs its display of warnings: undone here
+        warnings.simplefilter("always")
+        with pytest.raises(SystemExit) as done:
+            main(["identify", "q.mgf", "--model", "model", "--library", "two.tsv", "-q"])
+    assert done.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert lines == ["molpredict: error: two.tsv: no usable structure in the library (2 rows read, none usable; "
+                     "first: line 2, field smiles: empty SMILES)"]
     build = CliRunner().invoke(cli, ["candidates", "build", "lib.tsv", "-o", "lib.xyz"])
     assert build.exit_code == 2 and _last_line(build).endswith("lib.xyz, field -o: a library is written as .tsv "
                                                                 "or .tsv.gz")
@@ -238,23 +255,50 @@ def test_a_file_without_a_readable_spectrum_exits_non_zero(setup):
 
 
 def test_a_skip_summary_of_many_reasons_stays_short_and_counts_every_skip():
-    """A small library against a large file: one "no candidates" reason per formula. The summary lists the most
-    frequent reasons and counts the rest in one line, so the counts still add up to every skip."""
+    """Many distinct reasons: the summary lists the most frequent ones and counts the rest in one line, so the
+    counts still add up to every skip."""
     from molpredict.cli.identification import MAX_REASON_LINES, skip_summary
     from molpredict.identification.identify import Skipped
 
-    skipped = [Skipped(query_id=f"q{i}", reason=f"no candidates in the library (formula C{k}H4)", file="a.mgf",
-                       record=i) for i, k in enumerate([1] * 5 + [2] * 4 + list(range(3, 30)))]
+    skipped = [Skipped(query_id=f"q{i}", reason=f"MS level {k} (the model takes MS2)", file="a.mgf",
+                       record=i) for i, k in enumerate([1] * 5 + [3] * 4 + list(range(4, 31)))]
     lines = skip_summary(skipped, shown=2)
     assert len(lines) == MAX_REASON_LINES
-    assert lines[0] == ("skipped 5: no candidates in the library (formula C1H4) (a.mgf records 0, 1 and 3 more, all "
+    assert lines[0] == ("skipped 5: MS level 1 (the model takes MS2) (a.mgf records 0, 1 and 3 more, all "
                         "with --skipped FILE)")
-    assert lines[1].startswith("skipped 4: no candidates in the library (formula C2H4) (a.mgf records 5, 6 and 2")
+    assert lines[1].startswith("skipped 4: MS level 3 (the model takes MS2) (a.mgf records 5, 6 and 2")
     assert lines[-1] == "skipped 20 more for 20 other reasons (all with --skipped FILE)"  # 29 reasons, 9 listed
     counted = sum(int(line.split()[1].rstrip(":")) for line in lines)
     assert counted == len(skipped)
     few = skip_summary(skipped[:9], shown=2)  # two reasons: no summary line
     assert len(few) == 2 and not any("other reasons" in line for line in few)
+
+
+def test_reasons_differing_only_by_formula_or_mass_are_one_line_on_stderr_and_in_the_report():
+    """A small library against a large file: one "no candidates" reason per formula. Identify's summary and the
+    HTML report's both give them one line, saying how many formulas (QA: the report had one line per formula);
+    a reason of one formula keeps it."""
+    from molpredict.cli.identification import skip_summary
+    from molpredict.identification.identify import Skipped
+    from molpredict.report.page import Report
+
+    reasons = ([f"no candidates in the library (formula C{k}H4)" for k in (1, 1, 2, 3)]
+               + ["no candidates in the library (mass within 10 ppm)", "no peaks after cleaning",
+                  "no candidates from source elsewhere (formula C9H8O4)"])
+    skipped = [Skipped(query_id=f"q{i}", reason=r, file="a.mgf", record=i + 1) for i, r in enumerate(reasons)]
+    assert skip_summary(skipped, shown=2) == [
+        "skipped 5: no candidates in the library (3 formulas, 1 mass window) (a.mgf records 1, 2 and 3 more, all "
+        "with --skipped FILE)",
+        "skipped 1: no peaks after cleaning (a.mgf record 6)",
+        "skipped 1: no candidates from source elsewhere (formula C9H8O4) (a.mgf record 7)"]
+    report = Report()
+    for s in skipped:
+        report.add_skipped(s.query_id, s.reason, s.file, s.record)
+    summary = report._skipped_html().split("<table")[0]
+    assert summary == ("<ul><li>5 &times; no candidates in the library (3 formulas, 1 mass window)</li>"
+                       "<li>1 &times; no peaks after cleaning</li>"
+                       "<li>1 &times; no candidates from source elsewhere (formula C9H8O4)</li></ul>")
+    assert "(formula C2H4)</td>" in report._skipped_html()  # the table keeps each query's own reason
 
 
 def test_train_refuses_an_output_folder_of_other_files_before_reading_the_data(setup):

@@ -77,8 +77,26 @@ def test_what_config_stores_must_be_usable(home, tmp_path):
     with pytest.raises(InputError, match="setting 'model' must be a path in quotes, not null; fix it or "
                                          "`molpredict config unset model`"):
         config.read_config()
-    assert runner.invoke(cli, ["config", "unset", "model"]).exit_code == 0
+    result = runner.invoke(cli, ["config", "unset", "model"])  # the null was set: removing it repairs the file
+    assert result.exit_code == 0 and result.stderr.startswith("molpredict: model unset (in ")
     assert config.read_config() == {"library": "/a/lib.tsv"}
+
+
+def test_unsetting_what_is_not_set_says_so(home, monkeypatch):
+    """A second `config unset` does not report having removed something (QA: "model unset" both times)."""
+    runner = CliRunner()
+    home.mkdir()
+    (home / "config.json").write_text('{"model": "/a/model"}')
+    first = runner.invoke(cli, ["config", "unset", "model"])
+    assert first.exit_code == 0 and first.stderr == f"molpredict: model unset (in {home / 'config.json'})\n"
+    second = runner.invoke(cli, ["config", "unset", "model"])
+    assert second.exit_code == 0
+    assert second.stderr == f"molpredict: model was not set in {home / 'config.json'}: nothing to unset\n"
+    assert config.unset_value("library") == (home / "config.json", False)
+    # the environment's value outlives the unset: said, or the user believes the default now applies
+    monkeypatch.setenv("MOLPREDICT_MODEL", "/env/model")
+    third = runner.invoke(cli, ["config", "unset", "model"])
+    assert third.stderr.endswith("nothing to unset; MOLPREDICT_MODEL from the environment still applies\n")
 
 
 def test_cli_config_and_identify_defaults(home, tmp_path, monkeypatch):

@@ -240,3 +240,21 @@ def test_json_is_strict_null_for_undefined_numbers(setup):
                                     "--candidates", str(tmp_path / "sets.json"), "--n-boot", "0", "--no-cache",
                                     "--no-kernel-loss", "-q"])
     assert text.exit_code == 0 and "hit@1 [n/a, n/a]" in text.stdout and "nan" not in text.stdout
+
+
+def test_a_model_without_queries_prints_n_a_not_none(setup):
+    """Beside a model that has queries, one whose ion mode no query has ranks none: its text report says "n/a"
+    where the median candidate count is undefined (QA: "median candidates None")."""
+    from molpredict.identification.evaluate import format_report
+
+    tmp_path, bundle, _, _ = setup
+    negative = ModelBundle({"negative": SubModel(bundle.for_mode("positive").model, "negative",
+                                                 cleaning=CleaningPipeline().to_dict())})
+    results = evaluate([tmp_path / "queries.mgf"], [("m", bundle), ("neg", negative)],
+                       _load_sets(tmp_path / "sets.json"), cache_root=False, kernel_loss=False, n_boot=0)
+    assert results["neg"]["n_queries"] == 0 and results["neg"]["candidates"]["median"] is None
+    text = format_report(results)
+    assert "None" not in text
+    neg = text[text.index("\nneg: "):]
+    assert "median candidates n/a" in neg
+    assert f"median candidates {results['m']['candidates']['median']:.1f}" in text

@@ -227,8 +227,13 @@ def test_formula_hints_and_sources(bundle, library, tmp_path):
     assert rows == [] and "no candidates" in ident.skipped[0].reason
     (tmp_path / "bad.tsv").write_text("s0-0\tC9H8Q4\n")
     from molpredict.errors import InputError
-    with pytest.raises(InputError, match="bad.tsv, record 1, field formula"):
+    with pytest.raises(InputError, match="bad.tsv, line 1, field formula: unparsable formula 'C9H8Q4'$"):
         read_formula_hints(tmp_path / "bad.tsv")
+    # numbered as lines, blank and comment lines included (QA: "record 6" for line 6)
+    (tmp_path / "short.tsv").write_text("query_id\tformula\n\n# hints\ns0-0\tC9H8O4\n\ns0-1 C9H8O4\n")
+    with pytest.raises(InputError, match="short.tsv, line 6: expected two tab-separated columns: query_id, "
+                                         "formula$"):
+        read_formula_hints(tmp_path / "short.tsv")
 
 
 def test_second_run_does_no_featurisation(bundle, library, tmp_path):

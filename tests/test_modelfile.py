@@ -258,3 +258,32 @@ def test_a_bundle_written_before_the_stage_layout_loads_and_scores_the_same():
     queries = list(read_spectra(here / "sisokr_v0.2_queries.mgf"))
     scores = sub.model.score(queries, [Molecule.from_smiles(s) for s in expected["candidates"]])
     np.testing.assert_allclose(scores, np.asarray(expected["scores"]), rtol=1e-9, atol=1e-12)
+
+
+def test_describe_says_when_the_selection_used_another_metric_than_select_by(tmp_path):
+    """`model info`: an IOKR model's select_by (mrr by default) chose nothing when training had no validation
+    candidate sets (selection.select_by kernel-loss); showing it bare read as if it had (QA). The saved file keeps
+    the parameter as given."""
+    install_fake_model()
+    spectra, molecules = synthetic_spectra(n_per=2)
+    model = get_registry().create("model", f"{FAKE_MODEL}:dim=64", lam="0.1")
+    model.fit(spectra, molecules)
+
+    def described(selection):
+        sub = SubModel(model=model, ion_mode="positive", cleaning={"steps": []}, adducts=["[M+H]+"],
+                       info={"selection": selection})
+        path = ModelBundle({"positive": sub}).save(tmp_path / "bundle")
+        meta_path = path / "positive" / "metadata.json"
+        meta = json.loads(meta_path.read_text())
+        meta["model"]["params"]["select_by"] = "mrr"  # as the IOKR family saves its parameters
+        meta_path.write_text(json.dumps(meta))
+        out = ModelBundle.load(path).describe()["positive"]
+        assert json.loads(meta_path.read_text())["model"]["params"]["select_by"] == "mrr"  # describe changes no file
+        return out
+
+    unused = described({"source": "held-out", "points": [], "best": 0, "select_by": "kernel-loss"})
+    assert unused["model"]["params"]["select_by"] == ("mrr (not used: the selection used kernel-loss, no validation "
+                                                      "candidate sets were given)")
+    assert unused["selection"]["select_by"] == "kernel-loss"
+    used = described({"source": "val", "points": [], "best": 0, "select_by": "mrr"})
+    assert used["model"]["params"]["select_by"] == "mrr"

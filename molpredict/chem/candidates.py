@@ -957,8 +957,16 @@ def check_usable(library: CandidateLibrary, path: str | os.PathLike) -> Candidat
         report = getattr(library, "report", None)
         why = " (no rows)"
         if report is not None and report.n_read:
-            why = f" ({report.n_read} rows read, none usable" + (f"; first: {report.skipped[0]})" if report.skipped
-                                                                 else ")")
+            first = ""
+            if report.skipped:  # where in the file, without naming the file again (the message starts with it)
+                row = report.skipped[0]
+                place = []
+                if row.line is not None:
+                    place.append(f"line {row.line}")
+                if row.field is not None:
+                    place.append(f"field {row.field}")
+                first = "; first: " + (f"{', '.join(place)}: " if place else "") + row.reason
+            why = f" ({report.n_read} row{'s' if report.n_read != 1 else ''} read, none usable{first})"
         raise InputError(f"no usable structure in the library{why}", path=str(path))
     return library
 

@@ -47,10 +47,18 @@ def config_set(key: str, value: str) -> None:
 @click.argument("key", type=click.Choice(["library", "model"]))
 def config_unset(key: str) -> None:
     """Forget the stored KEY."""
-    from molpredict.config import unset_value
+    import os
 
-    path = unset_value(key)
-    click.echo(f"molpredict: {key} unset (in {path})", err=True)
+    from molpredict.config import SETTINGS, unset_value
+
+    path, was_set = unset_value(key)
+    # the environment wins over the file: unsetting the file's value leaves that one in force
+    env = SETTINGS[key].env
+    still = f"; {env} from the environment still applies" if os.environ.get(env) else ""
+    if was_set:
+        click.echo(f"molpredict: {key} unset (in {path}){still}", err=True)
+    else:
+        click.echo(f"molpredict: {key} was not set in {path}: nothing to unset{still}", err=True)
 
 
 @config_group.command("show")

@@ -12,7 +12,6 @@ import shutil
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -178,14 +177,15 @@ class ModelDefaultOption(click.Option):
 def train(train_files, output, val_files, model_spec, input_kernel, output_kernel, input_sketch, output_sketch,
           lam, ion_mode, exclude_licenses, device, seed, summary_json, select_by, val_candidates,
           calibration_candidates, train_library, prior_reference, fragments, progress, quiet) -> None:
-    """Train a model bundle on spectra labelled with structures (SMILES / INCHIKEY metadata), or on text.
+    """Train a model bundle on spectra labelled with structures (SMILES, else INCHI metadata), or on text.
 
     \b
     Examples:
       molpredict train train_pos.mgf --val val_pos.mgf -o mymodel
       molpredict train pairs.tsv --val val_pairs.tsv -o textmodel
     One model is trained per ion mode present (or asked with --ion-mode); spectra without a usable structure
-    or without peaks after cleaning are skipped and counted in the closing summary.
+    (an INCHIKEY alone is not one: no structure can be drawn from it) or without peaks after cleaning are skipped
+    and counted in the closing summary.
 
     A .tsv/.csv table (optionally .gz) with description and smiles columns trains one text -> molecule model
     (default input kernel text-ngram; rows with an empty description or an unusable SMILES are skipped and
@@ -268,11 +268,18 @@ def _library_path(library: str | None) -> str:
 
 
 def _load_library(library: str | None, say, progress: bool, cache: bool | None = None):
+    import warnings
+
     from molpredict.api import load_library
 
     library = _library_path(library)
     t0 = time.perf_counter()
-    lib = load_library(library, progress=progress, cache=cache)
+    # the reader's warning about skipped rows is held back until the library proves usable: a library with none
+    # is one error line naming its first bad row, not that warning and then the error saying it again (QA)
+    with warnings.catch_warnings(record=True) as held:
+        lib = load_library(library, progress=progress, cache=cache)
+    for warning in held:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     say(f"library {library}: {len(lib)} structures ({time.perf_counter() - t0:.1f} s)")
     return lib
 
@@ -493,7 +500,8 @@ def identify(spectra_file, texts, text_file, model_path, library, by, ppm, sourc
         raise InputError(f"no readable spectrum ({len(report)} record{'s' if len(report) > 1 else ''} unreadable)",
                          path="<stdin>" if spool else spectra_file)
     if summary["n_identified"] == 0 and skipped:  # a batch job must not read an empty table as success (QA)
-        first = Counter(s.reason for s in skipped).most_common(1)[0][0]
+        from molpredict.report.page import reason_groups
+        first = reason_groups(skipped, lambda s: s.reason)[0][0]  # grouped as the summary above groups them
         raise InputError(f"no spectrum identified: all {len(skipped)} skipped (most often: {first}); the "
                          f"skipped list says why for each", path="<stdin>" if spool else spectra_file)
 
@@ -512,20 +520,20 @@ def skip_summary(skipped: list, listed_in: str | None = None, shown: int = 3) ->
                          f"in {listed_in}" if listed_in else "with --skipped FILE", shown)
 
 
-#: the most reason lines a skip summary prints; past them one line counts the rest (a small library against a
-#: large file gives one "no candidates in the library (formula ...)" reason per formula: hundreds of lines)
+#: the most reason lines a skip summary prints; past them one line counts the rest (reasons that differ only by
+#: their formula or mass window are one line already: see report.page.reason_groups)
 MAX_REASON_LINES = 10
 
 
 def _reason_lines(entries: list, reason_of: Callable[[Any], str], where: Callable[[list], str], all_of: str,
                   shown: int, max_lines: int = MAX_REASON_LINES) -> list[str]:
-    """``skipped N: reason (where)`` per reason, most frequent first: ``where`` places the first ``shown``
-    entries of a reason, past them how many more and where all of them are (``all_of``). Past ``max_lines``
-    reasons, one line counts the entries of the others."""
-    by_reason: dict[str, list] = {}
-    for entry in entries:
-        by_reason.setdefault(reason_of(entry), []).append(entry)
-    ordered = sorted(by_reason.items(), key=lambda kv: -len(kv[1]))
+    """``skipped N: reason (where)`` per reason, most frequent first, reasons that differ only by their formula or
+    mass window grouped (:func:`molpredict.report.page.reason_groups`, which the HTML report's summary uses too):
+    ``where`` places the first ``shown`` entries of a reason, past them how many more and where all of them are
+    (``all_of``). Past ``max_lines`` reasons, one line counts the entries of the others."""
+    from molpredict.report.page import reason_groups
+
+    ordered = reason_groups(entries, reason_of)
     if len(ordered) > max_lines:  # the last line counts the rest, so the summary stays within max_lines
         listed, rest = ordered[:max_lines - 1], ordered[max_lines - 1:]
     else:

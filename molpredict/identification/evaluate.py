@@ -761,7 +761,7 @@ def format_report(results: dict[str, Any]) -> str:
                      + f", MRR {_num(av['mrr'], '.4f')}")
         rnd = m["random"]
         lines.append("  random ranking: " + ", ".join(f"hit@{k} {_pct(rnd[f'hit@{k}'])}" for k in KS)
-                     + f", MRR {_num(rnd['mrr'], '.4f')}; median candidates {m['candidates']['median']}")
+                     + f", MRR {_num(rnd['mrr'], '.4f')}; median candidates {_num(m['candidates']['median'], '.1f')}")
         if m.get("kernel_loss") is not None:
             lines.append(f"  kernel loss {m['kernel_loss']:.4f}")
         for name, v in m.get("views", {}).items():

@@ -151,17 +151,17 @@ def read_formula_hints(path: str | os.PathLike) -> dict[str, str]:
             if not text.strip() or text.startswith("#"):
                 continue
             cells = text.split("\t")
+            # the file's lines are numbered, not its records (blank and comment lines count): say "line"
+            where = f"{path}, line {lineno}"
             if len(cells) < 2:
-                raise InputError("expected two tab-separated columns: query_id, formula", path=str(path),
-                                 record=lineno)
+                raise InputError("expected two tab-separated columns: query_id, formula", path=where)
             query, formula = cells[0].strip(), cells[1].strip()
             if lineno == 1 and formula.lower() in ("formula", "molecular_formula"):
                 continue
             try:
                 hints[query] = normalize_formula(formula)
             except InputError:
-                raise InputError(f"unparsable formula {formula!r}", path=str(path), record=lineno,
-                                 field="formula") from None
+                raise InputError(f"unparsable formula {formula!r}", path=where, field="formula") from None
     return hints
 
 

@@ -24,7 +24,7 @@ import math
 import platform
 import re
 import warnings
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -35,7 +35,7 @@ import numpy as np
 from molpredict.errors import InputError
 
 __all__ = ["ReportOptions", "Report", "draw_molecule_svg", "compact_svg", "decode_report_data", "run_parameters",
-           "build_report_from_files", "versions", "CANDIDATE_EXTRA_COLUMNS"]
+           "build_report_from_files", "versions", "reason_groups", "CANDIDATE_EXTRA_COLUMNS"]
 
 #: optional numeric output columns shown per candidate when the results have them
 CANDIDATE_EXTRA_COLUMNS = ("probability", "spectrum_score", "prior_score", "fragment_score")
@@ -460,13 +460,49 @@ class Report:
     def _skipped_html(self) -> str:
         if not self.skipped:
             return "<p>No spectrum was skipped.</p>"
-        reasons = Counter(reason for *_, reason in self.skipped)
-        head = "<ul>" + "".join(f"<li>{n} &times; {html.escape(r)}</li>" for r, n in reasons.most_common()) + "</ul>"
+        # grouped as identify's summary on stderr groups them; the table below keeps each query's own reason
+        groups = reason_groups(self.skipped, lambda entry: entry[-1])
+        head = "<ul>" + "".join(f"<li>{len(group)} &times; {html.escape(label)}</li>" for label, group in groups) \
+            + "</ul>"
         rows = "".join(f"<tr><td>{html.escape(q)}</td><td>{html.escape(f)}</td>"
                        f"<td>{'' if rec is None else html.escape(str(rec))}</td><td>{html.escape(reason)}</td></tr>"
                        for q, f, rec, reason in self.skipped)
         return (head + "<table class='skipped'><thead><tr><th>query</th><th>file</th><th>record</th><th>reason</th>"
                 "</tr></thead><tbody>" + rows + "</tbody></table>")
+
+
+#: a skip reason's per-query detail: the formula or mass window whose candidates were looked up
+_REASON_DETAIL = re.compile(r"^(?P<reason>.+) \((?P<kind>formula|mass within) (?P<value>[^()]+)\)$")
+
+
+def reason_groups(entries: Iterable[Any], reason_of: Any) -> list[tuple[str, list]]:
+    """``(label, entries)`` per skip reason, most frequent first (ties in first-seen order). Reasons that differ
+    only by their query's formula or mass window (``no candidates in the library (formula C6H6O)``) are one group:
+    a small library against a large file gives one such reason per formula, a list nobody reads. A group of one
+    reason is labelled with it; of several, with how many formulas / mass windows it spans
+    (``no candidates in the library (8 formulas)``). Identify's skip summary on stderr and this page's share it."""
+    groups: dict[str, list] = {}
+    details: dict[str, dict[str, set[str]]] = {}
+    reasons: dict[str, set[str]] = {}
+    for entry in entries:
+        reason = reason_of(entry)
+        match = _REASON_DETAIL.match(reason)
+        key = match["reason"] if match else reason
+        groups.setdefault(key, []).append(entry)
+        reasons.setdefault(key, set()).add(reason)
+        if match:
+            details.setdefault(key, {}).setdefault(match["kind"], set()).add(match["value"])
+    out = []
+    for key, group in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        if len(reasons[key]) == 1:
+            label = next(iter(reasons[key]))
+        else:
+            kinds = details[key]
+            spans = [f"{len(kinds[kind])} {noun}{'s' if len(kinds[kind]) > 1 else ''}"
+                     for kind, noun in (("formula", "formula"), ("mass within", "mass window")) if kind in kinds]
+            label = f"{key} ({', '.join(spans)})"
+        out.append((label, group))
+    return out
 
 
 def versions() -> dict[str, str]:

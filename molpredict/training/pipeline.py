@@ -376,7 +376,13 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
                          path=", ".join(str(p) for p in train_paths))
     for mode in modes:
         if not train.n_used(mode):
-            raise InputError(f"no usable {mode} training spectra (use --ion-mode to train other modes)",
+            # say which modes the files do have: --ion-mode was given, so "use --ion-mode" told the user nothing (QA)
+            others = [m for m in ION_MODES if m != mode and (train.n_used(m) or
+                                                               train.skipped[f"ion mode {m} not requested"])]
+            reasons = ", ".join(f"{n} {r}" for r, n in train.skipped.most_common()) or "no records"
+            hint = (f"; the files have {' and '.join(others)} spectra: --ion-mode {others[0]} trains them"
+                    if others else "")
+            raise InputError(f"no usable {mode} training spectra ({train.n_read} read; skipped: {reasons}){hint}",
                              path=", ".join(str(p) for p in train_paths))
     train_keys = {mode: _structure_keys(train, mode) for mode in modes}
     if val is not None:  # grid points, the fusion and the calibration would be fitted on structures seen in training
