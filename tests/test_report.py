@@ -20,6 +20,7 @@ from lxml import etree
 from identification_helpers import FAKE_MODEL, SMILES, install_fake_model, synthetic_spectra
 from molpredict.chem.candidates import CandidateLibrary
 from molpredict.cli import cli
+from molpredict.errors import InputError
 from molpredict.io.results import ResultWriter, read_result_rows
 from molpredict.modelfile import ModelBundle, SubModel
 from molpredict.report.page import Report, ReportOptions, compact_svg, decode_report_data, draw_molecule_svg
@@ -96,6 +97,17 @@ def test_compact_svg_keeps_the_drawing():
     assert sum(d.count("M") for d in re.findall(r" d='([^']*)'", small)) == raw.count("d='M")
     # a SMILES RDKit cannot parse gives a placeholder, not an error
     assert "no drawing" in draw_molecule_svg("not a smiles")
+
+
+def test_drawing_leaves_rdkit_logs_silenced(capfd):
+    """The drawing used to switch RDKit's logging back on for the whole process, so that a later unparsable
+    SMILES printed RDKit's lines to stderr (the suite caught it when the report tests ran first)."""
+    from molpredict.chem.molecules import Molecule
+
+    draw_molecule_svg("C1CC")
+    with pytest.raises(InputError):
+        Molecule.from_smiles("C1CC")
+    assert capfd.readouterr().err == ""
 
 
 def test_page_parses_and_holds_every_query_with_its_drawings(tmp_path):

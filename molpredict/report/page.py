@@ -148,15 +148,14 @@ def compact_svg(svg: str) -> str:
 def draw_molecule_svg(smiles: str, size: tuple[int, int] = (240, 180)) -> str:
     """The RDKit 2D drawing of ``smiles`` as a compact SVG (:func:`compact_svg`); a placeholder when RDKit
     cannot parse the SMILES."""
-    from rdkit import Chem, RDLogger
+    from rdkit import Chem, rdBase
     from rdkit.Chem.Draw import rdMolDraw2D
 
     width, height = size
-    RDLogger.DisableLog("rdApp.*")
-    try:
+    # BlockLogs restores the logging state it found: re-enabling RDKit's logs here switched them back on for the
+    # whole process, which molpredict.chem.molecules silences at import
+    with rdBase.BlockLogs():
         mol = Chem.MolFromSmiles(smiles) if smiles else None
-    finally:
-        RDLogger.EnableLog("rdApp.*")
     placeholder = (f"<svg viewBox='0 0 {width} {height}'><text x='50%' y='50%' text-anchor='middle' "
                    f"font-family='sans-serif' font-size='14' fill='#888'>no drawing</text></svg>")
     if mol is None:
