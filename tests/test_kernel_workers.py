@@ -198,15 +198,9 @@ def test_a_plugins_dir_kernel_trains_with_rows_on_workers(tmp_path, monkeypatch)
     from molpredict.cli import cli
     from molpredict.io import write_mgf
     from molpredict.kernels import workers
-    from molpredict.registry import reset_registry
+    from plugin_helpers import use_plugins_dir
 
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    (plugins / "dirppk.py").write_text(_PLUGIN_PPK)
-    monkeypatch.delenv("MOLPREDICT_LOAD_PLUGINS", raising=False)
-    monkeypatch.setenv("MOLPREDICT_PLUGINS_DIR", str(plugins))
-    monkeypatch.setenv("MOLPREDICT_HOME", str(tmp_path / "home"))
-    reset_registry()
+    use_plugins_dir(tmp_path, monkeypatch, {"dirppk.py": _PLUGIN_PPK})
     pools = []
 
     @contextmanager

@@ -14,20 +14,13 @@ from identification_helpers import FAKE_MODEL, FingerprintRidge, synthetic_spect
 from molpredict.cli import cli
 from molpredict.errors import PluginError
 from molpredict.hookspecs import hookimpl
-from molpredict.kernels import InputKernel
 from molpredict.modelfile import ModelBundle, SubModel
 from molpredict.registry import Registry, reset_registry
+from plugin_helpers import OnesKernel
 
 
-class Alpha(InputKernel):
-    def featurize(self, objects):
-        return np.ones((len(objects), 1))
-
-    def pairwise(self, fa, fb):
-        return fa @ fb.T
-
-    def self_similarity(self, f):
-        return (f * f).sum(axis=1)
+class Alpha(OnesKernel):
+    pass
 
 
 class Beta(Alpha):

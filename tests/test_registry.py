@@ -324,15 +324,9 @@ def test_a_plugin_kernel_that_fails_is_a_plugin_error_naming_it(tmp_path, monkey
     training with one line naming the plugin or kernel and exit 3, never an internal error."""
     from identification_helpers import synthetic_spectra
     from molpredict.io import write_mgf
-    from molpredict.registry import reset_registry
+    from plugin_helpers import use_plugins_dir
 
-    plugins = tmp_path / "plugins"
-    plugins.mkdir()
-    (plugins / "failing.py").write_text(_FAILING_KERNELS)
-    monkeypatch.delenv("MOLPREDICT_LOAD_PLUGINS", raising=False)
-    monkeypatch.setenv("MOLPREDICT_PLUGINS_DIR", str(plugins))
-    monkeypatch.setenv("MOLPREDICT_HOME", str(tmp_path / "home"))
-    reset_registry()
+    use_plugins_dir(tmp_path, monkeypatch, {"failing.py": _FAILING_KERNELS})
     spectra, _ = synthetic_spectra(n_per=2, seed=0)
     write_mgf(spectra, tmp_path / "train.mgf")
     result = CliRunner().invoke(cli, ["train", str(tmp_path / "train.mgf"), "-o", str(tmp_path / "m"),

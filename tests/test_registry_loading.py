@@ -5,7 +5,6 @@ from __future__ import annotations
 import textwrap
 from typing import Optional
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -13,9 +12,9 @@ import molpredict
 from molpredict.cli import cli, main
 from molpredict.errors import PluginError, SpecError
 from molpredict.hookspecs import hookimpl
-from molpredict.kernels import InputKernel
 from molpredict.registry import KINDS, Registry, get_registry, load_plugins, reset_registry
 from molpredict.specs import ComponentSpec, parse_spec
+from plugin_helpers import OnesKernel
 
 _DIR_KERNEL = """
 from molpredict.hookspecs import hookimpl
@@ -95,22 +94,13 @@ def test_plugins_help_names_every_kind():
     assert "commands" in text
 
 
-class _Texts(InputKernel):
+class _Texts(OnesKernel):
     """Parameters of every flavour: text only, text or None, number, unannotated text and number defaults."""
 
     def __init__(self, mode: str = "ok", label: Optional[str] = None, tag: "str | None" = None, n_bins: int = 10,
                  scale: float = 1.0, flag=False, note="x") -> None:
         self.mode, self.label, self.tag, self.n_bins = mode, label, tag, n_bins
         self.scale, self.flag, self.note = scale, flag, note
-
-    def featurize(self, objects):
-        return np.ones((len(objects), 1))
-
-    def pairwise(self, fa, fb):
-        return fa @ fb.T
-
-    def self_similarity(self, f):
-        return (f * f).sum(axis=1)
 
 
 class _TextsPlugin:
