@@ -307,6 +307,19 @@ def test_identify_properties_adds_columns_and_the_report_shows_them(model_dir, t
     assert "Predicted properties of the unknown" in (tmp_path / "r.html").read_text()
 
 
+def test_computing_targets_leaves_rdkit_logs_silenced(capfd):
+    """compute_properties switched RDKit's logging back on for the whole process, so a later unparsable SMILES
+    printed RDKit's lines to stderr (the suite caught it when a property test ran before test_molecules)."""
+    from molpredict.chem.molecules import Molecule
+
+    compute_properties(["CCO"])
+    with pytest.raises(InputError):
+        compute_properties(["C1CC"])
+    with pytest.raises(InputError):
+        Molecule.from_smiles("C1CC")
+    assert capfd.readouterr().err == ""
+
+
 def test_without_val_the_intervals_are_calibrated_on_held_out_structures(files):
     """Without --val, the raw quantiles of a model on its own training spectra are far too narrow (QA: 30
     spectra, 80% intervals covering none of the validation values); held-out training structures calibrate

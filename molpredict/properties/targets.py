@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
-from rdkit import Chem, RDLogger
+from rdkit import Chem, rdBase
 from rdkit.Chem import Crippen, Descriptors, QED, rdMolDescriptors
 
 from molpredict.errors import InputError
@@ -80,8 +80,9 @@ def compute_properties(smiles: Sequence[str], where: Sequence[str] | None = None
     """
     cache: dict[str, np.ndarray] = {}
     out = np.empty((len(smiles), len(PROPERTIES)), dtype=np.float64)
-    RDLogger.DisableLog("rdApp.*")
-    try:
+    # BlockLogs restores the logging state it found (re-enabling RDKit's logs here switched them back on for the
+    # whole process, which molpredict.chem.molecules silences at import)
+    with rdBase.BlockLogs():
         for i, text in enumerate(smiles):
             key = (text or "").strip()
             if key not in cache:
@@ -91,6 +92,4 @@ def compute_properties(smiles: Sequence[str], where: Sequence[str] | None = None
                     raise InputError(f"{name}: field SMILES {text!r} is not a structure RDKit can parse")
                 cache[key] = molecule_properties(mol)
             out[i] = cache[key]
-    finally:
-        RDLogger.EnableLog("rdApp.*")
     return out
