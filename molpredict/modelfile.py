@@ -40,7 +40,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -57,6 +57,7 @@ __all__ = [
     "check_writable_folder",
     "save_tensors",
     "commit_folder",
+    "folder_written",
     "remove_stale_temporaries",
     "write_error",
     "FORMAT_NAME",
@@ -220,6 +221,44 @@ def commit_folder(tmp: Path, path: Path) -> None:
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def folder_written(path: Path, what: str) -> Iterator[Path]:
+    """The save protocol of a model folder: yields an empty temporary folder beside ``path`` to write into, and
+    when the block ends :func:`commit_folder` puts it in place of ``path``. Stale temporaries of killed saves are
+    cleared first (:func:`remove_stale_temporaries`); on any failure or interrupt the temporary folder is removed,
+    so no partial model is left.
+
+    Raises
+    ------
+    ModelFileError
+        Writing failed (an OSError, or a full disk as the ``SafetensorError`` of the tensors' writer), in one line:
+        ``"<path>: could not write the <what>: <reason>"``.
+    """
+    from safetensors import SafetensorError
+
+    def failed(exc: BaseException) -> ModelFileError:
+        return ModelFileError(f"{path}: could not write the {what}: {write_error(exc)}")
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise failed(exc) from None
+    remove_stale_temporaries(path)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        tmp.mkdir()
+        yield tmp
+        commit_folder(tmp, path)  # the old model is set aside, not deleted, until the new one is in place
+    except (OSError, SafetensorError) as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise failed(exc) from None
+    except BaseException:  # a state that cannot be saved, an interrupt
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def check_bundle_output(path: str | os.PathLike) -> None:
@@ -401,35 +440,17 @@ class ModelBundle:
         path = Path(path)
         if not self.models:
             raise ModelFileError(f"{path}: nothing to save (the bundle has no models)")
-        from safetensors import SafetensorError
-
         check_bundle_output(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ModelFileError(f"{path}: could not write the model bundle: {write_error(exc)}") from None
-        remove_stale_temporaries(path)
-        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
         created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         if registry is None:
             from molpredict.registry import get_registry
             registry = get_registry()
-        try:
-            tmp.mkdir()
+        with folder_written(path, "model bundle") as tmp:
             for mode, sub in self.models.items():
                 self._save_submodel(sub, tmp / mode, created, registry)
             _write_json(tmp / BUNDLE_FILE, {"format": FORMAT_NAME, "format_version": FORMAT_VERSION,
                                             "molpredict_version": __version__, "created": created,
                                             "ion_modes": [m for m in MODES if m in self.models]})
-            commit_folder(tmp, path)
-        except (OSError, SafetensorError) as exc:  # a full disk is a SafetensorError from the tensors' writer
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise ModelFileError(f"{path}: could not write the model bundle: {write_error(exc)}") from None
-        except BaseException:  # a state that cannot be saved, an interrupt: no partial folder left behind
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         self.path = path
         return path
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -22,8 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from molpredict.errors import InputError, ModelFileError
-from molpredict.modelfile import (check_output_folder, commit_folder, remove_stale_temporaries, save_tensors,
-                                  write_error)
+from molpredict.modelfile import check_output_folder, folder_written, save_tensors
 
 __all__ = ["PropertyPredictor", "PropertyBundle", "conformal_offsets", "apply_offsets", "check_output_dir",
            "BUNDLE_FILE"]
@@ -199,20 +197,9 @@ class PropertyBundle:
             ``path`` exists and is not a property model (it is never overwritten: see :func:`check_output_dir`),
             or writing failed.
         """
-        from safetensors import SafetensorError
-
         path = Path(path)
         check_output_dir(path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ModelFileError(f"{path}: could not write the property model: {write_error(exc)}") from None
-        remove_stale_temporaries(path)
-        tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        try:
-            tmp.mkdir()
+        with folder_written(path, "property model") as tmp:
             for mode, predictor in self.predictors.items():
                 arrays, meta = predictor.get_state()
                 (tmp / mode).mkdir()
@@ -222,13 +209,6 @@ class PropertyBundle:
                     "properties": self.names, "quantiles": list(self.quantiles),
                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             (tmp / BUNDLE_FILE).write_text(json.dumps(head, indent=1))
-            commit_folder(tmp, path)  # the old model is set aside, not deleted, until the new one is in place
-        except (OSError, SafetensorError) as exc:  # a full disk is a SafetensorError from the tensors' writer
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise ModelFileError(f"{path}: could not write the property model: {write_error(exc)}") from None
-        except BaseException:  # an interrupt: no partial folder left behind
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         self.path = path
         return path
 
