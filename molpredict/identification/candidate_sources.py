@@ -11,7 +11,7 @@ import numpy as np
 from molpredict.errors import InputError
 
 __all__ = ["CandidateSource", "LibrarySource", "SetSource", "precursor_tolerance", "neutral_mass_windows",
-           "hint_mismatch", "UNIT_RESOLUTION_DECIMALS", "UNIT_RESOLUTION_TOLERANCE"]
+           "hint_mismatch", "formula_parses", "UNIT_RESOLUTION_DECIMALS", "UNIT_RESOLUTION_TOLERANCE"]
 
 #: A precursor m/z written with this many decimals or fewer is a unit-resolution measurement (ion trap,
 #: quadrupole): in MassBank, such records (RIKEN ReSpect, Keio...) are off by up to 0.4 from the exact m/z.
@@ -45,6 +45,18 @@ def precursor_tolerance(precision: float | None) -> float:
     if precision >= 0.5 * 10.0 ** -UNIT_RESOLUTION_DECIMALS:
         return UNIT_RESOLUTION_TOLERANCE
     return float(precision)
+
+
+def formula_parses(formula: str) -> bool:
+    """Whether ``formula`` is a molecular formula selection can use (:func:`normalize_formula` reads it); a
+    spectrum's FORMULA that is not one leaves selection to the precursor mass."""
+    from molpredict.chem.molecules import normalize_formula
+
+    try:
+        normalize_formula(formula)
+    except InputError:
+        return False
+    return True
 
 
 def neutral_mass_windows(spectrum: Any, adducts: Sequence[Any], options: Any) -> tuple[np.ndarray, np.ndarray, str]:
@@ -229,13 +241,8 @@ class LibrarySource(CandidateSource):
         written precision allows (:func:`precursor_tolerance`, times ``|charge| / multiplier``; unless
         ``options.precision_window`` is off); the window reported is ``"<ppm> ppm"`` or, when the precision
         decided, ``"<tolerance> m/z"``."""
-        from molpredict.chem.molecules import normalize_formula
-
-        if formula and self.options.by is None:
-            try:
-                normalize_formula(formula)
-            except InputError:
-                formula = None  # an unusable FORMULA field: fall back to the precursor mass
+        if formula and self.options.by is None and not formula_parses(formula):
+            formula = None  # an unusable FORMULA field: fall back to the precursor mass
         by = self.options.by or ("formula" if formula else "mass")
         if by == "formula":
             if not formula:

@@ -44,7 +44,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from molpredict.identification.candidate_sources import CandidateSource, hint_mismatch
+from molpredict.identification.candidate_sources import CandidateSource, formula_parses, hint_mismatch
 from molpredict.engine.decoding import margins, rank_candidates
 from molpredict.errors import InputError, MolpredictError
 from molpredict.identification.evidence import Evidence, QueryScores, check_scoring
@@ -193,16 +193,6 @@ def _without_warning(iterator: Iterable, category: type[Warning]) -> Iterator:
             except StopIteration:
                 return
         yield item
-
-
-def _parses(formula: str) -> bool:
-    from molpredict.chem.molecules import normalize_formula
-
-    try:
-        normalize_formula(formula)
-    except InputError:
-        return False
-    return True
 
 
 def _usable_adducts(spectrum: Any, mode: str, sub: SubModel) -> tuple[list[Any], bool]:
@@ -402,7 +392,7 @@ class Identifier:
         unparsed = None
         if formula is None:
             formula = spectrum.formula
-            if formula and self.options.by is None and not _parses(formula):
+            if formula and self.options.by is None and not formula_parses(formula):
                 # Selection by mass, as before: the precursor mass is still evidence. But the user's FORMULA was
                 # meant to decide, so the run counts such spectra and says so (run_blocks warns once).
                 unparsed, formula = formula, None
