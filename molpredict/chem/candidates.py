@@ -51,6 +51,7 @@ __all__ = [
     "undescribed_reason",
     "parent_smiles",
     "parents_many",
+    "standardized",
     "dedupe",
     "CACHE_MIN_BYTES",
 ]
@@ -1095,10 +1096,8 @@ def candidate_sets_from(data: Any, path: str | os.PathLike = "candidates") -> di
 
 def _warn_wrong_truths(sets: dict[str, list[tuple[str, str]]], path: str | os.PathLike) -> None:
     """One warning counting the sets whose truth entry's SMILES does not give the set's key (RDKit's InChIKey of
-    the first truth entry; one parse per set)."""
-    from rdkit import RDLogger
-
-    RDLogger.DisableLog("rdApp.*")  # an unparsable truth is counted below, not logged per SMILES
+    the first truth entry; one parse per set; an unparsable truth is counted, not logged: RDKit's logging is off
+    since molpredict.chem.molecules was imported)."""
     wrong: list[str] = []
     for key, entries in sets.items():
         smiles = next((s for k, s in entries if k == key), None)
@@ -1148,6 +1147,29 @@ def candidate_set_molecules(entries: Sequence[tuple[str, str]], source: str | No
     """Cheap ``Molecule`` records for one candidate set's ``(inchikey14, smiles)`` pairs (``inchikey14`` set,
     everything else computed on demand)."""
     return [Molecule(smiles, inchikey14=key, source=source) for key, smiles in entries]
+
+
+def standardized(library: CandidateLibrary, n_jobs: int = 1, progress: bool = False
+                 ) -> tuple[CandidateLibrary, int]:
+    """The library with each structure replaced by its parent (:func:`parent_smiles`) and its InChIKey, formula
+    and mass recomputed, and how many rows changed (what ``candidates build --standardize`` writes). A row whose
+    parent RDKit cannot compute or describe is kept as it is."""
+    smiles = library.smiles
+    parents = parents_many(list(smiles), n_jobs=n_jobs, progress=progress)
+    changed = [i for i, (old, new) in enumerate(zip(smiles, parents)) if new is not None and new != old]
+    described = describe_many([parents[i] for i in changed], n_jobs=n_jobs, progress=progress, desc="parents")
+    columns = {c: np.array(library.column(c), dtype=object) for c in ("smiles", "inchikey", "formula")}
+    mass = np.array(library.monoisotopic_mass, dtype=np.float64)
+    n_changed = 0
+    for i, result in zip(changed, described):
+        if result is None:  # a parent InChI cannot describe: the row stays as read
+            continue
+        (columns["smiles"][i], columns["inchikey"][i], columns["formula"][i], mass[i]) = result
+        n_changed += 1
+    rest = {c: library.column(c) for c in library.columns if c not in ("smiles", "inchikey", "inchikey14", "formula",
+                                                                       "monoisotopic_mass")}
+    return CandidateLibrary({**columns, "monoisotopic_mass": mass, **rest}, path=library.path,
+                            report=library.report), n_changed
 
 
 def dedupe(library: CandidateLibrary, report: LoadReport | None = None) -> CandidateLibrary:

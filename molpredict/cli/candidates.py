@@ -42,7 +42,7 @@ def build(input_path: str, output: str, source: str | None, jobs: int, standardi
     """Read INPUT (SMILES file, SDF or TSV), compute InChIKey, formula and monoisotopic mass with RDKit for every
     structure, drop repeated rows (same InChIKey and source; first kept: a structure keeps one row per source) and
     write a complete library TSV."""
-    from molpredict.chem.candidates import CandidateLibrary, _kind_of, check_usable, dedupe
+    from molpredict.chem.candidates import CandidateLibrary, _kind_of, check_usable, dedupe, standardized
     from molpredict.cli.paths import check_output_files
 
     check_output_files({"-o": output}, {"INPUT": input_path})
@@ -65,7 +65,7 @@ def build(input_path: str, output: str, source: str | None, jobs: int, standardi
     check_usable(library, input_path)
     n_changed = None
     if standardize:
-        library, n_changed = _standardized(library, jobs, show)
+        library, n_changed = standardized(library, n_jobs=jobs, progress=show)
     library = dedupe(library, report)
     if source is not None and not library.has_column("source"):
         library = CandidateLibrary({**{c: library.column(c) for c in library.columns},
@@ -93,31 +93,6 @@ def _salt_line(n: int, standardized: bool = False) -> str | None:
         return f"{n} rows keep a net charge or several fragments after --standardize (permanent ions)"
     return (f"{n} rows are salts or charged forms (several fragments or a net charge): no spectrum of their parent "
             f"finds them by formula or mass; `candidates build --standardize` keeps the parent")
-
-
-def _standardized(library, jobs: int, progress: bool):
-    """(the library with each structure replaced by its parent and its columns recomputed, rows changed). A row
-    whose parent RDKit cannot compute is kept as it is."""
-    import numpy as np
-
-    from molpredict.chem.candidates import CandidateLibrary, describe_many, parents_many
-
-    smiles = library.smiles
-    parents = parents_many(list(smiles), n_jobs=jobs, progress=progress)
-    changed = [i for i, (old, new) in enumerate(zip(smiles, parents)) if new is not None and new != old]
-    described = describe_many([parents[i] for i in changed], n_jobs=jobs, progress=progress, desc="parents")
-    columns = {c: np.array(library.column(c), dtype=object) for c in ("smiles", "inchikey", "formula")}
-    mass = np.array(library.monoisotopic_mass, dtype=np.float64)
-    n_changed = 0
-    for i, result in zip(changed, described):
-        if result is None:  # a parent InChI cannot describe: the row stays as read
-            continue
-        (columns["smiles"][i], columns["inchikey"][i], columns["formula"][i], mass[i]) = result
-        n_changed += 1
-    rest = {c: library.column(c) for c in library.columns if c not in ("smiles", "inchikey", "inchikey14", "formula",
-                                                                       "monoisotopic_mass")}
-    return CandidateLibrary({**columns, "monoisotopic_mass": mass, **rest}, path=library.path,
-                            report=library.report), n_changed
 
 
 def _tsv_recomputed(path: Path, source: str | None, jobs: int, progress: bool):
