@@ -289,7 +289,7 @@ def formula_hints(formulas: Mapping) -> dict[str, str]:
     """A dict of formula hints checked and normalised as :func:`~molpredict.identification.identify.read_formula_hints`
     reads a hints file: a hint that does not parse would otherwise replace the spectrum's own FORMULA and leave it
     to be selected by mass without a word. Raises the one-line :class:`InputError` naming the query id."""
-    from molpredict.chem.molecules import normalize_formula
+    from molpredict.identification.identify import normalized_hint
 
     hints: dict[str, str] = {}
     for query, formula in formulas.items():
@@ -299,11 +299,7 @@ def formula_hints(formulas: Mapping) -> dict[str, str]:
         if not isinstance(formula, str):
             raise InputError(f"a formula must be a string, not {type(formula).__name__} {formula!r}",
                              path="formulas", record=query, field="formula")
-        try:
-            hints[query] = normalize_formula(formula.strip())
-        except InputError:
-            raise InputError(f"unparsable formula {formula!r}", path="formulas", record=query,
-                             field="formula") from None
+        hints[query] = normalized_hint(formula, "formulas", record=query)
     return hints
 
 

@@ -66,6 +66,7 @@ __all__ = [
     "unique_ids",
     "ORIGINAL_ID",
     "read_formula_hints",
+    "normalized_hint",
 ]
 
 
@@ -139,8 +140,6 @@ def read_formula_hints(path: str | os.PathLike) -> dict[str, str]:
     InputError
         Missing file, a line without two columns, or an unparsable formula (naming the line).
     """
-    from molpredict.chem.molecules import normalize_formula
-
     path = Path(path)
     if not path.is_file():
         raise InputError("no such file", path=str(path))
@@ -158,11 +157,20 @@ def read_formula_hints(path: str | os.PathLike) -> dict[str, str]:
             query, formula = cells[0].strip(), cells[1].strip()
             if lineno == 1 and formula.lower() in ("formula", "molecular_formula"):
                 continue
-            try:
-                hints[query] = normalize_formula(formula)
-            except InputError:
-                raise InputError(f"unparsable formula {formula!r}", path=where, field="formula") from None
+            hints[query] = normalized_hint(formula, where)
     return hints
+
+
+def normalized_hint(formula: str, path: str, record: str | None = None) -> str:
+    """A formula hint normalised (:func:`~molpredict.chem.molecules.normalize_formula`), or the one-line
+    :class:`InputError` naming ``path`` (and ``record``), field formula: one rule for a hints file and a dict of
+    hints given in Python."""
+    from molpredict.chem.molecules import normalize_formula
+
+    try:
+        return normalize_formula(formula.strip())
+    except InputError:
+        raise InputError(f"unparsable formula {formula!r}", path=path, record=record, field="formula") from None
 
 
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
