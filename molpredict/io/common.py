@@ -16,7 +16,7 @@ from molpredict.errors import InputError
 
 __all__ = ["SkipEntry", "SkipReport", "open_text", "file_stem", "parse_charge", "normalize_ion_mode",
            "parse_ms_level", "adduct_from_name", "MAX_PRECURSOR_MZ", "precursor_mz_problem", "STREAM_ERRORS",
-           "stream_error"]
+           "stream_error", "written_decimals"]
 
 logger = logging.getLogger("molpredict.io")
 
@@ -231,6 +231,14 @@ def open_text(path: str | os.PathLike, kind: str) -> IO[str]:
         raise InputError(f"not an {kind} file (binary data)", path=str(path))
     raw = gzip.open(path, "rb") if compressed else open(path, "rb")
     return io.TextIOWrapper(raw, encoding="utf-8-sig", errors="replace", newline=None)
+
+
+def written_decimals(token: str) -> int:
+    """Decimal places of a number as written, in plain or exponent notation (``"224.10"`` -> 2, ``"1.25e2"`` -> 0):
+    the precision a file gives a peak or precursor m/z. Raises ValueError on a malformed exponent."""
+    mantissa, _, exponent = token.lower().partition("e")
+    fraction = mantissa.partition(".")[2]
+    return max(0, len(fraction) - (int(exponent) if exponent else 0))
 
 
 def file_stem(path: str | os.PathLike) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from molpredict.errors import InputError, ResourceError
-from molpredict.io.common import adduct_from_name, normalize_ion_mode, parse_charge
+from molpredict.io.common import adduct_from_name, normalize_ion_mode, parse_charge, written_decimals
 from molpredict.spectra.record import Spectrum, ion_mode_from
 
 __all__ = ["from_matchms", "to_matchms", "is_matchms_spectrum", "matchms_id", "with_identifications",
@@ -48,17 +48,13 @@ def _decimals(value: Any) -> int:
     to float64 first, ``224.1`` becomes ``224.10000610351562`` and a unit-resolution precursor would get a
     precision of 1e-13, never the 0.5 m/z window its two written decimals allow."""
     if isinstance(value, str):
-        text, strip = value.strip().lower(), False
-    elif isinstance(value, np.floating):
-        text, strip = str(value).lower(), True  # numpy's shortest round-trip form in the value's own precision
-    else:
-        text, strip = repr(float(value)).lower(), True
-    mantissa, _, exponent = text.partition("e")
-    fraction = mantissa.partition(".")[2]
-    if strip:
-        fraction = fraction.rstrip("0")
+        text = value.strip()
+    else:  # numpy's shortest round-trip form in the value's own precision, without trailing zeros (a float's ".0")
+        text = (str(value) if isinstance(value, np.floating) else repr(float(value))).lower()
+        mantissa, e, exponent = text.partition("e")
+        text = (mantissa.rstrip("0") if "." in mantissa else mantissa) + e + exponent
     try:
-        return max(0, len(fraction) - (int(exponent) if exponent else 0))
+        return written_decimals(text)
     except ValueError:
         return 0
 

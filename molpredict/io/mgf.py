@@ -21,7 +21,7 @@ from molpredict.errors import InputError
 from molpredict.spectra.record import Spectrum, ion_mode_from
 from molpredict.io.common import (NOT_UTF8, STREAM_ERRORS, SkipReport, _Skipper, adduct_from_name, file_stem,
                                   normalize_ion_mode, open_text, parse_charge, parse_ms_level, precursor_mz_problem,
-                                  stream_error)
+                                  stream_error, written_decimals)
 
 __all__ = ["read_mgf", "write_mgf", "MGF_KEY_MAP"]
 
@@ -292,7 +292,7 @@ def _parse_batch(batch: list[list[str]]) -> list[tuple[np.ndarray, np.ndarray, f
             order = np.argsort(mz, kind="stable")
             mz, intensities = mz[order], intensities[order]
         if record_exponent[j]:
-            d = max(_decimals(t) for t in tokens[2 * a:2 * b:2])
+            d = max(written_decimals(t) for t in tokens[2 * a:2 * b:2])
         else:
             d = int(record_decimals[j])
         results[i] = (mz, intensities, 10.0 ** -d)
@@ -323,7 +323,7 @@ def _parse_peaks(peaks: list[str]) -> tuple[np.ndarray, np.ndarray, float] | str
         return "negative m/z or intensity"
     mz_text = " ".join(tokens[0::2])
     if "e" in mz_text or "E" in mz_text:
-        decimals = max(_decimals(t) for t in tokens[0::2])
+        decimals = max(written_decimals(t) for t in tokens[0::2])
     else:
         decimals = max(map(len, _FRACTION.findall(mz_text)), default=0)
     if mz.shape[0] > 1 and (mz[1:] < mz[:-1]).any():
@@ -334,13 +334,6 @@ def _parse_peaks(peaks: list[str]) -> tuple[np.ndarray, np.ndarray, float] | str
         mz = mz.copy()
         intensities = intensities.copy()
     return mz, intensities, 10.0 ** -decimals
-
-
-def _decimals(token: str) -> int:
-    """Decimal places of a number written in plain or exponent notation (``"1.25e2"`` -> 0)."""
-    mantissa, _, exponent = token.lower().partition("e")
-    fraction = mantissa.partition(".")[2]
-    return max(0, len(fraction) - (int(exponent) if exponent else 0))
 
 
 def _build_spectrum(keys: dict[str, str], peaks: tuple[np.ndarray, np.ndarray, float], record: int,
@@ -369,7 +362,7 @@ def _build_spectrum(keys: dict[str, str], peaks: tuple[np.ndarray, np.ndarray, f
         if problem:
             return problem
         precursor_mz = value
-        precursor_precision = 10.0 ** -_decimals(parts[0])
+        precursor_precision = 10.0 ** -written_decimals(parts[0])
         break
     try:
         charge = parse_charge(keys.get("CHARGE", ""))

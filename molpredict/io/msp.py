@@ -11,7 +11,7 @@ from molpredict.errors import InputError
 from molpredict.spectra.record import Spectrum, ion_mode_from
 from molpredict.io.common import (NOT_UTF8, STREAM_ERRORS, SkipReport, _Skipper, adduct_from_name, file_stem,
                                   normalize_ion_mode, open_text, parse_charge, parse_ms_level, precursor_mz_problem,
-                                  stream_error)
+                                  stream_error, written_decimals)
 
 __all__ = ["read_msp", "MSP_KEY_MAP"]
 
@@ -218,17 +218,11 @@ def _parse_peaks(peaks: list[str], n_declared: int | None = None) -> tuple[np.nd
     mz, intensities = values[:, 0].copy(), values[:, 1].copy()
     if (mz <= 0).any() or (intensities < 0).any():
         return "negative m/z or intensity"
-    decimals = max(_decimals(t) for t in tokens[0::2])
+    decimals = max(written_decimals(t) for t in tokens[0::2])
     if mz.shape[0] > 1 and (mz[1:] < mz[:-1]).any():
         order = np.argsort(mz, kind="stable")
         mz, intensities = mz[order], intensities[order]
     return mz, intensities, 10.0 ** -decimals
-
-
-def _decimals(token: str) -> int:
-    mantissa, _, exponent = token.lower().partition("e")
-    fraction = mantissa.partition(".")[2]
-    return max(0, len(fraction) - (int(exponent) if exponent else 0))
 
 
 def _is_number(text: str) -> bool:
@@ -285,7 +279,7 @@ def _build_spectrum(keys: dict[str, str], peaks: list[str], record: int, stem: s
             if problem:
                 return problem
             precursor_mz = value
-            precursor_precision = 10.0 ** -_decimals(words[0])
+            precursor_precision = 10.0 ** -written_decimals(words[0])
     try:
         charge = parse_charge(keys.get("charge", ""))
     except ValueError:
