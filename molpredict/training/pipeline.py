@@ -286,20 +286,19 @@ def check_train_options(options: TrainOptions) -> None:
         A CUDA device that is not present.
     """
     from molpredict.engine.device import resolve_device
-    from molpredict.specs import parse_values
+    from molpredict.models.okr import lam_grid
 
     model_lam = parse_spec(options.model).params.get("lam")
     for where, lam in (("--lam", options.lam), (f"--model {options.model}", model_lam)):
         if lam is None:
             continue
-        if isinstance(lam, str):
-            parsed = parse_values(lam.strip())
-            values = list(parsed.values) if isinstance(parsed, Grid) else [parsed]
-        else:
-            values = list(lam.values) if isinstance(lam, Grid) else list(lam) if isinstance(lam, (list, tuple)) \
-                else [lam]
-        if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
-                             or not v > 0 for v in values):
+        # the models' own reading of lam (okr.lam_grid), which the fit would apply after reading the data
+        try:
+            values = lam_grid(list(lam.values) if isinstance(lam, Grid) else lam.strip() if isinstance(lam, str)
+                              else lam)
+        except SpecError as exc:
+            raise SpecError(f"{where}: {exc}") from None
+        if not values:
             raise SpecError(f"{where}: lam must be positive numbers (a value or a grid a|b|c), not {str(lam)!r}")
     resolve_device(options.device)
 
