@@ -28,7 +28,7 @@ import typing
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import pluggy
 
@@ -541,6 +541,20 @@ class Registry:
             return ""
         return (f" (MOLPREDICT_PLUGINS_DIR={stale} was set after the plugin registry was built and is not read "
                 f"again: call molpredict.load_plugins({stale!r}))")
+
+    def entry_of(self, cls: type, kinds: Sequence[str] = tuple(KINDS)) -> Entry | None:
+        """The entry whose class is ``cls`` among ``kinds`` (in that order), or None: first by the name the class
+        carries (``registry_name``, set on the class an entry loaded; a subclass inheriting it is not that class),
+        else by comparing every entry's class."""
+        own = cls.__dict__.get("registry_name")
+        for kind in kinds:
+            if own in self._entries[kind] and self._entries[kind][own].load() is cls:
+                return self._entries[kind][own]
+        for kind in kinds:
+            for name in self.names(kind):
+                if self._entries[kind][name].load() is cls:
+                    return self._entries[kind][name]
+        return None
 
     def get(self, kind: str, name: str) -> type:
         """The class registered as ``name`` under ``kind``.

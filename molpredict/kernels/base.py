@@ -72,17 +72,15 @@ def _describe(component: Any, noun: str) -> tuple[str, bool]:
     its class and module (``kernel Shaped (module my_plugin)``)."""
     cls = type(component)
     third_party = cls.__module__.split(".")[0] != "molpredict"
-    name = cls.__dict__.get("registry_name")  # set by the registry on the class it loaded, not on subclasses
-    if name:
+    if cls.__dict__.get("registry_name"):  # set by the registry on the class it loaded, not on subclasses
         try:
-            from molpredict.registry import KINDS, get_registry
+            from molpredict.registry import get_registry
 
-            registry = get_registry()
-            for kind in KINDS:
-                if name in registry.names(kind) and registry.get(kind, name) is cls:
-                    provider = registry.entry(kind, name).provider
-                    plugin = "" if provider == "molpredict" else f" from plugin {provider!r}"
-                    return f"{kind.replace('_', ' ')} {name!r}{plugin} ({cls.__name__})", provider != "molpredict"
+            entry = get_registry().entry_of(cls)
+            if entry is not None:
+                plugin = "" if entry.provider == "molpredict" else f" from plugin {entry.provider!r}"
+                return (f"{entry.kind.replace('_', ' ')} {entry.name!r}{plugin} ({cls.__name__})",
+                        entry.provider != "molpredict")
         except Exception:  # naming the culprit must never hide the error being reported
             pass
     return f"{noun} {cls.__name__} (module {cls.__module__})", third_party
@@ -627,17 +625,11 @@ def _registration(kernel: "Kernel") -> tuple[str, str]:
     so a subclass may inherit its parent's: the class itself is checked)."""
     from molpredict.registry import get_registry
 
-    registry = get_registry()
-    own = type(kernel).__dict__.get("registry_name")
     kinds = ("output_kernel", "input_kernel") if isinstance(kernel, OutputKernel) else ("input_kernel", "output_kernel")
-    for kind in kinds:
-        if own in registry.names(kind) and registry.get(kind, own) is type(kernel):
-            return kind, own
-    for kind in kinds:
-        for name in registry.names(kind):
-            if registry.get(kind, name) is type(kernel):
-                return kind, name
-    raise NotRegistered(f"{type(kernel).__name__} is not a registered kernel")
+    entry = get_registry().entry_of(type(kernel), kinds)
+    if entry is None:
+        raise NotRegistered(f"{type(kernel).__name__} is not a registered kernel")
+    return entry.kind, entry.name
 
 
 class InputKernel(Kernel, ABC):
