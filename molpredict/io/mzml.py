@@ -32,8 +32,8 @@ def read_mzml(path: str | os.PathLike, report: SkipReport | None = None) -> Iter
         ``precursor_mz`` and ``charge`` from the first selected ion (the charge signed by the scan polarity);
         ``ion_mode`` from the scan polarity; ``metadata["scan_index"]`` the 0-based scan index and
         ``metadata["retention_time"]`` the scan start time when present. MS1 scans are passed over (not
-        reported as skipped, their arrays not even decoded); a scan is skipped when it has no precursor m/z or
-        peaks, a selected ion m/z that is not positive or is above
+        reported as skipped, their arrays not even decoded); a scan is skipped when its ms level is not a number,
+        it has no precursor m/z or peaks, a selected ion m/z that is not positive or is above
         :data:`~molpredict.io.common.MAX_PRECURSOR_MZ`, or an array that cannot be decoded (bad base64 or
         compressed data, or a compression pyteomics cannot decode, such as MS-Numpress without pynumpress).
 

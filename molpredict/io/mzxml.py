@@ -32,7 +32,7 @@ def read_mzxml(path: str | os.PathLike, report: SkipReport | None = None) -> Ite
         ``id`` the scan number (``num``); ``precursor_mz`` and ``charge`` from the first ``precursorMz``
         element (the charge signed by the scan polarity); ``ion_mode`` from ``polarity``;
         ``metadata["scan_index"]`` the 0-based position of the scan and ``metadata["retention_time"]`` (in
-        minutes, ``metadata["retention_time_unit"]``) when present. MS1 scans are passed over (not reported
+        minutes, ``metadata["retention_time_unit"]``) when present and a number. MS1 scans are passed over (not reported
         as skipped, their peaks not even decoded); a scan is skipped when it has no precursor m/z or peaks, a
         precursor m/z that is not positive or is above :data:`~molpredict.io.common.MAX_PRECURSOR_MZ`, or peaks
         that cannot be decoded (bad base64 or compressed data, an unknown ``compressionType``).
@@ -107,9 +107,12 @@ def _to_spectrum(scan: dict, index: int) -> Spectrum | str | None:
     ion_mode = "positive" if polarity == "+" else "negative" if polarity == "-" else None
     charge, ion_mode = precursor_charge_and_mode(precursor.get("precursorCharge"), ion_mode)
     metadata: dict = {"scan_index": index}
-    if scan.get("retentionTime") is not None:
-        metadata["retention_time"] = float(scan["retentionTime"])
-        metadata["retention_time_unit"] = "minute"
+    try:  # an unreadable retention time is left out (as in mzML), not the file refused
+        if scan.get("retentionTime") is not None:
+            metadata["retention_time"] = float(scan["retentionTime"])
+            metadata["retention_time_unit"] = "minute"
+    except (TypeError, ValueError):
+        pass
     return Spectrum(id=_scan_id(scan, index), mz=mz, intensities=intensities,
                     precursor_mz=precursor_mz, charge=charge, ion_mode=ion_mode, adduct=None,
                     ms_level=int(level), mz_precision=None, metadata=metadata)

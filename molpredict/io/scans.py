@@ -88,7 +88,8 @@ def iter_scans(path: Path, report: SkipReport | None, open_reader: Callable[[Any
 
 def scan_peaks(scan: dict, level_key: str, scan_name: str) -> tuple[int, np.ndarray, np.ndarray] | str | None:
     """``(MS level, mz, intensities)`` of an MS/MS scan, peaks sorted by m/z (float64); the reason they are
-    unusable; or None for a scan below MS2 (passed over, not skipped).
+    unusable (a non-numeric MS level among them: the scan is skipped, not the file refused); or None for a scan
+    below MS2 (passed over, not skipped).
 
     Parameters
     ----------
@@ -101,7 +102,13 @@ def scan_peaks(scan: dict, level_key: str, scan_name: str) -> tuple[int, np.ndar
         How skip reasons name the scan (``"spectrum 'scan=12'"``, ``"scan 12"``).
     """
     level = scan.get(level_key)
-    if level is None or int(level) < 2:
+    if level is None:
+        return None
+    try:
+        level = int(level)
+    except (TypeError, ValueError):
+        return f"non-numeric {level_key}"
+    if level < 2:
         return None
     mz = _decoded(scan, "m/z array", scan_name)
     if isinstance(mz, str):
@@ -118,7 +125,7 @@ def scan_peaks(scan: dict, level_key: str, scan_name: str) -> tuple[int, np.ndar
     if not (np.isfinite(mz).all() and np.isfinite(intensities).all()):
         return "non-finite peak"
     order = np.argsort(mz, kind="stable")
-    return int(level), mz[order], intensities[order]
+    return level, mz[order], intensities[order]
 
 
 def _decoded(scan: dict, key: str, scan_name: str) -> np.ndarray | str | None:
