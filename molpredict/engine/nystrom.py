@@ -32,14 +32,16 @@ from molpredict.lazy import lazy_module
 from molpredict.component import frozen_spec
 from molpredict.errors import ModelFileError, SpecError
 from molpredict.engine.linalg import cut_eigenpairs, symmetric_eigh, truncated_eigh
-from molpredict.kernels.base import Kernel, StateNotSaveable, all_degenerate_error, component_result_error
+from molpredict.kernels.base import (MAX_KERNEL_VALUE, Kernel, StateNotSaveable, all_degenerate_error,
+                                     component_result_error, magnitude_problem)
 from molpredict.engine.sketches import Sketch, make_sketch
 from molpredict.specs import ComponentSpec, nested_spec, parse_spec
 
 torch = lazy_module("torch")  # fitting and GPU paths only: not imported to predict
 
 __all__ = ["Nystrom", "objects_to_state", "objects_from_state", "create_component", "restrict_kernel",
-           "LazyLandmarks", "FITTED_KERNEL", "asymmetry_problem", "spectrum_problem", "SYMMETRY_RTOL", "PSD_RTOL"]
+           "LazyLandmarks", "FITTED_KERNEL", "asymmetry_problem", "spectrum_problem", "magnitude_limit",
+           "SYMMETRY_RTOL", "PSD_RTOL"]
 
 #: metadata key (and array name part) of a map's fitted kernel state (:meth:`Kernel.get_fitted_state`)
 FITTED_KERNEL = "fitted_kernel"
@@ -237,17 +239,50 @@ def spectrum_problem(s: torch.Tensor | np.ndarray, rtol: float = PSD_RTOL) -> st
             "approximately PSD, set its psd attribute to False")
 
 
+def magnitude_limit(dtype: torch.dtype) -> float:
+    """The largest magnitude of kernel values that products in ``dtype`` take: the power of ten at most
+    ``sqrt(largest / 1e8)`` (a value squared and summed over 1e8 objects stays finite), so 1e150 in float64
+    (:data:`~molpredict.kernels.base.MAX_KERNEL_VALUE`) and 1e15 in float32."""
+    largest = float(torch.finfo(dtype).max)
+    return min(MAX_KERNEL_VALUE, 10.0 ** np.floor(np.log10(np.sqrt(largest / 1e8))))
+
+
+def _check_magnitude(values: Any, what: str, kernel: Any, limit: float = MAX_KERNEL_VALUE) -> None:
+    """Raise the error naming ``kernel`` when ``values`` (ndarray or Tensor; ``what`` says which matrix) hold a
+    value that the linear algebra cannot use (:func:`~molpredict.kernels.base.magnitude_problem`)."""
+    if isinstance(values, torch.Tensor):  # its two extremes, computed where it is (no copy of a GPU matrix)
+        values = torch.stack(torch.aminmax(values)).cpu().numpy() if values.numel() else np.zeros(0)
+    problem = magnitude_problem(np.asarray(values), limit)
+    if problem is not None:
+        raise component_result_error(kernel, "kernel", f"{what} has {problem}")
+
+
+def _eigh(K: torch.Tensor, kernel: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~molpredict.engine.linalg.symmetric_eigh` of ``K`` in float64, its failure (LAPACK's or torch's
+    ``LinAlgError``: the solver did not converge) the error naming ``kernel`` rather than an internal error."""
+    errors = (np.linalg.LinAlgError, torch.linalg.LinAlgError)
+    try:
+        return symmetric_eigh(K.to(torch.float64))
+    except errors as exc:
+        m = int(K.shape[0])
+        raise component_result_error(kernel, "kernel", f"the eigendecomposition of the sketched kernel matrix "
+                                     f"({m} x {m}) failed ({type(exc).__name__}: {exc})") from None
+
+
 def _checked_eigh(K: torch.Tensor, rtol: float, kernel: Any, psd: bool, stage: Callable[..., Any]
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`~molpredict.engine.linalg.truncated_eigh` of the sketched kernel matrix ``K`` (m, m), with its checks:
-    an error naming ``kernel`` when ``K`` is not symmetric, or (``psd``) not positive semi-definite. The whole
-    spectrum is needed for the second and ``truncated_eigh`` returns only the kept part, so the decomposition is
-    made here and cut by its rule (:func:`~molpredict.engine.linalg.cut_eigenpairs`): no second decomposition."""
+    an error naming ``kernel`` when ``K`` has a value too large for float64 (:func:`_check_magnitude`), is not
+    symmetric, or (``psd``) not positive semi-definite, or when the eigensolver fails. The whole spectrum is needed
+    for the PSD check and ``truncated_eigh`` returns only the kept part, so the decomposition is made here and cut by
+    its rule (:func:`~molpredict.engine.linalg.cut_eigenpairs`): no second decomposition."""
+    m = int(K.shape[0])
+    _check_magnitude(K, f"the sketched kernel matrix ({m} x {m})", kernel)
     problem = asymmetry_problem(K)
     if problem is not None:
         raise component_result_error(kernel, "kernel", problem)
     with stage("eigh"):
-        s, V = symmetric_eigh(K.to(torch.float64))  # ascending
+        s, V = _eigh(K, kernel)  # ascending
     if psd:
         problem = spectrum_problem(s)
         if problem is not None:
@@ -373,6 +408,9 @@ class Nystrom:
             if self.whiten:
                 with stage("sketch_rows"):
                     B = sketch.sketch_rows(kernel)  # (m, n) = R K
+                if magnitude_limit(dtype) < MAX_KERNEL_VALUE:  # the kernel checked its values for float64 only
+                    _check_magnitude(B, f"the sketched kernel rows ({B.shape[0]} x {B.shape[1]}) in {dtype}", kernel,
+                                     magnitude_limit(dtype))
         else:
             if sketch.needs_kernel:
                 raise SpecError(f"Nystrom features on the landmarks only need a sketch that draws without the "

@@ -16,9 +16,11 @@ Degenerate objects whose raw self-similarity is 0 (a spectrum with no peaks, an 
 
 What the three methods return is checked where the base class receives it (:func:`result_problem`): ``featurize``
 one row per object, ``pairwise`` exactly (len(fa), len(fb)) (numpy would broadcast a column, a row or a scalar),
-``self_similarity`` exactly (len(f),) and >= 0, all finite. A violation stops with one line naming the kernel by its
-registry name and plugin (:func:`component_result_error`): a :class:`~molpredict.errors.PluginError` for a plugin's
-kernel. The cost is a shape comparison per call and the one finiteness pass over each block.
+``self_similarity`` exactly (len(f),) and >= 0, all finite, and for a kernel whose values are used as they are (not
+normalised, no unit diagonal) at most :data:`MAX_KERNEL_VALUE` in magnitude (larger ones overflow the linear
+algebra). A violation stops with one line naming the kernel by its registry name and plugin
+(:func:`component_result_error`): a :class:`~molpredict.errors.PluginError` for a plugin's kernel. The cost is a
+shape comparison per call and the one pass over each block (finiteness, or min and max for the magnitude).
 
 Fitted state. Because features are what a fitted kernel keeps, a fitted kernel is saved as them:
 :meth:`Kernel.get_fitted_state` writes its registry name, parameters and every fitted attribute (``fit_features_``,
@@ -42,27 +44,60 @@ from molpredict.kernels.workers import active_row_pool
 
 __all__ = ["Kernel", "InputKernel", "OutputKernel", "DegenerateObjectWarning", "normalize_block", "saveable",
            "StateNotSaveable", "NotRegistered", "encode_fitted", "decode_fitted", "result_problem",
-           "component_result_error", "all_degenerate_error"]
+           "magnitude_problem", "MAX_KERNEL_VALUE", "component_result_error", "all_degenerate_error"]
 
 
 # ----------------------------------------------------------------------------------------------------------
 # checks of what a component returns (kernels here; sketches and the Nystrom map use the same error)
 # ----------------------------------------------------------------------------------------------------------
 
-def result_problem(values: np.ndarray, shape: tuple[int, ...]) -> str | None:
+#: the largest magnitude of a kernel value used as it is (a kernel that is not normalised): its square summed over
+#: 1e8 objects stays below float64's largest number (1.8e308), so the Gram products and eigendecompositions made of
+#: such values stay finite. A plugin's kernel returning 1e300 made training fail in the eigensolver with a
+#: LinAlgError naming nothing. A normalised kernel's raw values may be larger: normalisation divides them.
+MAX_KERNEL_VALUE = 1e150
+
+
+def result_problem(values: np.ndarray, shape: tuple[int, ...], limit: float | None = None) -> str | None:
     """What is wrong with an array a kernel method returned, or None: a shape other than ``shape`` (numpy would
-    broadcast a column, a row or a scalar into the block silently), or a NaN / infinite value.
+    broadcast a column, a row or a scalar into the block silently), a NaN / infinite value, or (with ``limit``) a
+    value larger than ``limit`` in magnitude.
 
     Parameters
     ----------
     values : ndarray, float64
     shape : tuple of int
         The shape the method must return, e.g. (n_rows, n_cols) for ``pairwise``, (n,) for ``self_similarity``.
+    limit : float, optional
+        The largest magnitude allowed (:data:`MAX_KERNEL_VALUE` for the values of a kernel that is not normalised).
     """
     if values.shape != shape:
         return f"an array of shape {values.shape} where {shape} was expected"
-    if not np.isfinite(values).all():  # the one pass over the values, paid by every block
+    if limit is None:
+        if not np.isfinite(values).all():  # the one pass over the values, paid by every block
+            return "NaN or infinite values"
+        return None
+    return magnitude_problem(values, limit)
+
+
+def magnitude_problem(values: np.ndarray, limit: float = MAX_KERNEL_VALUE) -> str | None:
+    """What is wrong with the magnitude of ``values``, or None: a NaN or infinite value, or a value larger than
+    ``limit`` in magnitude (its products overflow: see :data:`MAX_KERNEL_VALUE`).
+
+    Parameters
+    ----------
+    values : ndarray
+    limit : float
+    """
+    if not values.size:
+        return None
+    # min and max (NaN propagates through both): two reductions without the boolean temporary of isfinite
+    peak = max(-float(values.min()), float(values.max()))
+    if not np.isfinite(peak):
         return "NaN or infinite values"
+    if peak > limit:
+        return (f"values up to {peak:.3g} in magnitude (more than {limit:.0e}: products of such values overflow "
+                "float64); scale the kernel down or normalise it")
     return None
 
 
@@ -247,9 +282,11 @@ class Kernel(Component, ABC):
 
     def _checked(self, values: Any, shape: tuple[int, ...], method: str) -> np.ndarray:
         """``values`` as a float64 array, or the error naming the kernel and ``method`` when it has another shape than
-        ``shape`` or a NaN or infinite value."""
+        ``shape``, a NaN or infinite value, or (a kernel whose values are used as they are: not normalised, no unit
+        diagonal) a value above :data:`MAX_KERNEL_VALUE` in magnitude."""
         values = np.asarray(values, dtype=np.float64)
-        problem = result_problem(values, shape)
+        raw_used = not (self.normalized or self.unit_diagonal)
+        problem = result_problem(values, shape, MAX_KERNEL_VALUE if raw_used else None)
         if problem is not None:
             raise self._result_error(f"{method} returned {problem}")
         return values

@@ -259,8 +259,9 @@ class MKLKernel(InputKernel):
         self._check_fitted()
         objects = list(objects)
         with peaks_cleaned_once():  # the sub-kernels read the same spectra: each is cleaned once
-            parts = [k.featurize(objects) for k in self.subkernels_]
-        diags = [np.asarray(k.self_similarity(p), dtype=np.float64) for k, p in zip(self.subkernels_, parts)]
+            parts = [k._featurize(objects) for k in self.subkernels_]
+        # each sub-kernel's results checked as the base class checks a kernel's own, the error naming that sub-kernel
+        diags = [k._self_similarity(p, len(objects)) for k, p in zip(self.subkernels_, parts)]
         return _MKLFeatures(parts, diags)
 
     def take(self, features: _MKLFeatures, index: np.ndarray | slice) -> _MKLFeatures:
@@ -273,7 +274,8 @@ class MKLKernel(InputKernel):
                                              fb.diags):
             if w == 0:
                 continue
-            raw = np.asarray(kernel.pairwise(pa, pb), dtype=np.float64)
+            # the sum is computed here, not by the sub-kernel's _block: its block of another shape would broadcast
+            raw = kernel._checked(kernel.pairwise(pa, pb), (len(da), len(db)), "pairwise")
             out += w * (normalize_block(raw, da, db) if kernel.normalized else raw)
         return out
 
