@@ -84,7 +84,8 @@ class ComponentSpec:
         Parameter values; a :class:`Grid` marks a parameter to be searched.
     texts : dict
         The text each value was parsed from (a grid's: ``a|b``), for the parameters :func:`parse_spec` read: a
-        parameter that takes text gets that text, not the number or boolean it looks like (``mode=inf``).
+        parameter that takes text gets that text, not the number or boolean it looks like (``mode=inf``), and
+        ``str`` writes it as given, so that the spec passed on as a string keeps it.
     """
 
     name: str
@@ -109,7 +110,16 @@ class ComponentSpec:
     def __str__(self) -> str:
         if not self.params:
             return self.name
-        return self.name + ":" + ",".join(f"{k}={format_value(v)}" for k, v in self.params.items())
+        return self.name + ":" + ",".join(f"{k}={self._written(k, v)}" for k, v in self.params.items())
+
+    def _written(self, key: str, value: Any) -> str:
+        """How ``str`` writes parameter ``key``: the text it was parsed from while that still reads as ``value``
+        (a parameter the component takes as text gets that text from the registry, so ``mode=1e3`` must stay
+        ``1e3``, not become ``1000.0``, when a spec is passed on as a string), else :func:`format_value`."""
+        text = self.texts.get(key)
+        if text is not None and format_value(parse_values(text)) == format_value(value):
+            return text
+        return format_value(value)
 
 
 def is_no_sketch(spec: Any) -> bool:

@@ -134,6 +134,17 @@ def test_a_grid_point_keeps_its_own_text_and_a_built_spec_its_values():
     assert registry.create("input_kernel", ComponentSpec("texts", {"mode": 2.5})).mode == 2.5
 
 
+def test_a_text_parameter_keeps_its_text_through_the_spec_string():
+    """A spec is passed on as a string (a grid point to the Nystrom map, a nested spec): the text parameter got
+    ``"1000.0"`` for ``mode=1e3`` there, while the number parameter is read the same either way."""
+    from molpredict.specs import nested_spec
+
+    registry = Registry(load_external=False, extra_plugins=[_TextsPlugin()])
+    points = parse_spec("texts:mode=1e3|007,note=true,scale=1e3").expand()
+    kernels = [registry.create("input_kernel", parse_spec(nested_spec(point))) for point in points]
+    assert [(k.mode, k.note, k.scale) for k in kernels] == [("1e3", "true", 1000.0), ("007", "true", 1000.0)]
+
+
 def test_a_plugins_dir_file_is_imported_under_its_module_name_from_the_row_workers(plugins, tmp_path):
     """What a row worker does before it unpickles a kernel: the plugin modules of this process, by file."""
     import pickle

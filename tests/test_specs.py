@@ -51,3 +51,17 @@ def test_malformed_specs_raise(bad):
 def test_parse_value_keeps_strings():
     assert parse_value("morgan") == "morgan"
     assert parse_value(" 3 ") == 3
+
+
+def test_str_writes_each_value_as_given():
+    """``p=1e3`` came back as ``p=1000.0``: a parameter the component takes as text then got "1000.0"."""
+    spec = parse_spec("k:mode=1e3,tag=007,flag=Yes,note=inf,grid=1e3|none,n=12")
+    assert str(spec) == "k:mode=1e3,tag=007,flag=Yes,note=inf,grid=1e3|none,n=12"
+    assert [str(point) for point in spec.expand()] == ["k:mode=1e3,tag=007,flag=Yes,note=inf,grid=1e3,n=12",
+                                                       "k:mode=1e3,tag=007,flag=Yes,note=inf,grid=none,n=12"]
+    assert parse_spec(str(spec)) == spec
+
+
+def test_str_writes_a_value_that_no_longer_reads_as_its_text_normalised():
+    assert str(ComponentSpec("k", {"mode": 5, "x": 0.5}, {"mode": "1e3"})) == "k:mode=5,x=0.5"
+    assert str(ComponentSpec("k", {"mode": 1000.0})) == "k:mode=1000.0"  # built from values: as before
