@@ -543,6 +543,84 @@ def identify(spectra: Any, model: "PathLike | ModelBundle | None" = None,
     return frame
 
 
+#: the training options that name a component, with the registry kind of each
+_COMPONENT_OPTIONS = {"input_kernel": "input_kernel", "output_kernel": "output_kernel", "input_sketch": "sketch",
+                      "output_sketch": "sketch"}
+
+
+def _init_params(component: Any) -> dict[str, Any] | None:
+    """The parameters that rebuild ``component``, or None when they cannot be read back as spec values: its
+    ``get_params()`` (a :class:`~molpredict.component.Component`, sklearn style), else the attributes named as its
+    ``__init__`` parameters; every value a JSON scalar."""
+    import inspect
+
+    if callable(getattr(component, "get_params", None)):
+        params = component.get_params()
+    else:
+        try:
+            names = [p.name for p in inspect.signature(type(component).__init__).parameters.values()
+                     if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        except (TypeError, ValueError):
+            return None
+        if not all(hasattr(component, name) for name in names):
+            return None
+        params = {name: getattr(component, name) for name in names}
+    if not isinstance(params, dict) or not all(v is None or isinstance(v, (bool, int, float, str))
+                                               for v in params.values()):
+        return None
+    return dict(params)
+
+
+def _component_option(option: str, value: Any) -> Any:
+    """A training option naming a component as a spec string: an instance (or class) of a registered component
+    becomes the spec that rebuilds it (its registry name and parameters; it is rebuilt unfitted), anything else is
+    passed on as given.
+
+    Raises
+    ------
+    SpecError
+        The class is not registered as the option's kind, or the instance's parameters cannot be read back from
+        its spec (the message says to pass the registered name or spec string instead).
+    """
+    import inspect
+
+    from molpredict.errors import SpecError
+    from molpredict.specs import ComponentSpec, nested_spec
+
+    kind = _COMPONENT_OPTIONS.get(option)
+    if kind is None or value is None or isinstance(value, (str, ComponentSpec, numbers.Number)):
+        return value
+    from molpredict.registry import get_registry
+
+    registry = get_registry()
+    cls = value if inspect.isclass(value) else type(value)
+    entry = registry.entry_of(cls, (kind,))
+    what = kind.replace("_", " ")
+    advice = (f"pass its registered name or spec string instead ({option}='NAME:key=value,...'; "
+              "`molpredict plugins list`)")
+    if entry is None:
+        raise SpecError(f"{option}: {cls.__name__} is not a registered {what}; {advice}")
+    if inspect.isclass(value):
+        return entry.name
+    params = _init_params(value)
+    text = None if params is None else str(ComponentSpec(entry.name, params))
+    if text is None or _read_back(registry, kind, nested_spec(text)) != params:
+        raise SpecError(f"{option}: the parameters of this {entry.name!r} {what} ({cls.__name__}) cannot be written "
+                        f"as a spec; {advice}")
+    return text
+
+
+def _read_back(registry: Any, kind: str, text: str) -> dict[str, Any] | None:
+    """The parameters of the component that the training builds from the spec ``text`` (read as it reads the
+    option: a value holding ',', ';' or '|' does not survive that), or None when it builds none."""
+    from molpredict.errors import SpecError
+
+    try:
+        return _init_params(registry.create(kind, text))
+    except SpecError:
+        return None
+
+
 def train(train: Any, val: Any = (), *,
           output: PathLike | None = None, progress: bool = False, log: Callable[[str], None] | None = None,
           **options: Any) -> "ModelBundle":
@@ -558,7 +636,8 @@ def train(train: Any, val: Any = (), *,
     **options
         Fields of :class:`~molpredict.training.pipeline.TrainOptions` (``model``, ``input_kernel``,
         ``output_kernel``, ``input_sketch``, ``output_sketch``, ``lam``, ``ion_modes``, ``device``, ``seed``,
-        ``select_by``, ``val_candidates``, ``library``, ``prior``, ``fragments``, ...).
+        ``select_by``, ``val_candidates``, ``library``, ``prior``, ``fragments``, ...). A kernel or sketch may be
+        given as an instance of a registered class: it is rebuilt, unfitted, from its registry name and parameters.
 
     Returns
     -------
@@ -578,6 +657,7 @@ def train(train: Any, val: Any = (), *,
     unknown = sorted(set(options) - known)
     if unknown:
         raise InputError(f"unknown training option(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+    options = {key: _component_option(key, value) for key, value in options.items()}
     if output is not None:
         from molpredict.modelfile import check_bundle_output
         check_bundle_output(output)  # before the training, which the refusal would waste
