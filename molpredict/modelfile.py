@@ -20,8 +20,9 @@ time.
 
 Loading never unpickles and never imports code named in a file: the model and its components are looked up by
 registry name (a name that is not registered is a :class:`~molpredict.errors.PluginError` asking for the
-plugin that provides it; a name now registered by another plugin than the one the model was saved with is a
-PluginError too, and another version of the same plugin a one-line warning). A missing, truncated or corrupted
+plugin that provides it, or for its plugin file loaded by ``molpredict.load_plugins`` or ``--plugins-dir``; a name
+now registered by another plugin than the one the model was saved with is a PluginError too, and another version of
+the same plugin a one-line warning). A missing, truncated or corrupted
 bundle is a :class:`~molpredict.errors.ModelFileError`. The metadata is strict JSON: a non-finite float is
 written as null (files written before, with bare ``NaN``, still load).
 
@@ -48,6 +49,7 @@ from molpredict import __version__
 from molpredict.atomic import creation_mode, replace_atomically
 from molpredict.cache import file_sha256, home_dir, known_file_sha256  # noqa: F401  (re-exported: home and hashes)
 from molpredict.errors import ModelFileError, PluginError, SpecError
+from molpredict.registry import load_hint
 from molpredict.specs import ComponentSpec, Grid, is_no_sketch, parse_spec
 from molpredict.spectra.record import ION_MODES  # the bundle is keyed by ion mode (re-exported)
 
@@ -322,7 +324,7 @@ def _check_providers(where: str, mode: str, components: list[dict], registry: An
             version = f" {comp['version']}" if comp.get("version") else ""
             needed = f"the plugin {saved!r}{version} that provides it" if saved else "the plugin that provides it"
             raise PluginError(f"{where}: the {mode} model needs the {what}, which is not registered; install "
-                              f"{needed} (see `molpredict plugins list`)")
+                              f"{needed} (see `molpredict plugins list`) or {load_hint(registry)}")
         if not saved:
             continue
         entry = registry.entry(kind, name)
@@ -593,7 +595,7 @@ class ModelBundle:
             model = model_cls.from_state(arrays, state)
         except SpecError as exc:
             raise PluginError(f"{directory.parent}: the {mode} model needs a component that is not registered "
-                              f"({exc}); install the plugin that provides it") from None
+                              f"({exc}); install the plugin that provides it or {load_hint(registry)}") from None
         except (PluginError, ModelFileError):
             raise
         except (KeyError, ValueError, TypeError, IndexError) as exc:

@@ -47,6 +47,7 @@ __all__ = [
     "get_registry",
     "reset_registry",
     "load_plugins",
+    "load_hint",
     "create",
     "PLUGIN_MODULE_PREFIX",
     "plugin_files",
@@ -724,6 +725,22 @@ def load_plugins(directory: str | os.PathLike | None = None) -> Registry:
     registry = Registry(plugins_dir=directory)
     reset_registry(registry)
     return registry
+
+
+def load_hint(registry: Registry | None = None) -> str:
+    """How to load the plugin of a component that is not registered, for an error's one line: its plugin file's
+    directory given to :func:`load_plugins` in Python or ``--plugins-dir`` on the command line (the directory
+    MOLPREDICT_PLUGINS_DIR names when it was set after ``registry`` was built, else a placeholder).
+
+    Parameters
+    ----------
+    registry : Registry, optional
+        The registry that lacks the component.
+    """
+    stale = registry.stale_plugins_dir() if registry is not None else None
+    argument = repr(stale) if stale else "DIRECTORY"
+    return (f"load its plugin file with molpredict.load_plugins({argument}) in Python or --plugins-dir "
+            f"{stale or 'DIRECTORY'} on the command line")
 
 
 def create(kind: str, spec: "str | ComponentSpec", **overrides: Any) -> Any:

@@ -213,6 +213,54 @@ def test_unknown_component_name_asks_for_plugin(bundle_dir):
     assert "output kernel 'quantum-fingerprint'" in text and "install the plugin" in text
 
 
+_LOAD_HINT = "load its plugin file with molpredict.load_plugins({}) in Python or --plugins-dir {} on the command line"
+
+
+def test_an_unregistered_component_says_how_to_load_its_plugin(bundle_dir, tmp_path, monkeypatch):
+    """A plugin kernel whose plugin file was not loaded: the message said to install a plugin only, not how a
+    plugins-directory file is loaded (from Python or on the command line)."""
+    import warnings
+
+    import molpredict
+
+    path, _, _ = bundle_dir
+    meta_path = path / "positive" / "metadata.json"
+    meta = json.loads(meta_path.read_text())
+    meta["components"].append({"kind": "input_kernel", "name": "quantum-ppk", "spec": "quantum-ppk"})
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(PluginError) as e:
+        molpredict.load_model(path)
+    text = _one_line(e)
+    assert e.value.exit_code == 3 and "input kernel 'quantum-ppk'" in text and "install the plugin" in text
+    assert text.endswith(_LOAD_HINT.format("DIRECTORY", "DIRECTORY")), text
+    # a plugins directory named after the registry was built (read once): the hint names it
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    get_registry()
+    monkeypatch.setenv("MOLPREDICT_PLUGINS_DIR", str(plugins))
+    with warnings.catch_warnings(), pytest.raises(PluginError) as e:
+        warnings.simplefilter("ignore")  # the registry's own warning about the late variable
+        ModelBundle.load(path)
+    assert _one_line(e).endswith(_LOAD_HINT.format(repr(str(plugins)), plugins)), str(e.value)
+
+
+def test_a_component_missing_from_the_model_state_says_how_to_load_its_plugin(bundle_dir, monkeypatch):
+    """The same hint where the model's own state names the component (an mkl sub-kernel, a fitted kernel)."""
+    from molpredict.errors import SpecError
+
+    path, _, _ = bundle_dir
+
+    def unknown(cls, arrays, state):
+        raise SpecError("unknown input kernel 'quantum-ppk'; valid names: ppk")
+
+    monkeypatch.setattr(FingerprintRidge, "from_state", classmethod(unknown))
+    with pytest.raises(PluginError) as e:
+        ModelBundle.load(path)
+    text = _one_line(e)
+    assert "needs a component that is not registered (unknown input kernel 'quantum-ppk'" in text
+    assert text.endswith("install the plugin that provides it or " + _LOAD_HINT.format("DIRECTORY", "DIRECTORY"))
+
+
 def test_newer_format_and_inconsistent_state(bundle_dir):
     path, _, _ = bundle_dir
     head = json.loads((path / "bundle.json").read_text())
