@@ -35,7 +35,7 @@ import numpy as np
 from molpredict.errors import InputError
 
 __all__ = ["ReportOptions", "Report", "draw_molecule_svg", "compact_svg", "decode_report_data", "run_parameters",
-           "build_report_from_files", "versions", "reason_groups", "CANDIDATE_EXTRA_COLUMNS"]
+           "build_report_from_files", "query_groups", "versions", "reason_groups", "CANDIDATE_EXTRA_COLUMNS"]
 
 #: optional numeric output columns shown per candidate when the results have them
 CANDIDATE_EXTRA_COLUMNS = ("probability", "spectrum_score", "prior_score", "fragment_score")
@@ -338,14 +338,19 @@ class Report:
                 self._extra_columns.append(column)
         top_rows = list(rows[:self.options.top_k])
         candidates = []
-        for row in top_rows:
-            extras = {c: _number(row.get(c)) for c in CANDIDATE_EXTRA_COLUMNS if _number(row.get(c)) is not None}
+        for position, row in enumerate(top_rows, start=1):
+            extras: dict[str, Any] = {c: _number(row.get(c)) for c in CANDIDATE_EXTRA_COLUMNS
+                                      if _number(row.get(c)) is not None}
+            rank = _number(row.get("rank"))
+            if rank is not None and rank != position:   # rows missing from the results: the card shows the rank
+                extras["rank"] = int(rank) if rank == int(rank) else rank
             entry = [self._molecule(row), _number(row.get("score")), _number(row.get("confidence")),
                      _text(row.get("adduct"))]
             if extras:
                 entry.append(extras)
             candidates.append(entry)
-        query: dict[str, Any] = {"id": query_id, "n": int(_number(rows[0].get("n_candidates")) or 0),
+        n_candidates = _number(rows[0].get("n_candidates"))
+        query: dict[str, Any] = {"id": query_id, "n": None if n_candidates is None else int(n_candidates),
                                  "c": candidates}
         probability = _number(rows[0].get("probability"))
         if probability is not None:
@@ -378,6 +383,8 @@ class Report:
                 ranks = [int(_number(r.get("rank")) or i + 1) for i, r in enumerate(rows)
                          if _text(r.get("inchikey"))[:14] == true_key]
                 query["tr"] = ranks[0] if ranks else None
+                if not ranks:   # not among the query's rows: ranked below the last of them, or no candidate
+                    query["nr"] = max([int(_number(r.get("rank")) or i + 1) for i, r in enumerate(rows)])
             if self.options.explain and top_rows:
                 if self._explain is None:
                     self._explain = _fragment_explainer() or False
@@ -428,8 +435,11 @@ class Report:
         text = self.html()
         from molpredict.atomic import atomic_write
 
-        with atomic_write(path) as handle:
-            handle.write(text)
+        try:
+            with atomic_write(path) as handle:
+                handle.write(text)
+        except OSError as exc:   # name the page, not the temporary file beside it that atomic_write opened
+            raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
         return len(text.encode("utf-8"))
 
     # -- static parts ------------------------------------------------------------------------------------------
@@ -544,6 +554,42 @@ def decode_report_data(page: str) -> dict[str, Any]:
 
 # -- whole runs ------------------------------------------------------------------------------------------------
 
+def _rank(row: dict[str, Any]) -> float | None:
+    return _number(row.get("rank"))
+
+
+def query_groups(rows: Iterable[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The rows of a results file as queries: each query's rows together in rank order, the queries in the order
+    of their first row.
+
+    ``identify`` writes a query's rows together, rank 1 first, and numbers a repeated spectrum id (``ID#2``); a
+    file sorted by another column (by score, in a spreadsheet) has them apart. A row continues the query of the
+    row before it when it has the same id and a higher rank (as :meth:`Report.add_row` reads identify's rows), else
+    joins the first query of its id without a row of its rank, else starts a query: two queries under one id (a
+    file whose ids were not numbered) stay two.
+    """
+    queries: dict[str, list[tuple[list[dict[str, Any]], set]]] = {}
+    order: list[list[dict[str, Any]]] = []
+    previous: tuple[str, float | None, tuple[list[dict[str, Any]], set]] | None = None
+    for row in rows:
+        key = _text(row.get("query_id"))
+        rank = _rank(row)
+        same_id = queries.setdefault(key, [])
+        if previous is not None and previous[0] == key and (rank is None or previous[1] is None or rank > previous[1]):
+            entry = previous[2]
+        else:
+            entry = next((e for e in same_id if rank is None or rank not in e[1]), None)
+            if entry is None:
+                entry = ([], set())
+                same_id.append(entry)
+                order.append(entry[0])
+        entry[0].append(row)
+        if rank is not None:
+            entry[1].add(rank)
+        previous = (key, rank, entry)
+    return [sorted(group, key=lambda r: (_rank(r) is None, _rank(r) or 0.0)) for group in order]
+
+
 def run_parameters(bundle: Any = None, library: str | None = None, n_library: int | None = None,
                    options: Any = None, spectra: str | None = None, **extra: Any) -> dict[str, Any]:
     """The parameters table of a run: the model (path, per ion mode its registry name and components), the
@@ -593,7 +639,8 @@ def build_report_from_files(results: str | Path, spectra: str | Path, output: st
     unreadable = SkipReport()
     for spectrum in unique_ids(read_spectra(spectra, report=unreadable)):   # the ids identify gave the queries
         report.add_spectrum(spectrum)
-    report.add_rows(read_result_rows(results))
+    for rows in query_groups(read_result_rows(results)):
+        report.add_query(rows)
     report.finish()
     orphans = sum(1 for q in report.queries if "pk" not in q)
     if report.queries and orphans == len(report.queries):  # e.g. the results of another spectra file
