@@ -1,5 +1,9 @@
 """Identification result files: the output columns, the TSV / CSV / JSON row writer and reader, the resumable
-block-wise output (``identify --resume``) and the skipped-queries report (written and read)."""
+block-wise output (``identify --resume``) and the skipped-queries report (written and read).
+
+Text cells: in TSV and CSV each tab, newline or carriage return in a value is written as one space (JSON keeps
+them); TSV is unquoted (a ``"`` is an ordinary character, read back with ``csv.QUOTE_NONE``), CSV is quoted as
+needed, so every written cell reads back as written."""
 from __future__ import annotations
 
 import csv
@@ -50,12 +54,17 @@ def output_format(path: str | None, fmt: str | None) -> str:
     return "tsv"
 
 
+#: what :func:`_cell` writes as a space (see the module docstring)
+_CELL_SPACES = str.maketrans({"\t": " ", "\n": " ", "\r": " "})
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
         return "" if math.isnan(value) else f"{value:.6g}"
-    return str(value).replace("\t", " ").replace("\n", " ")
+    # tab, newline and carriage return would split a TSV row (and CSV's, unquoted): one space each
+    return str(value).translate(_CELL_SPACES)
 
 
 def json_safe(value: Any) -> Any:
@@ -325,7 +334,9 @@ def read_result_rows(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
         return
     with open(path, encoding="utf-8", newline="") as handle:
         try:
-            reader = csv.DictReader(handle, delimiter="," if suffix == ".csv" else "\t")
+            # TSV is written unquoted (a cell starting with '"' is text, not a quoted field); CSV with csv's quoting
+            reader = (csv.DictReader(handle) if suffix == ".csv"
+                      else csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
             if not reader.fieldnames or "query_id" not in reader.fieldnames:
                 raise InputError("not a results table (no query_id column in the header)", path=str(path))
             for i, row in enumerate(reader, start=2):
@@ -348,7 +359,7 @@ def read_skipped(path: str | os.PathLike) -> list[tuple[str, str, str, str]]:
     rows = []
     with open(path, encoding="utf-8", newline="") as handle:
         try:
-            reader = csv.DictReader(handle, delimiter="\t")
+            reader = csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)  # written unquoted
             if not reader.fieldnames or "reason" not in reader.fieldnames:
                 raise InputError("not a skipped-queries table (no reason column in the header)", path=str(path))
             for line, row in enumerate(reader, start=2):
