@@ -23,6 +23,12 @@ over the peaks ``p`` scored (those of at least ``min_relative_intensity``, below
 normalised peak weights (``mz ** mz_power * intensity ** intensity_power``, summing to 1), ``Q_p`` the largest
 ``q_g`` of a group explaining ``p`` (0 when none does, so an unexplained peak costs ``log eps``); confident
 fragments that no peak shows are penalised by the second sum.
+
+A structure too large to fragment (more than :data:`~molpredict.chem.fragments.MAX_FRAGMENT_ATOMS` heavy atoms)
+has no ions. The formula would give it ``log eps`` (every peak unexplained) without any absent-ion penalty, more
+than a candidate whose confident ions are missing: :meth:`FragmentModel.score` gives it the lowest score of the
+candidates scored with it instead (at most ``log eps``; at most 0 without peaks), so that it never gains by not
+being fragmented.
 """
 from __future__ import annotations
 
@@ -102,6 +108,8 @@ def fragment_features(molecule: Molecule | Chem.Mol | str, fragments: FragmentSe
     """
     if fragments.atoms is None:
         raise SpecError("fragment_features needs fragments made with keep_atoms=True")
+    if fragments.n_fragments == 0:   # a structure not fragmented (too large)
+        return np.zeros((0, _N_STRUCT))
     mol = _mol(molecule)
     atoms = fragments.atoms.astype(np.float64)                          # (n_frag, n_atoms)
     n_atoms = mol.GetNumAtoms()
@@ -327,8 +335,9 @@ def _score_many(tables: Sequence[tuple[np.ndarray, np.ndarray]], mz: np.ndarray,
     nonempty = sizes > 0
     absent[nonempty] = np.add.reduceat(log_absent, starts[nonempty])
     out = peak_part + absent_weight * absent
-    if mz.size:
-        out[~nonempty] = float(weight.sum() * math.log(eps))
+    if not nonempty.all():   # not fragmented: the lowest of the others, at most explaining nothing (module docstring)
+        nothing = float(weight.sum() * math.log(eps)) if mz.size else 0.0
+        out[~nonempty] = min(nothing, float(out[nonempty].min()))
     return out
 
 
@@ -647,7 +656,9 @@ class FragmentModel(Component):
         Returns
         -------
         ndarray of shape (n_candidates,), float64
-            ``-inf`` for a structure that cannot be parsed or fragmented.
+            ``-inf`` for a structure that cannot be parsed or fragmented; for one too large to fragment
+            (:data:`~molpredict.chem.fragments.MAX_FRAGMENT_ATOMS`), the lowest score of the others (module
+            docstring).
         """
         self._check_fitted()
         mz, weight, tol = self.peaks(spectrum)

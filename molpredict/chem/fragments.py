@@ -26,6 +26,18 @@ min_tolerance_da, the spectrum's m/z precision)``; its weight is that of its bes
 
 over the peaks below the precursor m/z (plus the tolerance): the fraction of the (transformed) intensity the
 structure explains, in [0, 1], invariant to peak order and to the intensity scale.
+
+Size limit
+----------
+A structure of more than :data:`MAX_FRAGMENT_ATOMS` heavy atoms is not fragmented: :func:`fragment_structure`
+returns an empty :class:`FragmentSet` (no fragments, not even the intact structure), so it explains no peak: its
+fragment score is 0 (the lowest), :meth:`FragmentScorer.explain_peaks` finds nothing, and the learnt model
+(:mod:`molpredict.chem.fragment_model`) ranks it with the lowest score of the candidates scored with it. The
+fragments of a chain of ``n`` atoms number ``~n^2 / 2`` at depth 2, each an ``n``-atom mask: an 800-carbon chain
+took 4.7 GB, a 3,000-carbon candidate would need tens. Metabolites are below the limit: 14 of the candidate pool's
+1.96 million structures are above it (glycans, lipopeptides and oligonucleotides of 3,700 to 8,700 Da, beyond the
+precursor m/z of MS/MS spectra). Large rings cost more per atom (each pair of a ring's bonds is a cleavage): the
+72-membered rings of archaeal tetraether lipids (about 100 heavy atoms) take 30 to 50 s and 0.5 to 0.7 GB.
 """
 from __future__ import annotations
 
@@ -63,6 +75,7 @@ __all__ = [
     "load_fragment_sets",
     "HYDROGEN_MASS",
     "BOND_KINDS",
+    "MAX_FRAGMENT_ATOMS",
 ]
 
 _PERIODIC_TABLE = Chem.GetPeriodicTable()
@@ -72,11 +85,17 @@ _STORE_FORMAT = "molpredict-fragments"
 _STORE_VERSION = 2
 #: version of what :func:`fragment_structure` returns for a structure: bump it when its output changes, so that
 #: on-disk caches of fragmentation results (:mod:`molpredict.chem.fragment_cache`) are not read any more
-FRAGMENTATION_VERSION = 1
+FRAGMENTATION_VERSION = 2   # 2: structures above MAX_FRAGMENT_ATOMS give an empty set
 #: Kinds of broken bonds counted per fragment (cleaving them costs increasingly more energy, roughly).
 BOND_KINDS = ("single-heteroatom", "single-carbon", "aromatic", "multiple")
+#: Heavy atoms (hydrogens not counted) above which :func:`fragment_structure` does not fragment a structure and
+#: returns an empty :class:`FragmentSet` (module docstring, "Size limit"). A chain of this many atoms takes about
+#: 0.3 s and 120 MB to fragment to depth 2.
+MAX_FRAGMENT_ATOMS = 250
 # Fragment masks of one cleavage level are intersected in blocks of at most this many booleans (memory bound).
 _BLOCK_BOOLS = 4_000_000
+# Rows waiting in a _DistinctRows before they are deduplicated with those kept (at least).
+_MERGE_ROWS = 65_536
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -85,7 +104,8 @@ _BLOCK_BOOLS = 4_000_000
 
 @dataclass(frozen=True)
 class FragmentSet:
-    """The fragments of one structure (the intact structure first), sorted by mass after it.
+    """The fragments of one structure (the intact structure first), sorted by mass after it; empty (no rows) for a
+    structure above :data:`MAX_FRAGMENT_ATOMS`, which is not fragmented.
 
     Attributes
     ----------
@@ -182,14 +202,68 @@ def _unique_rows(masks: np.ndarray) -> np.ndarray:
     """Indices of the first occurrence of each distinct row of a boolean matrix (in first-occurrence order)."""
     if masks.shape[0] == 0:
         return np.zeros(0, dtype=np.intp)
-    packed = np.ascontiguousarray(np.packbits(masks, axis=1))
+    return _unique_packed(np.packbits(masks, axis=1))
+
+
+def _unique_packed(packed: np.ndarray) -> np.ndarray:
+    """:func:`_unique_rows` of bit-packed rows (uint8, as ``np.packbits(masks, axis=1)``)."""
+    if packed.shape[0] == 0:
+        return np.zeros(0, dtype=np.intp)
+    packed = np.ascontiguousarray(packed)
     keys = packed.view(np.dtype((np.void, packed.shape[1]))).ravel()
     _, first = np.unique(keys, return_index=True)
     return np.sort(first)
 
 
+class _DistinctRows:
+    """The distinct rows of a stream of boolean blocks, in order of first occurrence (what concatenating the blocks
+    and keeping each row's first occurrence gives), held bit-packed and deduplicated as they come (whenever the rows
+    waiting outnumber those kept): memory follows the distinct rows, not every row produced (a macrocycle's ring
+    openings intersect into millions of repeated atom sets)."""
+
+    def __init__(self, n_cols: int) -> None:
+        self.n_cols = n_cols
+        self.kept = np.zeros((0, (n_cols + 7) // 8), dtype=np.uint8)
+        self.waiting: list[np.ndarray] = []
+        self.n_waiting = 0
+
+    def add(self, rows: np.ndarray) -> None:
+        if rows.shape[0] == 0:
+            return
+        packed = np.packbits(rows, axis=1)
+        packed = packed[_unique_packed(packed)]
+        self.waiting.append(packed)
+        self.n_waiting += packed.shape[0]
+        if self.n_waiting >= max(self.kept.shape[0], _MERGE_ROWS):
+            self._merge()
+
+    def _merge(self) -> None:
+        if self.waiting:
+            merged = np.concatenate([self.kept, *self.waiting])
+            self.kept = merged[_unique_packed(merged)]
+            self.waiting, self.n_waiting = [], 0
+
+    def rows(self) -> np.ndarray:
+        """The distinct rows, ndarray of shape (n_distinct, n_cols), bool."""
+        self._merge()
+        return np.unpackbits(self.kept, axis=1, count=self.n_cols).view(bool)
+
+
 def _split_components(masks: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """The connected components (as node masks) of each node mask's induced subgraph; empty masks dropped."""
+    """The connected components (as node masks) of each node mask's induced subgraph; empty masks dropped; in
+    order of (mask, lowest node), each component once (its first occurrence), computed in blocks of masks."""
+    block = max(1, _BLOCK_BOOLS // max(1, masks.shape[1], u.shape[0]))
+    if masks.shape[0] <= block:
+        return _split_block(masks, u, v)
+    out = _DistinctRows(masks.shape[1])
+    for start in range(0, masks.shape[0], block):
+        out.add(_split_block(masks[start:start + block], u, v))
+    return out.rows()
+
+
+def _split_block(masks: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """:func:`_split_components` of one block of masks (components numbered by connected_components' labels, in
+    order of their lowest node in the block-diagonal graph)."""
     masks = masks[masks.any(axis=1)]
     if masks.shape[0] == 0:
         return masks
@@ -286,7 +360,8 @@ def fragment_structure(molecule: Molecule | Chem.Mol | str, max_depth: int = 2, 
     -------
     FragmentSet
         The intact structure first, then the fragments by increasing mass; each distinct atom set once, with
-        the least depth that reaches it.
+        the least depth that reaches it. Empty (``n_fragments == 0``, no intact structure either) for a structure
+        of more than :data:`MAX_FRAGMENT_ATOMS` heavy atoms, which is not fragmented (module docstring).
     """
     if max_depth < 0:
         raise SpecError(f"max_depth must be >= 0, got {max_depth}")
@@ -300,6 +375,10 @@ def fragment_structure(molecule: Molecule | Chem.Mol | str, max_depth: int = 2, 
         raise InputError("a structure without atoms cannot be fragmented", field="smiles")
     symbols = [a.GetSymbol() for a in mol.GetAtoms()]
     elements = tuple(sorted(set(symbols) | {"H"}, key=lambda s: (s != "C", s != "H", s)))
+    if n_atoms > MAX_FRAGMENT_ATOMS:
+        return FragmentSet(np.zeros(0), np.zeros(0, dtype=np.int8), np.zeros((0, len(BOND_KINDS)), dtype=np.int8),
+                           np.zeros((0, len(elements)), dtype=np.int16), elements,
+                           np.zeros((0, n_atoms), dtype=bool) if keep_atoms else None)
     element_index = {el: i for i, el in enumerate(elements)}
     atom_counts = np.zeros((n_atoms, len(elements)), dtype=np.int64)
     atom_mass = np.zeros(n_atoms)
@@ -334,13 +413,11 @@ def fragment_structure(molecule: Molecule | Chem.Mol | str, max_depth: int = 2, 
             for group, split in ((chain_sides, False), (ring_sides, True)):
                 if group.shape[0] == 0:
                     continue
-                produced = []
+                produced = _DistinctRows(n_atoms)   # the distinct intersections, in order of first occurrence
                 block = max(1, _BLOCK_BOOLS // max(1, group.shape[0] * n_atoms))
                 for start in range(0, frontier.shape[0], block):
-                    inter = (frontier[start:start + block, None, :] & group[None, :, :]).reshape(-1, n_atoms)
-                    produced.append(inter[_unique_rows(inter)])
-                inter = np.concatenate(produced)
-                inter = inter[_unique_rows(inter)]
+                    produced.add((frontier[start:start + block, None, :] & group[None, :, :]).reshape(-1, n_atoms))
+                inter = produced.rows()
                 parts.append(_split_components(inter, u, v) if split else inter[inter.any(axis=1)])
             pieces = np.concatenate(parts)
             pieces = pieces[_unique_rows(pieces)]
@@ -356,11 +433,18 @@ def fragment_structure(molecule: Molecule | Chem.Mol | str, max_depth: int = 2, 
             frontier = new
     atoms = np.concatenate(found)
     depth = np.concatenate(found_depth)
-    masses = atoms @ atom_mass
-    counts = (atoms.astype(np.int64) @ atom_counts).astype(np.int16)
     kind = np.zeros((u.shape[0], len(BOND_KINDS)), dtype=np.int64)
     kind[np.arange(u.shape[0]), [_bond_kind(b) for b in bonds]] = 1
-    broken_by_type = ((atoms[:, u] != atoms[:, v]).astype(np.int64) @ kind).astype(np.int8)
+    # one product for the masses (BLAS rounds a row alike only within one call: blocks could reorder equal masses);
+    # the integer products in blocks of rows (they widen the masks to 8-byte numbers)
+    masses = atoms @ atom_mass
+    counts = np.empty((atoms.shape[0], len(elements)), dtype=np.int16)
+    broken_by_type = np.empty((atoms.shape[0], len(BOND_KINDS)), dtype=np.int8)
+    block = max(1, _BLOCK_BOOLS // max(1, n_atoms, u.shape[0]))
+    for start in range(0, atoms.shape[0], block):
+        rows = atoms[start:start + block]
+        counts[start:start + block] = rows.astype(np.int64) @ atom_counts
+        broken_by_type[start:start + block] = (rows[:, u] != rows[:, v]).astype(np.int64) @ kind
     order = np.concatenate([[0], 1 + np.argsort(masses[1:], kind="stable")])
     return FragmentSet(masses[order], depth[order], broken_by_type[order], counts[order], elements,
                        atoms[order] if keep_atoms else None)
@@ -756,12 +840,12 @@ class FragmentScorer(Component):
         intensity weights (n_peaks,)."""
         mz, peak_weight, tolerance = self._peaks(spectrum)
         n_cand, n_peaks = len(fragment_sets), mz.shape[0]
-        if n_cand == 0 or n_peaks == 0:
+        sizes = np.array([fs.n_fragments for fs in fragment_sets], dtype=np.int64)
+        if n_cand == 0 or n_peaks == 0 or not sizes.any():  # an empty set (not fragmented) explains nothing
             return np.zeros((n_cand, n_peaks)), peak_weight
         shifts, shift_weight, h_of, _ = self._shifts(carriers)
         # All candidates' (mass-sorted) fragments in one array, candidate c offset by c * spacing so that one
         # searchsorted finds every (candidate, shift, peak) window at once.
-        sizes = np.array([fs.n_fragments for fs in fragment_sets])
         masses = np.concatenate([fs.masses for fs in fragment_sets])
         broken = np.concatenate([fs.broken_by_type for fs in fragment_sets])  # one pass over every candidate's rows
         bonds = broken.sum(axis=1, dtype=np.int64)
@@ -812,7 +896,8 @@ class FragmentScorer(Component):
         Returns
         -------
         ndarray of shape (n_candidates,), float64, in [0, 1]
-            0 for every candidate when no peak is scored.
+            0 for every candidate when no peak is scored, and for a structure too large to fragment
+            (:data:`MAX_FRAGMENT_ATOMS`).
         """
         self._check_params()
         carriers = self._carriers(spectrum, adduct)
@@ -841,7 +926,8 @@ class FragmentScorer(Component):
             charge, e.g. ``"C7H7O+"``), ``fragment_formula`` (the neutral substructure as cut), ``smiles`` (the
             substructure's SMILES), ``bonds_broken`` (int), ``depth`` (int), ``h_shift`` (int), ``carrier``
             (e.g. ``"+H"``), ``ion_mz`` (float, the fragment ion's m/z), ``error_ppm`` (float, ``(mz - ion_mz) /
-            ion_mz * 1e6``), ``weight`` (float: the explanation's weight in the score).
+            ion_mz * 1e6``), ``weight`` (float: the explanation's weight in the score). Empty for a structure
+            too large to fragment (:data:`MAX_FRAGMENT_ATOMS`).
         """
         self._check_params()
         molecule = Molecule(molecule) if isinstance(molecule, str) else molecule
