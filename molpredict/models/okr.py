@@ -80,6 +80,7 @@ from molpredict.engine.sketches import Sketch, make_sketch
 from molpredict.specs import ComponentSpec, Grid, parse_spec, parse_values
 from molpredict.models.base import Model, check_pairs
 from molpredict.models.distinct import distinct_positions, group_size_weights, split_by_structure
+from molpredict.models.fingerprint_head import FingerprintHead
 
 torch = lazy_module("torch")  # fitting and GPU paths only: not imported to predict
 
@@ -142,6 +143,22 @@ DEFAULT_RANK_LR = 3e-4
 #: held-out val_neg structures the tuned map ranked worse than the ridge (hit@1 -0.8; val_pos +3.5), see
 #: docs/benchmarks/ranking_finetune.md
 DEFAULT_RANK_MIN_GAIN = 0.005
+#: SISOKR's fingerprint likelihood head (:mod:`molpredict.models.fingerprint_head`), opt-in: with it, fitted when
+#: ``fit`` gets validation candidate sets and kept when it ranks them better (its weight chosen there, 0 drops
+#: it). Offline beside the shipped positive model it raised val formula256 hit@1 by 1.5-2.2 points and left the
+#: real formula sets level; trained through `molpredict train` it gained 0.0034 (positive) and 0.0019 (negative)
+#: validation MRR over both kinds of sets, under ``rank_min_gain``, for 110 s more training: not on the default path
+#: (docs/benchmarks/fingerprint_head.md)
+DEFAULT_FINGERPRINT_HEAD = False
+#: the head's ridge, on the same whitened input features as the model (the regularisation is n * lam). Chosen on
+#: val_pos (fitted on train_pos, beside the shipped model, weights chosen on a third of the val structures and
+#: scored on the other two thirds' formula256 sets) from 1e-5 / 1e-4 / 1e-3: docs/benchmarks/fingerprint_head.md
+DEFAULT_HEAD_LAM = 1e-5
+#: the head's weights tried on validation, in units of the typical ratio of the two scores' spreads within a set
+HEAD_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
+#: the candidate bits are stored scaled by this (the query side by its inverse): coordinate stores quantise a row
+#: by its largest value, and Tanimoto coordinates rarely exceed 0.3, so 0/1 bits would coarsen every row
+HEAD_BIT_SCALE = 0.125
 #: Text -> molecule (pairs tables such as ChEBI-20): TF-IDF word 1-2-grams (no extra package; ``text-embedding``
 #: needs ``pip install molpredict[text]``), the text output kernel of :data:`molpredict.models.base.TEXT_OUTPUT_KERNEL`,
 #: and no sketch below the spectra defaults' sizes (a few thousand pairs fit exactly in seconds): the input side
@@ -441,6 +458,112 @@ class _OutputSide:
         self.__dict__.pop("candidate_rows", None)
 
 
+def _all_molecules(objects: Sequence[Any]) -> bool:
+    """Whether the outputs are molecule records (the fingerprint head reads their fingerprints)."""
+    from molpredict.chem.molecules import Molecule
+    return all(isinstance(o, Molecule) for o in objects)
+
+
+def _set_scores(query_side: np.ndarray, candidate_side: np.ndarray, candidates: Any) -> np.ndarray:
+    """``query_side[q] . candidate_side[c]`` for every candidate of every validation set, flat in the order of
+    ``candidates.flat()``: (n_queries, k) and (n_molecules, k) in, (n_candidates_total,) float64 out."""
+    offsets, flat, _ = candidates.flat()
+    queries = np.asarray(query_side, dtype=np.float32)
+    rows = np.asarray(candidate_side, dtype=np.float32)
+    scores = np.empty(len(flat), dtype=np.float64)
+    by_set: dict[bytes, list[int]] = {}
+    for i, ids in enumerate(candidates.sets):
+        by_set.setdefault(ids.tobytes(), []).append(i)
+    for members in by_set.values():  # queries sharing a set (one structure's spectra): one product
+        block = queries[candidates.positions[members]] @ rows[candidates.sets[members[0]]].T
+        for row, i in enumerate(members):
+            scores[offsets[i]:offsets[i + 1]] = block[row]
+    return scores
+
+
+#: folds (by structure) and training spectra sampled for the fingerprint head's Platt scalings
+HEAD_FOLDS, HEAD_PLATT_SAMPLE = 3, 15000
+#: the head's ridge reads the whitened input coordinates whose Nystrom eigenvalue is at least this fraction of the
+#: largest: at the model's own cut-off (``pinv_rtol`` 1e-10, rank 3,976 of 4,000 on train_pos) the three extra
+#: near-null directions halved the head's offline gain (val formula256 MRR beside the model +0.023 -> +0.012)
+HEAD_RTOL = 1e-8
+
+
+def _head_directions(inp: "_WhitenedInput") -> np.ndarray:
+    """The whitened input coordinates the fingerprint head reads (:data:`HEAD_RTOL`), ndarray of shape (r,), bool."""
+    eigenvalues = np.asarray(getattr(inp, "eigenvalues", np.zeros(0)), dtype=np.float64)
+    if eigenvalues.size != inp.Q.shape[0] or not eigenvalues.size:
+        return np.ones(inp.Q.shape[0], dtype=bool)
+    return eigenvalues >= HEAD_RTOL * eigenvalues.max()
+
+
+def _head_system(inp: "_WhitenedInput", bits_u: torch.Tensor, keep: np.ndarray
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``C = Z^T V Z`` and ``Z^T V Y`` restricted to the coordinates ``keep`` (from the input side's
+    eigendecomposition and per-structure sums: nothing over the n rows), (r_k, r_k) and (r_k, bits)."""
+    dtype = inp.Q.dtype
+    k = torch.as_tensor(np.flatnonzero(keep), device=inp.Q.device)
+    Qk = inp.Q.index_select(0, k)
+    C = (Qk * inp.lam_eig.to(dtype)[None, :]) @ Qk.T
+    ZtY = Qk @ (inp.ZEQ.T @ bits_u)
+    return (C + C.T) / 2, ZtY
+
+
+def _out_of_fold_bits(inp: "_WhitenedInput", bits_u: torch.Tensor, index: torch.Tensor, lam: float, seed: int,
+                      keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Out-of-fold ridge predictions of the training spectra's fingerprint bits, for the head's Platt scalings.
+
+    Folds are drawn over the structures (``HEAD_FOLDS``); a seeded sample of at most ``HEAD_PLATT_SAMPLE``
+    spectra is predicted, each by the ridge fitted without its fold. Each fold's system is the full one minus the
+    fold's rows, ``(C - Z_f^T Z_f + n' lam I) M_f = Z^T Y - Z_f^T Y_f`` with ``C = Q diag(lam_eig) Q^T`` from the
+    input side, so a fold costs one product over its rows and one solve of order r. ``keep`` (r,) bool: the
+    coordinates read (:func:`_head_directions`; default all).
+
+    Returns
+    -------
+    rows : ndarray of shape (n_sample,), int64
+        The sampled training spectra.
+    predictions : ndarray of shape (n_sample, bits), float64
+    """
+    keep = np.ones(inp.Q.shape[0], dtype=bool) if keep is None else keep
+    Z = inp.Z.index_select(1, torch.as_tensor(np.flatnonzero(keep), device=inp.Z.device))  # (n, r_k), float32
+    n = int(Z.shape[0])
+    rng = np.random.default_rng(seed)
+    structure = index.cpu().numpy()
+    fold = rng.integers(0, HEAD_FOLDS, int(structure.max()) + 1)[structure]
+    rows = np.sort(rng.choice(n, min(n, HEAD_PLATT_SAMPLE), replace=False))
+    dtype = inp.Q.dtype
+    C, ZtY = _head_system(inp, bits_u, keep)  # Z^T Y: the structures' feature sums times their bits
+    predictions = np.empty((len(rows), int(bits_u.shape[1])))
+    eye = torch.eye(C.shape[0], dtype=dtype, device=C.device)
+    for f in range(HEAD_FOLDS):
+        held = torch.as_tensor(np.flatnonzero(fold == f), device=Z.device)
+        if held.numel() == 0 or held.numel() == n:
+            continue
+        Zf = Z.index_select(0, held).to(dtype)
+        Yf = bits_u.index_select(0, index.index_select(0, held))
+        # the input side's system is weighted when its ridge weighs structures (structure_balance): so are the folds'
+        ZfV = Zf if inp.weights_u is None else Zf * inp.weights_u.to(dtype)[index.index_select(0, held)][:, None]
+        system = C - ZfV.T @ Zf + (n - held.numel()) * lam * eye
+        Mf = torch.linalg.solve((system + system.T) / 2, ZtY - ZfV.T @ Yf)
+        mine = np.flatnonzero(fold[rows] == f)
+        sample = torch.as_tensor(rows[mine], device=Z.device)
+        predictions[mine] = (Z.index_select(0, sample).to(dtype) @ Mf).cpu().numpy()
+    return rows, predictions
+
+
+def _spread_ratio(first: np.ndarray, second: np.ndarray, offsets: np.ndarray) -> float:
+    """The median over sets of std(first) / std(second) within the set (flat scores, sets by ``offsets``): the
+    unit in which the second score's weight beside the first is searched (1.0 when no set has a spread)."""
+    ratios = []
+    for a, b in zip(offsets[:-1], offsets[1:]):
+        if b - a > 1:
+            s1, s2 = float(np.std(first[a:b])), float(np.std(second[a:b]))
+            if s1 > 0 and s2 > 0:
+                ratios.append(s1 / s2)
+    return float(np.median(ratios)) if ratios else 1.0
+
+
 class _WhitenedInput:
     """A sketched input side: Z_x = P_x R_x K_x; ridge on the eigenbasis of Z_x V Z_x^T (one eigh for all lam),
     V = diag(the objects' weights) (``weights_u``: one per distinct output; None: the identity)."""
@@ -456,12 +579,14 @@ class _WhitenedInput:
         self.n = len(objects)
         self.device, self.dtype = device, dtype
         self.P, B = side.whitening_, side.train_rows_  # P (r, m); B = R_x K_x (m, n): Z_x = P B is never formed
+        self.eigenvalues = np.asarray(side.eigenvalues_, dtype=np.float64)  # (r,): of each whitened coordinate
         del side
         self.rank = r = int(self.P.shape[0])
         m = B.shape[0]
         # Z_x Z_x^T = P (B B^T) P^T: one syrk over n of width m, then two order-m products, where forming Z_x
         # first costs an (r x m x n) product more (half the fit's linear algebra at n = 46k, m = 4000)
         wu = None if weights_u is None else torch.as_tensor(weights_u, dtype=B.dtype, device=B.device)
+        self.weights_u = wu  # one weight per distinct output (None: every object once)
         with profile.stage("input_gram_features", (m, B.shape[1], m), kind="syrk"):
             C = (self.P @ gram_rows(B, None if wu is None else wu[index]) @ self.P.T).to(torch.float64)
             C = (C + C.T) / 2
@@ -654,7 +779,8 @@ class _OKRBase(Model):
     validation_scores_ : ndarray of shape (n_candidates_total,) or None
         After a ranking-aware selection (``val`` with candidate sets): the scores the chosen grid point gave the
         validation candidates, flat in the order of ``val.candidates.flat()`` (float32 products); the fusion
-        and the calibration are fitted on them instead of scoring the sets again. Not saved with the model.
+        and the calibration are fitted on them instead of scoring the sets again (with the fingerprint head's
+        score when the model keeps one). Not saved with the model.
     rank_ : dict
         Numerical ranks kept by the pseudo-inverses: ``{"input": r_x, "output": r_y}``.
     n_train_, n_unique_ : int
@@ -791,7 +917,10 @@ class _OKRBase(Model):
         # the ranking fine-tune needs whitened features on both sides and validation sets to stop on
         finetune = (int(getattr(self, "rank_epochs", 0)) > 0 and ranking is not None and val is not None and build
                     and input_cls is _WhitenedInput and not make_sketch(self._output_sketch_spec()).is_identity)
-        extra: dict[str, Any] = {"keep_features": True} if finetune else {}
+        # the fingerprint likelihood head reads the chosen point's whitened features and the validation sets
+        head = (bool(getattr(self, "fingerprint_head", False)) and ranking is not None and val is not None and build
+                and input_cls is _WhitenedInput and _all_molecules(unique_mols))
+        extra: dict[str, Any] = {"keep_features": True} if finetune or head else {}
         balance = float(getattr(self, "structure_balance", 0.0))
         if balance:
             if input_cls is not _WhitenedInput:
@@ -856,11 +985,14 @@ class _OKRBase(Model):
                         best_loss = criterion if math.isfinite(criterion) else math.inf
                         best = {"index": len(points) - 1, "input": inp, "output": out, "lam": lam,
                                 "scores": scores.get((o, j))}
-            if not (finetune and best is not None and best["input"] is inp):
+            if not ((finetune or head) and best is not None and best["input"] is inp):
                 inp.release_val()
             del inp
         if finetune:
             self._finetune(best, points[best["index"]], ranking, index_t, profile)
+        if head:
+            self._fit_head(best, points[best["index"]], unique_mols, index_t, ranking, profile)
+        if finetune or head:
             best["input"].release_val()
         for out in outputs:
             out.release_val()
@@ -903,11 +1035,57 @@ class _OKRBase(Model):
         point["val_loss"] = out.val_loss(core)
         best["core"] = X
 
+    def _fit_head(self, best: dict[str, Any], point: dict[str, Any], unique_molecules: list[Any],
+                  index: torch.Tensor, ranking: Any, profile: _Profile) -> None:
+        """Fit the fingerprint likelihood head (:mod:`molpredict.models.fingerprint_head`) on the chosen point's
+        whitened features and keep it in ``best["head"]`` when it ranks the validation sets better.
+
+        The ridge to the bits reuses the input side's eigendecomposition. The Platt scalings are fitted on
+        out-of-fold predictions of training spectra (:func:`_out_of_fold_bits`: folds by structure), so they
+        describe structures the ridge did not see, and the validation sets stay free to choose the head's weight:
+        ``HEAD_WEIGHTS`` times the typical ratio of the two scores' spreads, the one with the best validation
+        metric; the head is kept when that beats the model alone by at least ``rank_min_gain``.
+        ``point["fingerprint_head"]`` records what was tried; a kept head's scores join ``best["scores"]`` (what
+        the fusion and calibration are fitted on)."""
+        from molpredict.models.fingerprint_head import candidate_bits, head_logits, platt_columns
+
+        inp, metric = best["input"], self.select_by
+        lam = float(getattr(self, "head_lam", DEFAULT_HEAD_LAM))
+        started = time.perf_counter()
+        with profile.stage("fingerprint_head"):
+            bits_u = torch.as_tensor(candidate_bits(unique_molecules), dtype=inp.dtype, device=inp.device)
+            keep = _head_directions(inp)
+            C, ZtY = _head_system(inp, bits_u, keep)
+            M = torch.zeros((inp.Q.shape[0], bits_u.shape[1]), dtype=C.dtype, device=C.device)  # (r, bits)
+            M[torch.as_tensor(np.flatnonzero(keep), device=C.device)] = torch.linalg.solve(
+                C + inp.n * lam * torch.eye(C.shape[0], dtype=C.dtype, device=C.device), ZtY)  # the ridge's core
+            rows, predicted = _out_of_fold_bits(inp, bits_u, index, lam, int(self.seed), keep)
+            slope, intercept = platt_columns(predicted, bits_u[index[rows]].cpu().numpy())
+            val_logits = head_logits((inp.val_features().T @ M).to(torch.float64).cpu().numpy(), slope, intercept)
+            model_scores = np.asarray(best["scores"], dtype=np.float64)
+            head_scores = _set_scores(val_logits, candidate_bits(ranking.molecules), ranking)
+            scale = _spread_ratio(model_scores, head_scores, ranking.flat()[0])
+            tried = {str(w): float(ranking.ranked_metrics(model_scores + w * scale * head_scores)[metric])
+                     for w in HEAD_WEIGHTS}
+        chosen = max(HEAD_WEIGHTS, key=lambda w: (tried[str(w)], -w))
+        gain = tried[str(chosen)] - tried[str(0.0)]
+        kept = chosen > 0 and gain >= float(getattr(self, "rank_min_gain", 0.0))
+        point["fingerprint_head"] = {"lam": lam, "directions": int(keep.sum()), "scale": scale,
+                                     f"val_{metric}": tried, "weight": chosen,
+                                     "gain": gain, "kept": kept, "seconds": time.perf_counter() - started}
+        if not kept:
+            return
+        to_rows = inp.sketch.apply_transpose((inp.P.T @ M).to(torch.float64).cpu().numpy())  # (n'_x, bits)
+        best["head"] = FingerprintHead(to_rows, slope, intercept, chosen * scale, lam=lam, bit_scale=HEAD_BIT_SCALE)
+        best["scores"] = model_scores + chosen * scale * head_scores
+        point[f"val_{metric}"] = tried[str(chosen)]
+
     def _build(self, best: dict[str, Any], n: int, n_u: int, profile: _Profile) -> None:
         inp, out = best["input"], best["output"]
         inp.start_output(out, profile)
         tuned = {"core": best["core"]} if best.get("core") is not None else {}  # the ranking fine-tune's
         self.W_ = np.ascontiguousarray(inp.weights(out, best["lam"], profile, **tuned), dtype=np.float64)
+        self.head_ = best.get("head")
         self.output_A_ = None if out.identity else sp.csr_matrix(out.sketch.A_)
         self.input_kernel_ = inp.kernel
         self.output_kernel_ = out.kernel
@@ -925,15 +1103,19 @@ class _OKRBase(Model):
         self._loaded_state = None
 
     # -- prediction --------------------------------------------------------------------------------------
+    #: the fingerprint likelihood head (None: the model's own score only)
+    head_: FingerprintHead | None = None
+
     def _check_fitted(self) -> None:
         if not hasattr(self, "W_"):
             raise RuntimeError(f"{type(self).__name__} is not fitted: call fit(inputs, molecules) first")
 
     @property
     def n_coordinates(self) -> int:
-        """d, the dimension of the coordinates (m_y, or the number of output landmarks without a sketch)."""
+        """d, the dimension of the coordinates (m_y, or the number of output landmarks without a sketch), plus the
+        fingerprint head's bits when the model has one."""
         self._check_fitted()
-        return int(self.W_.shape[1])
+        return int(self.W_.shape[1]) + (self.head_.size if self.head_ is not None else 0)
 
     def _weights(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
         cache = self.__dict__.setdefault("_device_cache", {})
@@ -964,21 +1146,26 @@ class _OKRBase(Model):
         runs in float32 (the kernel rows stay float64 until then)."""
         self._check_fitted()
         inputs = list(inputs)
-        out = np.empty((len(inputs), self.W_.shape[1]), dtype=dtype)
+        d = self.W_.shape[1]
+        out = np.empty((len(inputs), self.n_coordinates), dtype=dtype)
         step = _rows_per_block(self.W_.shape[0])
         if self._predicts_on_torch():
             device, torch_dtype = self._torch()
             W = self._weights(device, torch_dtype)
             for start in range(0, len(inputs), step):
                 K = self.input_kernel_.transform(inputs[start:start + step])  # (b, n'_x)
-                out[start:start + K.shape[0]] = (_to_device(K, device, torch_dtype) @ W).cpu().numpy()
+                out[start:start + K.shape[0], :d] = (_to_device(K, device, torch_dtype) @ W).cpu().numpy()
+                if self.head_ is not None:
+                    out[start:start + K.shape[0], d:] = self.head_.query_side(K, dtype)
             return out
         narrow = np.dtype(dtype) == np.float32 or str(self.dtype) not in ("float64", "double")
         W = self._weights_float32() if narrow else self.W_
         for start in range(0, len(inputs), step):
             K = self.input_kernel_.transform(inputs[start:start + step])  # (b, n'_x)
             with _one_blas_thread(K.shape[0] <= _FEW_ROWS):
-                out[start:start + K.shape[0]] = K.astype(W.dtype, copy=False) @ W
+                out[start:start + K.shape[0], :d] = K.astype(W.dtype, copy=False) @ W
+                if self.head_ is not None:
+                    out[start:start + K.shape[0], d:] = self.head_.query_side(K, W.dtype)
         return out
 
     def _weights_float32(self) -> np.ndarray:
@@ -996,7 +1183,10 @@ class _OKRBase(Model):
         step = _rows_per_block(n_landmarks)
         for start in range(0, len(molecules), step):
             K = self.output_kernel_.transform(molecules[start:start + step])  # (b, n'_y)
-            out[start:start + K.shape[0]] = K if self.output_A_ is None else np.asarray(self.output_A_ @ K.T).T
+            part = out[start:start + K.shape[0]]
+            part[:, :self.W_.shape[1]] = K if self.output_A_ is None else np.asarray(self.output_A_ @ K.T).T
+            if self.head_ is not None:
+                part[:, self.W_.shape[1]:] = self.head_.candidate_side(molecules[start:start + step])
         return out
 
     def _output_gram(self) -> np.ndarray:
@@ -1013,8 +1203,9 @@ class _OKRBase(Model):
         """Mean kernel loss ||h(x) - psi_y(y)||^2 = c^T K~_y c - 2 c . R_y k_y^y + k_y(y, y) over the pairs."""
         inputs, molecules = list(inputs), list(molecules)
         check_pairs(inputs, molecules, what="kernel-loss")
-        c = self.predict_coordinates(inputs)
-        q = self.candidate_coordinates(molecules)
+        d = self.W_.shape[1]  # the kernel model's own coordinates (not the fingerprint head's)
+        c = self.predict_coordinates(inputs)[:, :d]
+        q = self.candidate_coordinates(molecules)[:, :d]
         diag = self.output_kernel_.diagonal(molecules)
         per = np.einsum("ij,ij->i", c @ self._output_gram(), c) - 2.0 * np.einsum("ij,ij->i", c, q) + diag
         return float(per.mean())
@@ -1058,6 +1249,11 @@ class _OKRBase(Model):
                 "rank": self.rank_,
                 "selection": self.selection_,
             }
+            if self.head_ is not None:
+                head_arrays, metadata["head"] = self.head_.get_state("head")
+                arrays.update(head_arrays)
+                # the candidate coordinates end with the head's bits: part of what the coordinates key hashes
+                metadata["output"]["fingerprint_head"] = self.head_.candidate_spec()
         if not metadata.get(FITTED_KERNELS):
             fitted: dict[str, Any] = {}
             for side, kernel in (("input", self.input_kernel_), ("output", self.output_kernel_)):
@@ -1130,6 +1326,15 @@ class _OKRBase(Model):
         d = n_output if model.output_A_ is None else model.output_A_.shape[0]
         if width != n_output or d != model.W_.shape[1]:
             raise ModelFileError("model state: output sketch, landmarks and W do not match")
+        model.head_ = None
+        if metadata.get("head"):
+            try:
+                model.head_ = FingerprintHead.from_state(arrays, metadata["head"], "head")
+            except (KeyError, ValueError, TypeError) as exc:
+                raise ModelFileError(f"model state: fingerprint head: {exc}") from None
+            if model.head_.map.shape[0] != n_input:
+                raise ModelFileError(f"model state: the fingerprint head has {model.head_.map.shape[0]} rows for "
+                                     f"{n_input} input landmarks")
         model._device_cache = {}
         model._loaded_state = (arrays, metadata)
         return model
@@ -1203,6 +1408,14 @@ class SISOKR(_OKRBase):
     structure_balance : float
         The ridge's square loss weights each training object by its structure's object count to the power
         ``-structure_balance`` (:func:`ridge_structure_weights`): 0 every spectrum once, 1 every structure once.
+    fingerprint_head : bool
+        Opt-in (``molpredict train --model sisokr:fingerprint_head=true``): with validation candidate sets, also
+        fit the fingerprint likelihood head
+        (:mod:`molpredict.models.fingerprint_head`) and keep it when it ranks them better; its score is added to
+        the model's through the coordinates (``head_``, what it did in ``finetune``'s point as
+        ``fingerprint_head``).
+    head_lam : float
+        The head's ridge regularisation (n * head_lam).
     """
 
     def __init__(self, input_kernel: str = DEFAULT_INPUT_KERNEL, output_kernel: str = DEFAULT_OUTPUT_KERNEL,
@@ -1212,7 +1425,8 @@ class SISOKR(_OKRBase):
                  max_memory_gb: float = 4.0, pinv_rtol: float = 1e-10, select_by: str = "mrr",
                  rank_epochs: int = DEFAULT_RANK_EPOCHS, rank_lr: float = DEFAULT_RANK_LR,
                  rank_min_gain: float = DEFAULT_RANK_MIN_GAIN,
-                 structure_balance: float = DEFAULT_STRUCTURE_BALANCE) -> None:
+                 structure_balance: float = DEFAULT_STRUCTURE_BALANCE,
+                 fingerprint_head: bool = DEFAULT_FINGERPRINT_HEAD, head_lam: float = DEFAULT_HEAD_LAM) -> None:
         super().__init__(input_kernel=input_kernel, output_kernel=output_kernel, input_sketch=input_sketch,
                          output_sketch=output_sketch, lam=lam, val_fraction=val_fraction, device=device,
                          dtype=dtype, seed=seed, max_memory_gb=max_memory_gb, pinv_rtol=pinv_rtol, select_by=select_by)
@@ -1220,6 +1434,12 @@ class SISOKR(_OKRBase):
         self.rank_lr = rank_lr
         self.rank_min_gain = rank_min_gain
         self.structure_balance = structure_balance
+        self.fingerprint_head = fingerprint_head
+        self.head_lam = head_lam
+        if not isinstance(fingerprint_head, bool):
+            raise SpecError(f"fingerprint_head must be true or false, got {fingerprint_head!r}")
+        if isinstance(head_lam, bool) or not isinstance(head_lam, (int, float)) or not float(head_lam) > 0:
+            raise SpecError(f"head_lam must be a positive number, got {head_lam!r}")
         if isinstance(structure_balance, bool) or not isinstance(structure_balance, (int, float)) \
                 or not 0.0 <= float(structure_balance) <= 1.0:
             raise SpecError(f"structure_balance must be a number in [0, 1], got {structure_balance!r}")

@@ -492,6 +492,9 @@ def train_bundle(train_paths: Sequence[str | Path], options: TrainOptions,
             finetune = _finetune_summary(model)
             if finetune:  # printed with the closing summary (format_summary)
                 summary["models"][mode]["finetune"] = finetune
+            head = _head_summary(model)
+            if head:
+                summary["models"][mode]["fingerprint_head"] = head
     return bundle, summary
 
 
@@ -595,6 +598,29 @@ def _finetune_line(finetune: dict[str, Any]) -> str:
     verdict = "kept" if finetune["kept"] else f"not kept (gain under {finetune['min_gain']:g}): the ridge solution"
     return (f"  ranking fine-tune: validation {finetune['metric']} {finetune['ridge']:.4f} -> {finetune['best']:.4f} "
             f"in {finetune['epochs_run']} epoch(s), {verdict}")
+
+
+def _head_summary(model: Any) -> dict[str, Any] | None:
+    """What the model's fingerprint likelihood head did (SISOKR's ``fingerprint_head`` record of the chosen grid
+    point): the validation metric without and with it, its weight, whether it was kept; None without one."""
+    selection = getattr(model, "selection_", None)
+    if not isinstance(selection, dict) or not isinstance(selection.get("best"), int):
+        return None
+    points = selection.get("points") or []
+    record = points[selection["best"]].get("fingerprint_head") if selection["best"] < len(points) else None
+    if not record:
+        return None
+    metric = selection.get("select_by", "mrr")
+    tried = record[f"val_{metric}"]
+    return {"metric": metric, "without": tried["0.0"], "with": tried[str(record["weight"])],
+            "weight": record["weight"], "kept": bool(record["kept"]), "lam": record["lam"],
+            "seconds": record.get("seconds")}
+
+
+def _head_line(head: dict[str, Any]) -> str:
+    verdict = "kept" if head["kept"] else "not kept: the model's own score"
+    return (f"  fingerprint likelihood head: validation {head['metric']} {head['without']:.4f} -> {head['with']:.4f} "
+            f"(weight {head['weight']:g}), {verdict}")
 
 
 def _uses_fragments(fusion: dict[str, Any]) -> bool:
@@ -729,6 +755,8 @@ def format_summary(summary: dict[str, Any]) -> str:
                 lines.append(f"  {key.removesuffix('_').removesuffix('_spec').replace('_', ' ')}: {value}")
         if info.get("finetune"):
             lines.append(_finetune_line(info["finetune"]))
+        if info.get("fingerprint_head"):
+            lines.append(_head_line(info["fingerprint_head"]))
         val = info.get("validation") or {}
         if "kernel_loss" in val:
             lines.append(f"  validation kernel loss {val['kernel_loss']:.4f} on {val[f'n_{unit}']} {unit} "

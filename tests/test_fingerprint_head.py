@@ -1,0 +1,245 @@
+"""The fingerprint likelihood head (molpredict.models.fingerprint_head) and SISOKR with it: the Platt scalings
+against a reference logistic fit, the head's ridge against a naive one in the Nystrom feature space, the score
+it adds against its definition (the log-likelihood of the candidate's bits, up to a per-query constant), and the
+saved model."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+
+from molpredict.chem.molecules import Molecule, fingerprint_matrix
+from molpredict.errors import ModelFileError
+from molpredict.models.base import CandidateSets, ValidationData
+from molpredict.models.fingerprint_head import (LOGIT_LIMIT, FingerprintHead, candidate_bits, head_logits,
+                                                platt_columns)
+from molpredict.models.okr import SISOKR
+from molpredict.registry import Registry, reset_registry
+from tests.test_okr import TestKernels
+
+GX = 0.02
+
+
+@pytest.fixture(autouse=True)
+def _test_kernels():
+    reset_registry(Registry(load_external=False, extra_plugins=[TestKernels()]))
+    yield
+    reset_registry()
+
+
+def test_platt_columns_match_a_reference_logistic_fit_per_column():
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(400, 3)) * [1.0, 5.0, 0.1] + [0.0, 2.0, -1.0]
+    y = (rng.random((400, 3)) < 1 / (1 + np.exp(-(z * [2.0, -0.5, 8.0] + [0.5, 0.0, 7.0])))).astype(float)
+    w = rng.uniform(0.5, 2.0, 400)
+    a, c = platt_columns(z, y, w, l2=0.0, iterations=50)
+    for b in range(3):
+        def loss(p, b=b):
+            t = p[0] * z[:, b] + p[1]
+            return float(np.sum(w / w.sum() * 400 * (np.logaddexp(0, t) - y[:, b] * t)))
+        ref = minimize(loss, [0.0, 0.0], method="BFGS", options={"gtol": 1e-10}).x
+        assert a[b] == pytest.approx(ref[0], rel=1e-4, abs=1e-5)
+        assert c[b] == pytest.approx(ref[1], rel=1e-4, abs=1e-5)
+
+
+def test_a_constant_bit_gets_a_finite_capped_logit():
+    z = np.random.default_rng(1).normal(size=(50, 2))
+    y = np.zeros((50, 2))
+    y[:, 1] = 1.0
+    a, c = platt_columns(z, y)
+    logits = head_logits(z, a, c)
+    assert np.isfinite(a).all() and np.isfinite(c).all()
+    assert (logits[:, 0] < -3).all() and (logits[:, 1] > 3).all()
+    assert np.abs(logits).max() <= LOGIT_LIMIT
+
+
+def _molecules() -> list[Molecule]:
+    smiles = set()
+    for a in ("C", "CC", "CCC", "CC(C)", "c1ccccc1", "C1CCCCC1"):
+        for b in ("O", "N", "Cl", "C(=O)O", "C#N", "S", "OC"):
+            for c in ("", "C", "CC", "C(O)"):
+                smiles.add(a + c + b)
+    mols, keys = [], set()
+    for s in sorted(smiles):
+        m = Molecule.from_smiles(s)
+        if m.inchikey14 not in keys:
+            keys.add(m.inchikey14)
+            mols.append(m)
+    return mols
+
+
+def _data(seed: int = 0):
+    """Inputs in R^64 that a fixed projection of each structure's Morgan bits generates (plus noise), several
+    inputs per structure; validation structures apart, each ranked among 8 other structures."""
+    mols = _molecules()
+    rng = np.random.default_rng(seed)
+    bits = fingerprint_matrix(mols, "morgan", radius=2, size=2048).astype(float)
+    projection = rng.normal(size=(2048, 64))
+    order = rng.permutation(len(mols))
+    train_s, val_s = order[:90], order[90:]
+
+    def inputs(structures, per):
+        idx = np.repeat(structures, per)
+        return list(np.tanh(bits[idx] @ projection / 3) + 0.05 * rng.normal(size=(len(idx), 64))), \
+            [mols[i] for i in idx]
+
+    X, Y = inputs(train_s, 3)
+    Xv, Yv = inputs(val_s, 2)
+    pool = [mols[i] for i in order]
+    sets, truth = [], []
+    for i, m in enumerate(Yv):
+        own = pool.index(m)
+        others = [j for j in rng.choice(len(pool), 12, replace=False) if j != own][:8]
+        sets.append(np.array([own] + others))
+        truth.append(np.arange(9) == 0)
+    val = ValidationData(Xv, Yv, CandidateSets(pool, sets, truth, np.arange(len(Yv))))
+    return X, Y, val, pool
+
+
+PARAMS = dict(input_kernel=f"vec-rbf:gamma={GX}", output_kernel="tanimoto", input_sketch="subsample:m=120",
+              output_sketch="subsample:m=60", lam="1e-3", device="cpu", rank_epochs=0, head_lam=1e-3)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    reset_registry(Registry(load_external=False, extra_plugins=[TestKernels()]))
+    X, Y, val, pool = _data()
+    with_head = SISOKR(fingerprint_head=True, **PARAMS).fit(X, Y, val=val)
+    without = SISOKR(fingerprint_head=False, **PARAMS).fit(X, Y, val=val)
+    reset_registry()
+    return X, Y, val, pool, with_head, without
+
+
+def test_the_head_is_kept_and_its_score_is_the_log_likelihood_of_the_candidate_bits(fitted):
+    X, Y, val, pool, model, plain = fitted
+    point = model.selection_["points"][model.selection_["best"]]
+    record = point["fingerprint_head"]
+    assert record["kept"] and record["weight"] > 0 and model.head_ is not None
+    head = model.head_
+    assert model.n_coordinates == plain.n_coordinates + 2048
+    # the kernel model is untouched: the same W, the same first coordinates
+    np.testing.assert_array_equal(model.W_, plain.W_)
+    Xv = list(val[0])
+    # the added score is weight * sum_b c_b logit p_b: the log-likelihood of the candidate's bits minus a constant
+    K = model.input_kernel_.transform(Xv)
+    p = 1 / (1 + np.exp(-head_logits(K @ head.map, head.slope, head.intercept)))
+    bits = candidate_bits(pool)
+    loglik = bits @ np.log(p).T + (1 - bits) @ np.log(1 - p).T  # (n_pool, n_val)
+    added = model.score(Xv, pool) - plain.score(Xv, pool)
+    diff = added - head.weight * loglik.T  # the same constant along each query's row
+    assert np.ptp(diff, axis=1).max() < 1e-6 * np.abs(added).max()
+    # candidate coordinates end with the scaled bits
+    coords = model.candidate_coordinates(pool[:5])
+    np.testing.assert_allclose(coords[:, plain.n_coordinates:], head.bit_scale * bits[:5])
+    assert head.bit_scale < 1
+
+
+def test_the_heads_ridge_is_the_naive_ridge_on_the_nystrom_features(fitted):
+    from molpredict.models import okr
+
+    X, Y, val, pool, model, _ = fitted
+    head = model.head_
+    landmarks = model.input_landmarks_
+    kernel = model.input_kernel_
+    Kmm = kernel.transform(landmarks)
+    s, V = np.linalg.eigh((Kmm + Kmm.T) / 2)
+    keep = s > 1e-10 * s[-1]  # the model's own whitening (pinv_rtol) ...
+    keep &= s >= okr.HEAD_RTOL * s[-1]  # ... of which the head reads the directions above HEAD_RTOL
+    whiten = V[:, keep] / np.sqrt(s[keep])
+    F = kernel.transform(X) @ whiten
+    bits = candidate_bits(Y)
+    M = np.linalg.solve(F.T @ F + len(X) * head.lam * np.eye(F.shape[1]), F.T @ bits)
+    Fv = kernel.transform(list(val[0])) @ whiten
+    naive = Fv @ M
+    ours = kernel.transform(list(val[0])) @ head.map
+    assert np.abs(ours - naive).max() < 1e-6 * max(1.0, np.abs(naive).max())
+
+
+def test_the_head_improves_validation_ranking_and_the_scores_the_fusion_reads_include_it(fitted):
+    X, Y, val, pool, model, plain = fitted
+    point = model.selection_["points"][model.selection_["best"]]
+    record = point["fingerprint_head"]
+    assert point["val_mrr"] == pytest.approx(record["val_mrr"][str(record["weight"])])
+    assert point["val_mrr"] >= record["val_mrr"]["0.0"] + model.rank_min_gain
+    assert record["val_mrr"]["0.0"] == pytest.approx(plain.selection_["points"][plain.selection_["best"]]["val_mrr"])
+    assert not np.allclose(model.validation_scores_, plain.validation_scores_)
+
+
+def test_the_saved_model_scores_the_same_and_a_broken_head_is_refused(fitted):
+    X, Y, val, pool, model, _ = fitted
+    arrays, metadata = model.get_state()
+    metadata = json.loads(json.dumps(metadata))
+    assert metadata["output"]["fingerprint_head"]["bit_scale"] == model.head_.bit_scale
+    loaded = SISOKR.from_state({k: v.copy() for k, v in arrays.items()}, metadata)
+    Xv = list(val[0])
+    np.testing.assert_allclose(loaded.score(Xv, pool), model.score(Xv, pool), rtol=1e-10, atol=1e-10)
+    assert loaded.coordinates_key() == model.coordinates_key()
+    bad = {k: (v[:-1] if k == "head.map" else v) for k, v in arrays.items()}
+    with pytest.raises(ModelFileError, match="fingerprint head"):
+        SISOKR.from_state(bad, metadata)
+
+
+def test_without_molecule_outputs_or_when_switched_off_there_is_no_head(fitted):
+    _, _, _, _, _, plain = fitted
+    assert plain.head_ is None and "fingerprint_head" not in plain.selection_["points"][plain.selection_["best"]]
+    with pytest.raises(Exception, match="fingerprint_head"):
+        SISOKR(fingerprint_head="yes")
+    with pytest.raises(Exception, match="head_lam"):
+        SISOKR(head_lam=0)
+
+
+def test_a_head_of_mismatched_shapes_is_refused():
+    with pytest.raises(ValueError, match="do not match"):
+        FingerprintHead(np.zeros((3, 2048)), np.zeros(2047), np.zeros(2048), 1.0)
+
+
+def test_the_training_summary_says_what_the_head_did(fitted):
+    from molpredict.training.pipeline import _head_line, _head_summary
+
+    *_, model, plain = fitted
+    said = _head_summary(model)
+    record = model.selection_["points"][model.selection_["best"]]["fingerprint_head"]
+    assert said["kept"] and said["with"] > said["without"] and said["weight"] == record["weight"]
+    assert f"{said['without']:.4f} -> {said['with']:.4f}" in _head_line(said) and "kept" in _head_line(said)
+    assert _head_summary(plain) is None
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_out_of_fold_bit_predictions_are_the_naive_ridge_fitted_without_the_fold(weighted):
+    """`_out_of_fold_bits` downdates the input side's system by a fold's rows; against a ridge solved from scratch
+    on the other folds' rows (each structure's spectra in one fold), weighted rows included."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from molpredict.models import okr
+
+    rng = np.random.default_rng(3)
+    n_u, n, r, k = 30, 200, 12, 7
+    index = rng.integers(0, n_u, n)
+    index[:n_u] = np.arange(n_u)
+    Z = rng.normal(size=(n, r))
+    bits_u = (rng.random((n_u, k)) < 0.3).astype(float)
+    w_u = rng.uniform(0.5, 2.0, n_u) if weighted else None
+    w = np.ones(n) if w_u is None else w_u[index]
+    C = (Z * w[:, None]).T @ Z
+    lam_eig, Q = np.linalg.eigh(C)
+    E = np.zeros((n, n_u))
+    E[np.arange(n), index] = 1.0
+    ZEQ = ((Z * w[:, None]).T @ E).T @ Q
+    inp = SimpleNamespace(Z=torch.as_tensor(Z, dtype=torch.float32), Q=torch.as_tensor(Q),
+                          lam_eig=torch.as_tensor(lam_eig), ZEQ=torch.as_tensor(ZEQ),
+                          weights_u=None if w_u is None else torch.as_tensor(w_u))
+    lam = 1e-2
+    rows, predicted = okr._out_of_fold_bits(inp, torch.as_tensor(bits_u), torch.as_tensor(index), lam, seed=5)
+    fold = np.random.default_rng(5).integers(0, okr.HEAD_FOLDS, n_u)[index]
+    Zf32 = Z.astype(np.float32).astype(np.float64)  # the features are kept in float32
+    for f in range(okr.HEAD_FOLDS):
+        fit = fold != f
+        A = (Zf32[fit] * w[fit, None]).T @ Zf32[fit] + fit.sum() * lam * np.eye(r)
+        M = np.linalg.solve(A, (Zf32[fit] * w[fit, None]).T @ bits_u[index[fit]])
+        mine = fold[rows] == f
+        assert mine.any()
+        np.testing.assert_allclose(predicted[mine], Zf32[rows[mine]] @ M, rtol=1e-4, atol=1e-4)
