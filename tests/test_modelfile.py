@@ -201,12 +201,17 @@ def test_unknown_model_name_asks_for_plugin(bundle_dir):
     assert FAKE_MODEL in text and "install the plugin" in text
 
 
-def test_unknown_component_name_asks_for_plugin(bundle_dir):
-    path, _, _ = bundle_dir
+def _add_component(path, kind: str, name: str) -> None:
+    """Make the saved positive model name a component ``name`` of ``kind`` (one no plugin registers)."""
     meta_path = path / "positive" / "metadata.json"
     meta = json.loads(meta_path.read_text())
-    meta["components"].append({"kind": "output_kernel", "name": "quantum-fingerprint", "spec": "quantum-fingerprint"})
+    meta["components"].append({"kind": kind, "name": name, "spec": name})
     meta_path.write_text(json.dumps(meta))
+
+
+def test_unknown_component_name_asks_for_plugin(bundle_dir):
+    path, _, _ = bundle_dir
+    _add_component(path, "output_kernel", "quantum-fingerprint")
     with pytest.raises(PluginError) as e:
         ModelBundle.load(path)
     text = _one_line(e)
@@ -224,10 +229,7 @@ def test_an_unregistered_component_says_how_to_load_its_plugin(bundle_dir, tmp_p
     import molpredict
 
     path, _, _ = bundle_dir
-    meta_path = path / "positive" / "metadata.json"
-    meta = json.loads(meta_path.read_text())
-    meta["components"].append({"kind": "input_kernel", "name": "quantum-ppk", "spec": "quantum-ppk"})
-    meta_path.write_text(json.dumps(meta))
+    _add_component(path, "input_kernel", "quantum-ppk")
     with pytest.raises(PluginError) as e:
         molpredict.load_model(path)
     text = _one_line(e)

@@ -575,17 +575,23 @@ def _held_out_selection(model: Any, molecules: Sequence[Any]) -> dict[str, Any] 
             "kernel_loss": float(loss) if loss is not None else math.nan}
 
 
+def _chosen_point_record(model: Any, key: str) -> tuple[dict[str, Any] | None, str]:
+    """The ``key`` record of the model's chosen grid point (SISOKR's ``finetune``, ``fingerprint_head``) and the
+    selection metric; (None, metric) for a model without one."""
+    selection = getattr(model, "selection_", None)
+    if not isinstance(selection, dict) or not isinstance(selection.get("best"), int):
+        return None, "mrr"
+    points = selection.get("points") or []
+    record = points[selection["best"]].get(key) if selection["best"] < len(points) else None
+    return record or None, selection.get("select_by", "mrr")
+
+
 def _finetune_summary(model: Any) -> dict[str, Any] | None:
     """What the model's ranking fine-tune did (SISOKR's ``finetune`` record of the chosen grid point), without
     its per-check history; None for a model without one."""
-    selection = getattr(model, "selection_", None)
-    if not isinstance(selection, dict) or not isinstance(selection.get("best"), int):
-        return None
-    points = selection.get("points") or []
-    record = points[selection["best"]].get("finetune") if selection["best"] < len(points) else None
+    record, metric = _chosen_point_record(model, "finetune")
     if not record:
         return None
-    metric = selection.get("select_by", "mrr")
     history = record["history"]
     seen = history.get("best_seen")
     return {"metric": metric, "ridge": history["init"], "best": (history["checks"][seen]["value"]
@@ -603,14 +609,9 @@ def _finetune_line(finetune: dict[str, Any]) -> str:
 def _head_summary(model: Any) -> dict[str, Any] | None:
     """What the model's fingerprint likelihood head did (SISOKR's ``fingerprint_head`` record of the chosen grid
     point): the validation metric without and with it, its weight, whether it was kept; None without one."""
-    selection = getattr(model, "selection_", None)
-    if not isinstance(selection, dict) or not isinstance(selection.get("best"), int):
-        return None
-    points = selection.get("points") or []
-    record = points[selection["best"]].get("fingerprint_head") if selection["best"] < len(points) else None
+    record, metric = _chosen_point_record(model, "fingerprint_head")
     if not record:
         return None
-    metric = selection.get("select_by", "mrr")
     tried = record[f"val_{metric}"]
     return {"metric": metric, "without": tried["0.0"], "with": tried[str(record["weight"])],
             "weight": record["weight"], "kept": bool(record["kept"]), "lam": record["lam"],
