@@ -143,13 +143,14 @@ DEFAULT_RANK_LR = 3e-4
 #: held-out val_neg structures the tuned map ranked worse than the ridge (hit@1 -0.8; val_pos +3.5), see
 #: docs/benchmarks/ranking_finetune.md
 DEFAULT_RANK_MIN_GAIN = 0.005
-#: SISOKR's fingerprint likelihood head (:mod:`molpredict.models.fingerprint_head`): fitted when ``fit`` gets
-#: validation candidate sets and kept when it ranks them better (its weight chosen there, 0 drops it). Offline
-#: beside the shipped positive model it raised val formula256 hit@1 by 1.5-2.2 points and left the real formula
-#: sets level; trained through `molpredict train` (positive) it gained 0.0067 validation MRR over both kinds of
-#: sets and was kept, for about 150 s more training; on test (read once after that choice) spectrum evidence
-#: formula256 38.0 -> 39.2 hit@1, 74.2 -> 77.9 hit@10, ECE 0.053 -> 0.044 (docs/benchmarks/fingerprint_head.md)
-DEFAULT_FINGERPRINT_HEAD = True
+#: SISOKR's fingerprint likelihood head (:mod:`molpredict.models.fingerprint_head`), opt-in: with it, fitted when
+#: ``fit`` gets validation candidate sets and kept when it ranks them better (its weight chosen there, 0 drops it).
+#: Trained through `molpredict train` (positive) it gained 0.0067 validation MRR over both kinds of sets and was
+#: kept; on test (read once after that choice) spectrum evidence formula256 38.0 -> 39.2 hit@1, 74.2 -> 77.9 hit@10,
+#: ECE 0.053 -> 0.044 (docs/benchmarks/fingerprint_head.md). Not yet the default: with it, the end-to-end test's
+#: in-sample property "fused ranks validation at least as well as the spectrum alone" failed (0.362 vs 0.365 MRR),
+#: which needs understanding first, and the negative model and the speed benchmarks were not re-run with it
+DEFAULT_FINGERPRINT_HEAD = False
 #: the head's ridge, on the same whitened input features as the model (the regularisation is n * lam). Chosen on
 #: val_pos (fitted on train_pos, beside the shipped model, weights chosen on a third of the val structures and
 #: scored on the other two thirds' formula256 sets) from 1e-5 / 1e-4 / 1e-3: docs/benchmarks/fingerprint_head.md
@@ -1409,7 +1410,8 @@ class SISOKR(_OKRBase):
         The ridge's square loss weights each training object by its structure's object count to the power
         ``-structure_balance`` (:func:`ridge_structure_weights`): 0 every spectrum once, 1 every structure once.
     fingerprint_head : bool
-        With validation candidate sets, also fit the fingerprint likelihood head
+        Opt-in (``molpredict train --model sisokr:fingerprint_head=true``): with validation candidate sets, also
+        fit the fingerprint likelihood head
         (:mod:`molpredict.models.fingerprint_head`) and keep it when it ranks them better; its score is added to
         the model's through the coordinates (``head_``, what it did in ``finetune``'s point as
         ``fingerprint_head``).
