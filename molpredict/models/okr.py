@@ -438,19 +438,15 @@ class _OutputSide:
         from the core coordinates (d_core x n_val), ties counted against the truth (its ``ranked`` sets only); with
         ``return_scores``, also the scores of every set, flat in the order of ``candidates.flat()``."""
         queries = (core if self.P is None else self.P.T @ core).T.to(torch.float32).contiguous()  # (n_val, m)
-        offsets, flat, _ = candidates.flat()
-        scores = np.empty(len(flat), dtype=np.float64)
-        by_set: dict[bytes, list[int]] = {}
-        for i, ids in enumerate(candidates.sets):
-            by_set.setdefault(ids.tobytes(), []).append(i)
-        with _one_torch_thread(queries.device):
-            for members in by_set.values():
-                ids = torch.as_tensor(candidates.sets[members[0]], device=queries.device)
-                rows = torch.as_tensor(candidates.positions[members], device=queries.device)
-                block = (queries.index_select(0, rows) @ self.candidate_rows.index_select(0, ids).T
-                         ).to(torch.float64).cpu().numpy()
-                for row, i in enumerate(members):
-                    scores[offsets[i]:offsets[i + 1]] = block[row]
+        device = queries.device
+
+        def block(positions: np.ndarray, ids: np.ndarray) -> np.ndarray:
+            return (queries.index_select(0, torch.as_tensor(positions, device=device))
+                    @ self.candidate_rows.index_select(0, torch.as_tensor(ids, device=device)).T
+                    ).to(torch.float64).cpu().numpy()
+
+        with _one_torch_thread(device):
+            scores = _scores_in_sets(candidates, block)
         value = candidates.ranked_metrics(scores)[metric]
         return (value, scores) if return_scores else value
 
@@ -465,20 +461,21 @@ def _all_molecules(objects: Sequence[Any]) -> bool:
     return all(isinstance(o, Molecule) for o in objects)
 
 
-def _set_scores(query_side: np.ndarray, candidate_side: np.ndarray, candidates: Any) -> np.ndarray:
-    """``query_side[q] . candidate_side[c]`` for every candidate of every validation set, flat in the order of
-    ``candidates.flat()``: (n_queries, k) and (n_molecules, k) in, (n_candidates_total,) float64 out."""
+def _scores_in_sets(candidates: Any, block: Any) -> np.ndarray:
+    """The score of every candidate of every validation set, flat in the order of ``candidates.flat()``.
+
+    ``block(positions, ids)`` scores the queries at ``positions`` against the molecules ``ids``: an ndarray of
+    shape (len(positions), len(ids)). The queries that share a set (one structure's spectra) are scored in one
+    call."""
     offsets, flat, _ = candidates.flat()
-    queries = np.asarray(query_side, dtype=np.float32)
-    rows = np.asarray(candidate_side, dtype=np.float32)
     scores = np.empty(len(flat), dtype=np.float64)
     by_set: dict[bytes, list[int]] = {}
     for i, ids in enumerate(candidates.sets):
         by_set.setdefault(ids.tobytes(), []).append(i)
-    for members in by_set.values():  # queries sharing a set (one structure's spectra): one product
-        block = queries[candidates.positions[members]] @ rows[candidates.sets[members[0]]].T
+    for members in by_set.values():
+        rows = block(candidates.positions[members], candidates.sets[members[0]])
         for row, i in enumerate(members):
-            scores[offsets[i]:offsets[i + 1]] = block[row]
+            scores[offsets[i]:offsets[i + 1]] = rows[row]
     return scores
 
 
@@ -492,10 +489,7 @@ HEAD_RTOL = 1e-8
 
 def _head_directions(inp: "_WhitenedInput") -> np.ndarray:
     """The whitened input coordinates the fingerprint head reads (:data:`HEAD_RTOL`), ndarray of shape (r,), bool."""
-    eigenvalues = np.asarray(getattr(inp, "eigenvalues", np.zeros(0)), dtype=np.float64)
-    if eigenvalues.size != inp.Q.shape[0] or not eigenvalues.size:
-        return np.ones(inp.Q.shape[0], dtype=bool)
-    return eigenvalues >= HEAD_RTOL * eigenvalues.max()
+    return inp.eigenvalues >= HEAD_RTOL * inp.eigenvalues.max()
 
 
 def _head_system(inp: "_WhitenedInput", bits_u: torch.Tensor, keep: np.ndarray
@@ -1064,7 +1058,9 @@ class _OKRBase(Model):
             slope, intercept = platt_columns(predicted, bits_u[index[rows]].cpu().numpy())
             val_logits = head_logits((inp.val_features().T @ M).to(torch.float64).cpu().numpy(), slope, intercept)
             model_scores = np.asarray(best["scores"], dtype=np.float64)
-            head_scores = _set_scores(val_logits, candidate_bits(ranking.molecules), ranking)
+            logits32 = val_logits.astype(np.float32)
+            bits = candidate_bits(ranking.molecules).astype(np.float32)
+            head_scores = _scores_in_sets(ranking, lambda positions, ids: logits32[positions] @ bits[ids].T)
             scale = _spread_ratio(model_scores, head_scores, ranking.flat()[0])
             tried = {str(w): float(ranking.ranked_metrics(model_scores + w * scale * head_scores)[metric])
                      for w in HEAD_WEIGHTS}
