@@ -243,3 +243,35 @@ def test_out_of_fold_bit_predictions_are_the_naive_ridge_fitted_without_the_fold
         mine = fold[rows] == f
         assert mine.any()
         np.testing.assert_allclose(predicted[mine], Zf32[rows[mine]] @ M, rtol=1e-4, atol=1e-4)
+
+
+def test_candidate_coordinates_fingerprint_each_molecule_once(fitted, monkeypatch):
+    """The head's bits share the Tanimoto output kernel's Morgan setting: a cold store fill parses and
+    fingerprints each candidate once, not once for the kernel and again for the head."""
+    from rdkit import Chem
+
+    import molpredict.chem.molecules as molecules
+
+    X, Y, val, pool, model, plain = fitted
+    computed = []
+    from_smiles, from_mol = molecules._fingerprint_rows, molecules._fingerprint_of_mol
+
+    def counting_smiles(chunk, key):
+        computed.extend(chunk)
+        return from_smiles(chunk, key)
+
+    def counting_mol(mol, *key):
+        computed.append(Chem.MolToSmiles(mol))
+        return from_mol(mol, *key)
+
+    monkeypatch.setattr(molecules, "_fingerprint_rows", counting_smiles)
+    monkeypatch.setattr(molecules, "_fingerprint_of_mol", counting_mol)
+    fresh = [Molecule.from_smiles(m.smiles) for m in pool[:20]]  # records with no fingerprint kept
+    coords = model.candidate_coordinates(fresh)
+    assert len(computed) == len(fresh)
+    # the same coordinates as from records fingerprinted separately, and nothing is left kept on the records
+    np.testing.assert_array_equal(coords, model.candidate_coordinates(pool[:20]))
+    assert all(m._fps is None for m in fresh)
+    computed.clear()
+    plain.candidate_coordinates(fresh)
+    assert len(computed) == len(fresh)  # without a head: once, as before

@@ -1173,17 +1173,23 @@ class _OKRBase(Model):
 
     def candidate_coordinates(self, molecules: Sequence[Any]) -> np.ndarray:
         """R_y k_y(train, c) for each candidate: K_y(c, output landmarks) A_y^T, shape (n_c, d), float64."""
+        from molpredict.chem.molecules import remembered_fingerprints  # RDKit: not at import time
+
         self._check_fitted()
         molecules = list(molecules)
         n_landmarks = int(self.output_kernel_.n_fit_)
         out = np.empty((len(molecules), self.n_coordinates), dtype=np.float64)
         step = _rows_per_block(n_landmarks)
         for start in range(0, len(molecules), step):
-            K = self.output_kernel_.transform(molecules[start:start + step])  # (b, n'_y)
-            part = out[start:start + K.shape[0]]
-            part[:, :self.W_.shape[1]] = K if self.output_A_ is None else np.asarray(self.output_A_ @ K.T).T
-            if self.head_ is not None:
-                part[:, self.W_.shape[1]:] = self.head_.candidate_side(molecules[start:start + step])
+            block = molecules[start:start + step]
+            # with a head, the block's records keep the fingerprints the output kernel computes, so that the
+            # head's bits (the same Morgan setting as the default Tanimoto kernel's) are not computed again
+            with remembered_fingerprints(block) if self.head_ is not None else contextlib.nullcontext():
+                K = self.output_kernel_.transform(block)  # (b, n'_y)
+                part = out[start:start + K.shape[0]]
+                part[:, :self.W_.shape[1]] = K if self.output_A_ is None else np.asarray(self.output_A_ @ K.T).T
+                if self.head_ is not None:
+                    part[:, self.W_.shape[1]:] = self.head_.candidate_side(block)
         return out
 
     def _output_gram(self) -> np.ndarray:
