@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from test_report import ISOMERS, _chromium, _rows, _spectrum
 from molpredict.cli import cli
-from molpredict.io import write_mgf
+from molpredict.io import read_spectra, write_mgf
 from molpredict.io.results import ResultWriter
 from molpredict.report.page import Report, ReportOptions, build_report_from_files, decode_report_data, query_groups
 
@@ -160,3 +160,24 @@ def test_a_page_that_cannot_be_written_is_one_line_naming_it(tmp_path, monkeypat
                                       "--no-fragments", "-o", str(tmp_path / "r.html")])
     assert result.exit_code == 5, result.output
     assert result.stderr.strip() == f"molpredict: error: {tmp_path / 'r.html'}: No space left on device"
+
+
+def test_a_title_with_a_tab_is_matched_to_its_rows(tmp_path):
+    """A results file writes a TITLE's tab as a space (a TSV cell cannot hold it): ``report`` then found no spectrum
+    for that query and listed the spectrum as skipped. Ids are matched as a results file writes them, both from the
+    files and when identify hands its rows over directly."""
+    title = "scan\t12"
+    write_mgf([_spectrum(title, smiles=ISOMERS[0]), _spectrum("plain", smiles=ISOMERS[1])], tmp_path / "q.mgf")
+    assert next(iter(read_spectra(tmp_path / "q.mgf"))).id == title   # the reader keeps the tab
+    _write_results(tmp_path / "hits.tsv", _rows(title, ISOMERS, [0.9, 0.5, 0.1]) + _rows("plain", ISOMERS, [0.4]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # every query has its spectrum
+        _, report = build_report_from_files(tmp_path / "hits.tsv", tmp_path / "q.mgf", tmp_path / "r.html",
+                                            fragments=False)
+    data = decode_report_data((tmp_path / "r.html").read_text())
+    assert [q["id"] for q in data["queries"]] == ["scan 12", "plain"]
+    assert all(q.get("pk") for q in data["queries"]) and report.skipped == []
+    live = Report(ReportOptions(gzip_above=-1))
+    live.add_spectrum(_spectrum(title))
+    live.add_rows(_rows(title, ISOMERS[:1], [1.0]))
+    assert live.queries[0].get("pk") and live.unmatched_spectra == []

@@ -58,6 +58,12 @@ def output_format(path: str | None, fmt: str | None) -> str:
 _CELL_SPACES = str.maketrans({"\t": " ", "\n": " ", "\r": " "})
 
 
+def as_written(text: str) -> str:
+    """``text`` as a TSV or CSV cell holds it (each tab, newline or carriage return one space): what a query id
+    read back from a results file is matched against."""
+    return str(text).translate(_CELL_SPACES)
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return ""

@@ -33,6 +33,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from molpredict.errors import InputError
+from molpredict.io.results import as_written
 
 __all__ = ["ReportOptions", "Report", "draw_molecule_svg", "compact_svg", "decode_report_data", "run_parameters",
            "build_report_from_files", "query_groups", "versions", "reason_groups", "CANDIDATE_EXTRA_COLUMNS"]
@@ -281,7 +282,8 @@ class Report:
     # -- input -----------------------------------------------------------------------------------------------
     def add_spectrum(self, spectrum: Any) -> None:
         """Remember a spectrum until the rows of its query arrive."""
-        self._pending.setdefault(str(spectrum.id), deque()).append(spectrum)
+        # keyed as a results file writes the id (a TITLE's tab is a space there), so that rows read back match
+        self._pending.setdefault(as_written(str(spectrum.id)), deque()).append(spectrum)
 
     def watch(self, spectra: Iterable[Any]) -> Iterator[Any]:
         """Yield ``spectra`` unchanged, remembering each (:meth:`add_spectrum`)."""
@@ -328,11 +330,12 @@ class Report:
             return
         query_id = _text(rows[0].get("query_id"))
         if spectrum is None:
-            waiting = self._pending.get(query_id)
+            key = as_written(query_id)
+            waiting = self._pending.get(key)
             if waiting:
                 spectrum = waiting.popleft()
                 if not waiting:
-                    del self._pending[query_id]
+                    del self._pending[key]
         for column in CANDIDATE_EXTRA_COLUMNS:
             if column not in self._extra_columns and any(_number(r.get(column)) is not None for r in rows):
                 self._extra_columns.append(column)
@@ -661,7 +664,7 @@ def build_report_from_files(results: str | Path, spectra: str | Path, output: st
         for entry in unreadable:
             report.add_skipped(entry.spectrum_id or "", f"{_UNREADABLE}: {entry.reason}", entry.path, entry.record)
     for spectrum in report.unmatched_spectra:
-        waiting = reasons.get(str(spectrum.id))
+        waiting = reasons.get(as_written(str(spectrum.id)))
         if waiting:
             waiting.popleft()   # listed with its reason already
             continue
