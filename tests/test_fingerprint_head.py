@@ -275,3 +275,15 @@ def test_candidate_coordinates_fingerprint_each_molecule_once(fitted, monkeypatc
     computed.clear()
     plain.candidate_coordinates(fresh)
     assert len(computed) == len(fresh)  # without a head: once, as before
+
+
+def test_sparse_candidate_bits_are_the_dense_bits_across_chunks():
+    from molpredict.models.fingerprint_head import sparse_candidate_bits
+
+    mols = _molecules()[:50]
+    dense = candidate_bits(mols)
+    sparse = sparse_candidate_bits(mols, chunk=7)   # 8 chunks, the last one short
+    assert sparse.shape == dense.shape and sparse.dtype == np.float32
+    np.testing.assert_array_equal(sparse.toarray(), dense)
+    assert 0 < sparse.nnz < 0.1 * dense.size   # a fingerprint sets a few dozen of its 2,048 bits
+    assert sparse_candidate_bits([]).shape == (0, 2048)

@@ -1042,7 +1042,8 @@ class _OKRBase(Model):
         metric; the head is kept when that beats the model alone by at least ``rank_min_gain``.
         ``point["fingerprint_head"]`` records what was tried; a kept head's scores join ``best["scores"]`` (what
         the fusion and calibration are fitted on)."""
-        from molpredict.models.fingerprint_head import candidate_bits, head_logits, platt_columns
+        from molpredict.models.fingerprint_head import (candidate_bits, head_logits, platt_columns,
+                                                        sparse_candidate_bits)
 
         inp, metric = best["input"], self.select_by
         lam = float(getattr(self, "head_lam", DEFAULT_HEAD_LAM))
@@ -1059,8 +1060,8 @@ class _OKRBase(Model):
             val_logits = head_logits((inp.val_features().T @ M).to(torch.float64).cpu().numpy(), slope, intercept)
             model_scores = np.asarray(best["scores"], dtype=np.float64)
             logits32 = val_logits.astype(np.float32)
-            bits = candidate_bits(ranking.molecules).astype(np.float32)
-            head_scores = _scores_in_sets(ranking, lambda positions, ids: logits32[positions] @ bits[ids].T)
+            bits = sparse_candidate_bits(ranking.molecules)  # (n_candidates, size): dense, the training's peak
+            head_scores = _scores_in_sets(ranking, lambda positions, ids: (bits[ids] @ logits32[positions].T).T)
             scale = _spread_ratio(model_scores, head_scores, ranking.flat()[0])
             tried = {str(w): float(ranking.ranked_metrics(model_scores + w * scale * head_scores)[metric])
                      for w in HEAD_WEIGHTS}
