@@ -206,15 +206,18 @@ def test_the_training_summary_says_what_the_head_did(fitted):
     assert _head_summary(plain) is None
 
 
-@pytest.mark.parametrize("weighted", [False, True])
-def test_out_of_fold_bit_predictions_are_the_naive_ridge_fitted_without_the_fold(weighted):
+@pytest.mark.parametrize("weighted, block", [(False, 4096), (True, 4096), (True, 7)])
+def test_out_of_fold_bit_predictions_are_the_naive_ridge_fitted_without_the_fold(weighted, block, monkeypatch):
     """`_out_of_fold_bits` downdates the input side's system by a fold's rows; against a ridge solved from scratch
-    on the other folds' rows (each structure's spectra in one fold), weighted rows included."""
+    on the other folds' rows (each structure's spectra in one fold), weighted rows included, and with the fold's
+    rows summed in blocks of 7 (``HEAD_ROW_BLOCK``; 4096 takes each fold here in one block)."""
     from types import SimpleNamespace
 
     import torch
 
     from molpredict.models import okr
+
+    monkeypatch.setattr(okr, "HEAD_ROW_BLOCK", block)
 
     rng = np.random.default_rng(3)
     n_u, n, r, k = 30, 200, 12, 7

@@ -481,6 +481,8 @@ def _scores_in_sets(candidates: Any, block: Any) -> np.ndarray:
 
 #: folds (by structure) and training spectra sampled for the fingerprint head's Platt scalings
 HEAD_FOLDS, HEAD_PLATT_SAMPLE = 3, 15000
+#: training rows per block in the head's out-of-fold sums (float64 rows of the whitened features: ~130 MB a block)
+HEAD_ROW_BLOCK = 4096
 #: the head's ridge reads the whitened input coordinates whose Nystrom eigenvalue is at least this fraction of the
 #: largest: at the model's own cut-off (``pinv_rtol`` 1e-10, rank 3,976 of 4,000 on train_pos) the three extra
 #: near-null directions halved the head's offline gain (val formula256 MRR beside the model +0.023 -> +0.012)
@@ -521,29 +523,44 @@ def _out_of_fold_bits(inp: "_WhitenedInput", bits_u: torch.Tensor, index: torch.
     predictions : ndarray of shape (n_sample, bits), float64
     """
     keep = np.ones(inp.Q.shape[0], dtype=bool) if keep is None else keep
-    Z = inp.Z.index_select(1, torch.as_tensor(np.flatnonzero(keep), device=inp.Z.device))  # (n, r_k), float32
-    n = int(Z.shape[0])
+    columns = torch.as_tensor(np.flatnonzero(keep), device=inp.Z.device)
+    n = int(inp.Z.shape[0])
     rng = np.random.default_rng(seed)
     structure = index.cpu().numpy()
     fold = rng.integers(0, HEAD_FOLDS, int(structure.max()) + 1)[structure]
     rows = np.sort(rng.choice(n, min(n, HEAD_PLATT_SAMPLE), replace=False))
     dtype = inp.Q.dtype
+
+    def features(at: torch.Tensor) -> torch.Tensor:
+        """Z's rows ``at`` on the coordinates kept, (len(at), r_k): gathered a block at a time, never all of Z."""
+        return inp.Z.index_select(0, at).index_select(1, columns).to(dtype)
+
     C, ZtY = _head_system(inp, bits_u, keep)  # Z^T Y: the structures' feature sums times their bits
     predictions = np.empty((len(rows), int(bits_u.shape[1])))
     eye = torch.eye(C.shape[0], dtype=dtype, device=C.device)
     for f in range(HEAD_FOLDS):
-        held = torch.as_tensor(np.flatnonzero(fold == f), device=Z.device)
+        held = torch.as_tensor(np.flatnonzero(fold == f), device=inp.Z.device)
         if held.numel() == 0 or held.numel() == n:
             continue
-        Zf = Z.index_select(0, held).to(dtype)
-        Yf = bits_u.index_select(0, index.index_select(0, held))
-        # the input side's system is weighted when its ridge weighs structures (structure_balance): so are the folds'
-        ZfV = Zf if inp.weights_u is None else Zf * inp.weights_u.to(dtype)[index.index_select(0, held)][:, None]
-        system = C - ZfV.T @ Zf + (n - held.numel()) * lam * eye
-        Mf = torch.linalg.solve((system + system.T) / 2, ZtY - ZfV.T @ Yf)
+        # Z_f^T V Z_f and Z_f^T V Y_f summed over blocks of the fold's rows: a fold's rows at once, beside a copy of
+        # Z on the kept coordinates, were about 1.5 GB on train_pos
+        gram = torch.zeros_like(C)
+        cross = torch.zeros_like(ZtY)
+        for block in held.split(HEAD_ROW_BLOCK):
+            Zb = features(block)
+            Yb = bits_u.index_select(0, index.index_select(0, block))
+            # the input side's system is weighted when its ridge weighs structures (structure_balance): so are
+            # the folds'
+            ZbV = Zb if inp.weights_u is None else \
+                Zb * inp.weights_u.to(dtype)[index.index_select(0, block)][:, None]
+            gram += ZbV.T @ Zb
+            cross += ZbV.T @ Yb
+        system = C - gram + (n - held.numel()) * lam * eye
+        Mf = torch.linalg.solve((system + system.T) / 2, ZtY - cross)
         mine = np.flatnonzero(fold[rows] == f)
-        sample = torch.as_tensor(rows[mine], device=Z.device)
-        predictions[mine] = (Z.index_select(0, sample).to(dtype) @ Mf).cpu().numpy()
+        for part in np.array_split(mine, max(1, -(-len(mine) // HEAD_ROW_BLOCK))):
+            if len(part):
+                predictions[part] = (features(torch.as_tensor(rows[part], device=inp.Z.device)) @ Mf).cpu().numpy()
     return rows, predictions
 
 
