@@ -42,6 +42,10 @@ def test_platt_columns_match_a_reference_logistic_fit_per_column():
         ref = minimize(loss, [0.0, 0.0], method="BFGS", options={"gtol": 1e-10}).x
         assert a[b] == pytest.approx(ref[0], rel=1e-4, abs=1e-5)
         assert c[b] == pytest.approx(ref[1], rel=1e-4, abs=1e-5)
+    # fitted in column blocks (2 + 1 columns), each column's scaling is the same
+    a2, c2 = platt_columns(z, y, w, l2=0.0, iterations=50, block=2)
+    np.testing.assert_allclose(a2, a, rtol=1e-12)
+    np.testing.assert_allclose(c2, c, rtol=1e-12)
 
 
 def test_a_constant_bit_gets_a_finite_capped_logit():
