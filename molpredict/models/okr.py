@@ -146,10 +146,10 @@ DEFAULT_RANK_MIN_GAIN = 0.005
 #: SISOKR's fingerprint likelihood head (:mod:`molpredict.models.fingerprint_head`), on by default: fitted when
 #: ``fit`` gets validation candidate sets and kept only when it ranks them better (its weight chosen there, 0 drops
 #: it). Trained through `molpredict train` (positive) it gained 0.0067 validation MRR over both kinds of sets and
-#: was kept; on test (read once after that choice) spectrum evidence formula256 38.0 -> 39.2 hit@1, 74.2 -> 77.9
-#: hit@10, ECE 0.053 -> 0.044 (docs/benchmarks/fingerprint_head.md). (An end-to-end check that once failed with it
-#: assumed the learnt-ranker fusion never ranks validation below the spectrum alone in-sample; that holds only for
-#: the weight grid: the ranker is fitted by likelihood and chosen out of fold.)
+#: was kept (negative: dropped); on test, the default positive bundle's spectrum evidence formula256 38.0 -> 39.3
+#: hit@1, 74.2 -> 78.0 hit@10, ECE 0.053 -> 0.046 (docs/benchmarks/evidence.md). (An end-to-end check that once
+#: failed with it assumed the learnt-ranker fusion never ranks validation below the spectrum alone in-sample; that
+#: holds only for the weight grid: the ranker is fitted by likelihood and chosen out of fold.)
 DEFAULT_FINGERPRINT_HEAD = True
 #: the head's ridge, on the same whitened input features as the model (the regularisation is n * lam). Chosen on
 #: val_pos (fitted on train_pos, beside the shipped model, weights chosen on a third of the val structures and
