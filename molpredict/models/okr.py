@@ -507,14 +507,16 @@ def _head_system(inp: "_WhitenedInput", bits_u: torch.Tensor, keep: np.ndarray
 
 
 def _out_of_fold_bits(inp: "_WhitenedInput", bits_u: torch.Tensor, index: torch.Tensor, lam: float, seed: int,
-                      keep: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                      keep: np.ndarray | None = None,
+                      system: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Out-of-fold ridge predictions of the training spectra's fingerprint bits, for the head's Platt scalings.
 
     Folds are drawn over the structures (``HEAD_FOLDS``); a seeded sample of at most ``HEAD_PLATT_SAMPLE``
     spectra is predicted, each by the ridge fitted without its fold. Each fold's system is the full one minus the
     fold's rows, ``(C - Z_f^T Z_f + n' lam I) M_f = Z^T Y - Z_f^T Y_f`` with ``C = Q diag(lam_eig) Q^T`` from the
     input side, so a fold costs one product over its rows and one solve of order r. ``keep`` (r,) bool: the
-    coordinates read (:func:`_head_directions`; default all).
+    coordinates read (:func:`_head_directions`; default all). ``system``: :func:`_head_system`'s ``(C, Z^T Y)``
+    for these ``keep`` when the caller has it (an order-r product it need not make twice).
 
     Returns
     -------
@@ -535,7 +537,7 @@ def _out_of_fold_bits(inp: "_WhitenedInput", bits_u: torch.Tensor, index: torch.
         """Z's rows ``at`` on the coordinates kept, (len(at), r_k): gathered a block at a time, never all of Z."""
         return inp.Z.index_select(0, at).index_select(1, columns).to(dtype)
 
-    C, ZtY = _head_system(inp, bits_u, keep)  # Z^T Y: the structures' feature sums times their bits
+    C, ZtY = _head_system(inp, bits_u, keep) if system is None else system
     predictions = np.empty((len(rows), int(bits_u.shape[1])))
     eye = torch.eye(C.shape[0], dtype=dtype, device=C.device)
     for f in range(HEAD_FOLDS):
@@ -558,9 +560,9 @@ def _out_of_fold_bits(inp: "_WhitenedInput", bits_u: torch.Tensor, index: torch.
         system = C - gram + (n - held.numel()) * lam * eye
         Mf = torch.linalg.solve((system + system.T) / 2, ZtY - cross)
         mine = np.flatnonzero(fold[rows] == f)
-        for part in np.array_split(mine, max(1, -(-len(mine) // HEAD_ROW_BLOCK))):
-            if len(part):
-                predictions[part] = (features(torch.as_tensor(rows[part], device=inp.Z.device)) @ Mf).cpu().numpy()
+        for start in range(0, len(mine), HEAD_ROW_BLOCK):
+            part = mine[start:start + HEAD_ROW_BLOCK]
+            predictions[part] = (features(torch.as_tensor(rows[part], device=inp.Z.device)) @ Mf).cpu().numpy()
     return rows, predictions
 
 
@@ -1068,16 +1070,16 @@ class _OKRBase(Model):
         with profile.stage("fingerprint_head"):
             bits_u = torch.as_tensor(candidate_bits(unique_molecules), dtype=inp.dtype, device=inp.device)
             keep = _head_directions(inp)
-            C, ZtY = _head_system(inp, bits_u, keep)
+            C, ZtY = _head_system(inp, bits_u, keep)  # Z^T Y: the structures' feature sums times their bits
             M = torch.zeros((inp.Q.shape[0], bits_u.shape[1]), dtype=C.dtype, device=C.device)  # (r, bits)
             M[torch.as_tensor(np.flatnonzero(keep), device=C.device)] = torch.linalg.solve(
                 C + inp.n * lam * torch.eye(C.shape[0], dtype=C.dtype, device=C.device), ZtY)  # the ridge's core
-            rows, predicted = _out_of_fold_bits(inp, bits_u, index, lam, int(self.seed), keep)
+            rows, predicted = _out_of_fold_bits(inp, bits_u, index, lam, int(self.seed), keep, system=(C, ZtY))
             slope, intercept = platt_columns(predicted, bits_u[index[rows]].cpu().numpy())
             val_logits = head_logits((inp.val_features().T @ M).to(torch.float64).cpu().numpy(), slope, intercept)
             model_scores = np.asarray(best["scores"], dtype=np.float64)
             logits32 = val_logits.astype(np.float32)
-            bits = sparse_candidate_bits(ranking.molecules)  # (n_candidates, size): dense, the training's peak
+            bits = sparse_candidate_bits(ranking.molecules)  # (n_candidates, size); dense it was the training's peak
             head_scores = _scores_in_sets(ranking, lambda positions, ids: (bits[ids] @ logits32[positions].T).T)
             scale = _spread_ratio(model_scores, head_scores, ranking.flat()[0])
             tried = {str(w): float(ranking.ranked_metrics(model_scores + w * scale * head_scores)[metric])
