@@ -207,6 +207,7 @@ def test_the_training_summary_says_what_the_head_did(fitted):
     record = model.selection_["points"][model.selection_["best"]]["fingerprint_head"]
     assert said["kept"] and said["with"] > said["without"] and said["weight"] == record["weight"]
     assert f"{said['without']:.4f} -> {said['with']:.4f}" in _head_line(said) and "kept" in _head_line(said)
+    assert f"lam {record['lam']:g}" in _head_line(said)
     assert _head_summary(plain) is None
 
 
@@ -250,6 +251,59 @@ def test_out_of_fold_bit_predictions_are_the_naive_ridge_fitted_without_the_fold
         mine = fold[rows] == f
         assert mine.any()
         np.testing.assert_allclose(predicted[mine], Zf32[rows[mine]] @ M, rtol=1e-4, atol=1e-4)
+
+
+def test_out_of_fold_bits_for_a_lam_grid_are_each_lam_alone():
+    """One pass over the folds' rows for several lam gives each lam's predictions as its own call does."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from molpredict.models import okr
+
+    rng = np.random.default_rng(4)
+    n_u, n, r, k = 25, 150, 10, 6
+    index = rng.integers(0, n_u, n)
+    index[:n_u] = np.arange(n_u)
+    Z = rng.normal(size=(n, r))
+    bits_u = (rng.random((n_u, k)) < 0.3).astype(float)
+    lam_eig, Q = np.linalg.eigh(Z.T @ Z)
+    E = np.zeros((n, n_u))
+    E[np.arange(n), index] = 1.0
+    inp = SimpleNamespace(Z=torch.as_tensor(Z, dtype=torch.float32), Q=torch.as_tensor(Q),
+                          lam_eig=torch.as_tensor(lam_eig), ZEQ=torch.as_tensor((Z.T @ E).T @ Q), weights_u=None)
+    args = (inp, torch.as_tensor(bits_u), torch.as_tensor(index))
+    rows, grid = okr._out_of_fold_bits(*args, [1e-3, 1e-1], seed=2)
+    assert isinstance(grid, list) and len(grid) == 2
+    for lam, predicted in zip([1e-3, 1e-1], grid):
+        rows_alone, alone = okr._out_of_fold_bits(*args, lam, seed=2)
+        np.testing.assert_array_equal(rows, rows_alone)
+        np.testing.assert_allclose(predicted, alone, rtol=1e-12, atol=1e-12)
+    assert np.abs(grid[0] - grid[1]).max() > 1e-3  # the lam matters here
+
+
+def test_the_default_head_lam_is_chosen_on_validation_from_the_grid():
+    """``head_lam`` None (the default): each of ``DEFAULT_HEAD_LAMS`` is fitted and scored on the validation sets;
+    the kept one is the (lam, weight) pair with the best validation metric, and its figures are recorded."""
+    from molpredict.models import okr
+
+    X, Y, val, pool = _data()
+    grid = (1e-4, 1e-3, 1e-2)
+    params = {**PARAMS, "head_lam": None}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(okr, "DEFAULT_HEAD_LAMS", grid)
+        model = SISOKR(fingerprint_head=True, **params).fit(X, Y, val=val)
+    record = model.selection_["points"][model.selection_["best"]]["fingerprint_head"]
+    tried = record["lams"]
+    assert sorted(float(k) for k in tried) == list(grid)
+    best = max(tried, key=lambda k: (tried[k]["val_mrr"], float(k)))
+    assert len({t["val_mrr"] for t in tried.values()}) > 1  # the grid matters on this data
+    assert record["lam"] == float(best) and record["weight"] == tried[best]["weight"]
+    assert record["val_mrr"][str(record["weight"])] == tried[best]["val_mrr"]
+    # the kept head is the one fitted with that lam: the fixed-lam fit reproduces it
+    fixed = SISOKR(fingerprint_head=True, **{**PARAMS, "head_lam": float(best)}).fit(X, Y, val=val)
+    np.testing.assert_allclose(model.head_.map, fixed.head_.map, rtol=1e-10, atol=1e-12)
+    assert model.head_.lam == float(best) and model.head_.weight == pytest.approx(fixed.head_.weight)
 
 
 def test_candidate_coordinates_fingerprint_each_molecule_once(fitted, monkeypatch):

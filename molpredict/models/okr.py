@@ -145,16 +145,17 @@ DEFAULT_RANK_LR = 3e-4
 DEFAULT_RANK_MIN_GAIN = 0.005
 #: SISOKR's fingerprint likelihood head (:mod:`molpredict.models.fingerprint_head`), on by default: fitted when
 #: ``fit`` gets validation candidate sets and kept only when it ranks them better (its weight chosen there, 0 drops
-#: it). Trained through `molpredict train` (positive) it gained 0.0067 validation MRR over both kinds of sets and
-#: was kept (negative: dropped); on test, the default positive bundle's spectrum evidence formula256 38.0 -> 39.3
-#: hit@1, 74.2 -> 78.0 hit@10, ECE 0.053 -> 0.046 (docs/benchmarks/evidence.md). (An end-to-end check that once
+#: it). Trained through `molpredict train` with its lam chosen there too, it gained 0.0121 validation MRR over both
+#: kinds of sets in positive mode and 0.0058 in negative mode, both kept; on test, the spectrum evidence's formula256
+#: hit@1 38.0 -> 41.3 positive and 29.7 -> 32.3 negative (docs/benchmarks/evidence.md). (An end-to-end check that once
 #: failed with it assumed the learnt-ranker fusion never ranks validation below the spectrum alone in-sample; that
 #: holds only for the weight grid: the ranker is fitted by likelihood and chosen out of fold.)
 DEFAULT_FINGERPRINT_HEAD = True
-#: the head's ridge, on the same whitened input features as the model (the regularisation is n * lam). Chosen on
-#: val_pos (fitted on train_pos, beside the shipped model, weights chosen on a third of the val structures and
-#: scored on the other two thirds' formula256 sets) from 1e-5 / 1e-4 / 1e-3: docs/benchmarks/fingerprint_head.md
-DEFAULT_HEAD_LAM = 1e-5
+#: the head's ridge, on the same whitened input features as the model (the regularisation is n * lam): by default
+#: each of these is tried and validation chooses, with the head's weight (``head_lam=X`` fixes one). Offline on
+#: val_pos 1e-5 beat 1e-4 and 1e-3 by far, at the grid's edge, so the grid reaches below it; through a training
+#: positive mode chose 3e-6 and negative 1e-6, again the edge, hence 3e-7: docs/benchmarks/fingerprint_head.md
+DEFAULT_HEAD_LAMS = (3e-7, 1e-6, 3e-6, 1e-5)
 #: the head's weights tried on validation, in units of the typical ratio of the two scores' spreads within a set
 HEAD_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
 #: the candidate bits are stored scaled by this (the query side by its inverse): coordinate stores quantise a row
@@ -506,9 +507,10 @@ def _head_system(inp: "_WhitenedInput", bits_u: torch.Tensor, keep: np.ndarray
     return (C + C.T) / 2, ZtY
 
 
-def _out_of_fold_bits(inp: "_WhitenedInput", bits_u: torch.Tensor, index: torch.Tensor, lam: float, seed: int,
-                      keep: np.ndarray | None = None,
-                      system: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _out_of_fold_bits(inp: "_WhitenedInput", bits_u: torch.Tensor, index: torch.Tensor,
+                      lam: float | Sequence[float], seed: int, keep: np.ndarray | None = None,
+                      system: tuple[torch.Tensor, torch.Tensor] | None = None
+                      ) -> tuple[np.ndarray, np.ndarray | list[np.ndarray]]:
     """Out-of-fold ridge predictions of the training spectra's fingerprint bits, for the head's Platt scalings.
 
     Folds are drawn over the structures (``HEAD_FOLDS``); a seeded sample of at most ``HEAD_PLATT_SAMPLE``
@@ -516,14 +518,17 @@ def _out_of_fold_bits(inp: "_WhitenedInput", bits_u: torch.Tensor, index: torch.
     fold's rows, ``(C - Z_f^T Z_f + n' lam I) M_f = Z^T Y - Z_f^T Y_f`` with ``C = Q diag(lam_eig) Q^T`` from the
     input side, so a fold costs one product over its rows and one solve of order r. ``keep`` (r,) bool: the
     coordinates read (:func:`_head_directions`; default all). ``system``: :func:`_head_system`'s ``(C, Z^T Y)``
-    for these ``keep`` when the caller has it (an order-r product it need not make twice).
+    for these ``keep`` when the caller has it (an order-r product it need not make twice). ``lam`` a sequence:
+    the predictions of each, from one pass over the folds' rows.
 
     Returns
     -------
     rows : ndarray of shape (n_sample,), int64
         The sampled training spectra.
     predictions : ndarray of shape (n_sample, bits), float64
+        A list of them, one per ``lam``, when ``lam`` is a sequence.
     """
+    lams = [float(lam)] if np.ndim(lam) == 0 else [float(x) for x in lam]
     keep = np.ones(inp.Q.shape[0], dtype=bool) if keep is None else keep
     columns = torch.as_tensor(np.flatnonzero(keep), device=inp.Z.device)
     n = int(inp.Z.shape[0])
@@ -538,7 +543,7 @@ def _out_of_fold_bits(inp: "_WhitenedInput", bits_u: torch.Tensor, index: torch.
         return inp.Z.index_select(0, at).index_select(1, columns).to(dtype)
 
     C, ZtY = _head_system(inp, bits_u, keep) if system is None else system
-    predictions = np.empty((len(rows), int(bits_u.shape[1])))
+    predictions = [np.empty((len(rows), int(bits_u.shape[1]))) for _ in lams]
     eye = torch.eye(C.shape[0], dtype=dtype, device=C.device)
     for f in range(HEAD_FOLDS):
         held = torch.as_tensor(np.flatnonzero(fold == f), device=inp.Z.device)
@@ -557,13 +562,15 @@ def _out_of_fold_bits(inp: "_WhitenedInput", bits_u: torch.Tensor, index: torch.
                 Zb * inp.weights_u.to(dtype)[index.index_select(0, block)][:, None]
             gram += ZbV.T @ Zb
             cross += ZbV.T @ Yb
-        system = C - gram + (n - held.numel()) * lam * eye
-        Mf = torch.linalg.solve((system + system.T) / 2, ZtY - cross)
+        downdated = C - gram
         mine = np.flatnonzero(fold[rows] == f)
-        for start in range(0, len(mine), HEAD_ROW_BLOCK):
-            part = mine[start:start + HEAD_ROW_BLOCK]
-            predictions[part] = (features(torch.as_tensor(rows[part], device=inp.Z.device)) @ Mf).cpu().numpy()
-    return rows, predictions
+        for predicted, fold_lam in zip(predictions, lams):
+            system = downdated + (n - held.numel()) * fold_lam * eye
+            Mf = torch.linalg.solve((system + system.T) / 2, ZtY - cross)
+            for start in range(0, len(mine), HEAD_ROW_BLOCK):
+                part = mine[start:start + HEAD_ROW_BLOCK]
+                predicted[part] = (features(torch.as_tensor(rows[part], device=inp.Z.device)) @ Mf).cpu().numpy()
+    return rows, (predictions[0] if np.ndim(lam) == 0 else predictions)
 
 
 def _spread_ratio(first: np.ndarray, second: np.ndarray, offsets: np.ndarray) -> float:
@@ -1057,45 +1064,66 @@ class _OKRBase(Model):
         The ridge to the bits reuses the input side's eigendecomposition. The Platt scalings are fitted on
         out-of-fold predictions of training spectra (:func:`_out_of_fold_bits`: folds by structure), so they
         describe structures the ridge did not see, and the validation sets stay free to choose the head's weight:
-        ``HEAD_WEIGHTS`` times the typical ratio of the two scores' spreads, the one with the best validation
-        metric; the head is kept when that beats the model alone by at least ``rank_min_gain``.
+        ``HEAD_WEIGHTS`` times the typical ratio of the two scores' spreads, with its ridge's ``lam``
+        (``DEFAULT_HEAD_LAMS`` unless ``head_lam`` fixes one), the pair with the best validation metric; the head is
+        kept when that beats the model alone by at least ``rank_min_gain``.
         ``point["fingerprint_head"]`` records what was tried; a kept head's scores join ``best["scores"]`` (what
         the fusion and calibration are fitted on)."""
         from molpredict.models.fingerprint_head import (candidate_bits, head_logits, platt_columns,
                                                         sparse_candidate_bits)
 
         inp, metric = best["input"], self.select_by
-        lam = float(getattr(self, "head_lam", DEFAULT_HEAD_LAM))
+        fixed = getattr(self, "head_lam", None)
+        lams = list(DEFAULT_HEAD_LAMS) if fixed is None else [float(fixed)]
         started = time.perf_counter()
         with profile.stage("fingerprint_head"):
             bits_u = torch.as_tensor(candidate_bits(unique_molecules), dtype=inp.dtype, device=inp.device)
             keep = _head_directions(inp)
+            kept_rows = torch.as_tensor(np.flatnonzero(keep), device=inp.device)
             C, ZtY = _head_system(inp, bits_u, keep)  # Z^T Y: the structures' feature sums times their bits
-            M = torch.zeros((inp.Q.shape[0], bits_u.shape[1]), dtype=C.dtype, device=C.device)  # (r, bits)
-            M[torch.as_tensor(np.flatnonzero(keep), device=C.device)] = torch.linalg.solve(
-                C + inp.n * lam * torch.eye(C.shape[0], dtype=C.dtype, device=C.device), ZtY)  # the ridge's core
-            rows, predicted = _out_of_fold_bits(inp, bits_u, index, lam, int(self.seed), keep, system=(C, ZtY))
-            slope, intercept = platt_columns(predicted, bits_u[index[rows]].cpu().numpy())
-            val_logits = head_logits((inp.val_features().T @ M).to(torch.float64).cpu().numpy(), slope, intercept)
+            eye = torch.eye(C.shape[0], dtype=C.dtype, device=C.device)
+            rows, predicted = _out_of_fold_bits(inp, bits_u, index, lams, int(self.seed), keep, system=(C, ZtY))
+            observed = bits_u[index[rows]].cpu().numpy()
             model_scores = np.asarray(best["scores"], dtype=np.float64)
-            logits32 = val_logits.astype(np.float32)
             bits = sparse_candidate_bits(ranking.molecules)  # (n_candidates, size); dense it was the training's peak
-            head_scores = _scores_in_sets(ranking, lambda positions, ids: (bits[ids] @ logits32[positions].T).T)
-            scale = _spread_ratio(model_scores, head_scores, ranking.flat()[0])
-            tried = {str(w): float(ranking.ranked_metrics(model_scores + w * scale * head_scores)[metric])
-                     for w in HEAD_WEIGHTS}
-        chosen = max(HEAD_WEIGHTS, key=lambda w: (tried[str(w)], -w))
-        gain = tried[str(chosen)] - tried[str(0.0)]
-        kept = chosen > 0 and gain >= float(getattr(self, "rank_min_gain", 0.0))
-        point["fingerprint_head"] = {"lam": lam, "directions": int(keep.sum()), "scale": scale,
-                                     f"val_{metric}": tried, "weight": chosen,
-                                     "gain": gain, "kept": kept, "seconds": time.perf_counter() - started}
+            val_features = inp.val_features().T
+            grid: dict[str, dict[str, float]] = {}
+            choice: tuple[tuple[float, float, float], dict[str, Any]] | None = None
+            for i, lam in enumerate(lams):
+                lam_predicted, predicted[i] = predicted[i], None  # (n_sample, bits) each: freed once used
+                M = torch.zeros((inp.Q.shape[0], bits_u.shape[1]), dtype=C.dtype, device=C.device)  # (r, bits)
+                M[kept_rows] = torch.linalg.solve(C + inp.n * lam * eye, ZtY)  # the ridge's core
+                slope, intercept = platt_columns(lam_predicted, observed)
+                logits32 = head_logits((val_features @ M).to(torch.float64).cpu().numpy(), slope,
+                                       intercept).astype(np.float32)
+                head_scores = _scores_in_sets(ranking, lambda positions, ids: (bits[ids] @ logits32[positions].T).T)
+                scale = _spread_ratio(model_scores, head_scores, ranking.flat()[0])
+                tried = {str(w): float(ranking.ranked_metrics(model_scores + w * scale * head_scores)[metric])
+                         for w in HEAD_WEIGHTS}
+                grid[str(lam)] = tried
+                weight = max(HEAD_WEIGHTS, key=lambda w: (tried[str(w)], -w))
+                # ties: the larger lam (the smoother ridge), then the smaller weight
+                key = (tried[str(weight)], lam, -weight)
+                if choice is None or key > choice[0]:
+                    choice = (key, {"lam": lam, "M": M, "slope": slope, "intercept": intercept, "scale": scale,
+                                    "weight": weight, "tried": tried, "head_scores": head_scores})
+        chosen = choice[1]
+        tried, weight, scale = chosen["tried"], chosen["weight"], chosen["scale"]
+        gain = tried[str(weight)] - tried[str(0.0)]
+        kept = weight > 0 and gain >= float(getattr(self, "rank_min_gain", 0.0))
+        point["fingerprint_head"] = {"lam": chosen["lam"], "directions": int(keep.sum()), "scale": scale,
+                                     f"val_{metric}": tried, "weight": weight, "gain": gain, "kept": kept,
+                                     "lams": {lam: {"weight": max(HEAD_WEIGHTS, key=lambda w: (t[str(w)], -w)),
+                                                    f"val_{metric}": max(t.values())} for lam, t in grid.items()},
+                                     "seconds": time.perf_counter() - started}
         if not kept:
             return
+        M, slope, intercept = chosen["M"], chosen["slope"], chosen["intercept"]
         to_rows = inp.sketch.apply_transpose((inp.P.T @ M).to(torch.float64).cpu().numpy())  # (n'_x, bits)
-        best["head"] = FingerprintHead(to_rows, slope, intercept, chosen * scale, lam=lam, bit_scale=HEAD_BIT_SCALE)
-        best["scores"] = model_scores + chosen * scale * head_scores
-        point[f"val_{metric}"] = tried[str(chosen)]
+        best["head"] = FingerprintHead(to_rows, slope, intercept, weight * scale, lam=chosen["lam"],
+                                       bit_scale=HEAD_BIT_SCALE)
+        best["scores"] = model_scores + weight * scale * chosen["head_scores"]
+        point[f"val_{metric}"] = tried[str(weight)]
 
     def _build(self, best: dict[str, Any], n: int, n_u: int, profile: _Profile) -> None:
         inp, out = best["input"], best["output"]
@@ -1437,8 +1465,9 @@ class SISOKR(_OKRBase):
         (:mod:`molpredict.models.fingerprint_head`) and keep it when it ranks them better; its score is added to
         the model's through the coordinates (``head_``, what it did in ``finetune``'s point as
         ``fingerprint_head``).
-    head_lam : float
-        The head's ridge regularisation (n * head_lam).
+    head_lam : float or None
+        The head's ridge regularisation (n * head_lam); None (the default): each of ``DEFAULT_HEAD_LAMS``, chosen
+        on validation with the head's weight.
     """
 
     def __init__(self, input_kernel: str = DEFAULT_INPUT_KERNEL, output_kernel: str = DEFAULT_OUTPUT_KERNEL,
@@ -1449,7 +1478,7 @@ class SISOKR(_OKRBase):
                  rank_epochs: int = DEFAULT_RANK_EPOCHS, rank_lr: float = DEFAULT_RANK_LR,
                  rank_min_gain: float = DEFAULT_RANK_MIN_GAIN,
                  structure_balance: float = DEFAULT_STRUCTURE_BALANCE,
-                 fingerprint_head: bool = DEFAULT_FINGERPRINT_HEAD, head_lam: float = DEFAULT_HEAD_LAM) -> None:
+                 fingerprint_head: bool = DEFAULT_FINGERPRINT_HEAD, head_lam: float | None = None) -> None:
         super().__init__(input_kernel=input_kernel, output_kernel=output_kernel, input_sketch=input_sketch,
                          output_sketch=output_sketch, lam=lam, val_fraction=val_fraction, device=device,
                          dtype=dtype, seed=seed, max_memory_gb=max_memory_gb, pinv_rtol=pinv_rtol, select_by=select_by)
@@ -1461,7 +1490,8 @@ class SISOKR(_OKRBase):
         self.head_lam = head_lam
         if not isinstance(fingerprint_head, bool):
             raise SpecError(f"fingerprint_head must be true or false, got {fingerprint_head!r}")
-        if isinstance(head_lam, bool) or not isinstance(head_lam, (int, float)) or not float(head_lam) > 0:
+        if head_lam is not None and (isinstance(head_lam, bool) or not isinstance(head_lam, (int, float))
+                                     or not float(head_lam) > 0):
             raise SpecError(f"head_lam must be a positive number, got {head_lam!r}")
         if isinstance(structure_balance, bool) or not isinstance(structure_balance, (int, float)) \
                 or not 0.0 <= float(structure_balance) <= 1.0:

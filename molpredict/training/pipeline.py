@@ -621,7 +621,7 @@ def _head_summary(model: Any) -> dict[str, Any] | None:
 def _head_line(head: dict[str, Any]) -> str:
     verdict = "kept" if head["kept"] else "not kept: the model's own score"
     return (f"  fingerprint likelihood head: validation {head['metric']} {head['without']:.4f} -> {head['with']:.4f} "
-            f"(weight {head['weight']:g}), {verdict}")
+            f"(weight {head['weight']:g}, lam {head['lam']:g}), {verdict}")
 
 
 def _uses_fragments(fusion: dict[str, Any]) -> bool:
