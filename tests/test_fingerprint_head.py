@@ -211,13 +211,35 @@ def test_the_training_summary_says_what_the_head_did(fitted):
     assert _head_summary(plain) is None
 
 
+def _whitened_input(rng, n_u: int, n: int, r: int, k: int, weighted: bool):
+    """A stand-in for SISOKR's whitened input side (Z, its eigendecomposition, per-structure sums, optional
+    structure weights) over ``n`` rows of ``n_u`` structures, and 0/1 bits of the structures: what
+    ``_out_of_fold_bits`` reads. Returns ``(inp, bits_u, index, Z, row_weights)``."""
+    from types import SimpleNamespace
+
+    import torch
+
+    index = rng.integers(0, n_u, n)
+    index[:n_u] = np.arange(n_u)
+    Z = rng.normal(size=(n, r))
+    bits_u = (rng.random((n_u, k)) < 0.3).astype(float)
+    w_u = rng.uniform(0.5, 2.0, n_u) if weighted else None
+    w = np.ones(n) if w_u is None else w_u[index]
+    lam_eig, Q = np.linalg.eigh((Z * w[:, None]).T @ Z)
+    E = np.zeros((n, n_u))
+    E[np.arange(n), index] = 1.0
+    ZEQ = ((Z * w[:, None]).T @ E).T @ Q
+    inp = SimpleNamespace(Z=torch.as_tensor(Z, dtype=torch.float32), Q=torch.as_tensor(Q),
+                          lam_eig=torch.as_tensor(lam_eig), ZEQ=torch.as_tensor(ZEQ),
+                          weights_u=None if w_u is None else torch.as_tensor(w_u))
+    return inp, bits_u, index, Z, w
+
+
 @pytest.mark.parametrize("weighted, block", [(False, 4096), (True, 4096), (True, 7)])
 def test_out_of_fold_bit_predictions_are_the_naive_ridge_fitted_without_the_fold(weighted, block, monkeypatch):
     """`_out_of_fold_bits` downdates the input side's system by a fold's rows; against a ridge solved from scratch
     on the other folds' rows (each structure's spectra in one fold), weighted rows included, and with the fold's
     rows summed in blocks of 7 (``HEAD_ROW_BLOCK``; 4096 takes each fold here in one block)."""
-    from types import SimpleNamespace
-
     import torch
 
     from molpredict.models import okr
@@ -225,24 +247,11 @@ def test_out_of_fold_bit_predictions_are_the_naive_ridge_fitted_without_the_fold
     monkeypatch.setattr(okr, "HEAD_ROW_BLOCK", block)
 
     rng = np.random.default_rng(3)
-    n_u, n, r, k = 30, 200, 12, 7
-    index = rng.integers(0, n_u, n)
-    index[:n_u] = np.arange(n_u)
-    Z = rng.normal(size=(n, r))
-    bits_u = (rng.random((n_u, k)) < 0.3).astype(float)
-    w_u = rng.uniform(0.5, 2.0, n_u) if weighted else None
-    w = np.ones(n) if w_u is None else w_u[index]
-    C = (Z * w[:, None]).T @ Z
-    lam_eig, Q = np.linalg.eigh(C)
-    E = np.zeros((n, n_u))
-    E[np.arange(n), index] = 1.0
-    ZEQ = ((Z * w[:, None]).T @ E).T @ Q
-    inp = SimpleNamespace(Z=torch.as_tensor(Z, dtype=torch.float32), Q=torch.as_tensor(Q),
-                          lam_eig=torch.as_tensor(lam_eig), ZEQ=torch.as_tensor(ZEQ),
-                          weights_u=None if w_u is None else torch.as_tensor(w_u))
+    n, r = 200, 12
+    inp, bits_u, index, Z, w = _whitened_input(rng, n_u=30, n=n, r=r, k=7, weighted=weighted)
     lam = 1e-2
     rows, predicted = okr._out_of_fold_bits(inp, torch.as_tensor(bits_u), torch.as_tensor(index), lam, seed=5)
-    fold = np.random.default_rng(5).integers(0, okr.HEAD_FOLDS, n_u)[index]
+    fold = np.random.default_rng(5).integers(0, okr.HEAD_FOLDS, len(bits_u))[index]
     Zf32 = Z.astype(np.float32).astype(np.float64)  # the features are kept in float32
     for f in range(okr.HEAD_FOLDS):
         fit = fold != f
@@ -255,23 +264,11 @@ def test_out_of_fold_bit_predictions_are_the_naive_ridge_fitted_without_the_fold
 
 def test_out_of_fold_bits_for_a_lam_grid_are_each_lam_alone():
     """One pass over the folds' rows for several lam gives each lam's predictions as its own call does."""
-    from types import SimpleNamespace
-
     import torch
 
     from molpredict.models import okr
 
-    rng = np.random.default_rng(4)
-    n_u, n, r, k = 25, 150, 10, 6
-    index = rng.integers(0, n_u, n)
-    index[:n_u] = np.arange(n_u)
-    Z = rng.normal(size=(n, r))
-    bits_u = (rng.random((n_u, k)) < 0.3).astype(float)
-    lam_eig, Q = np.linalg.eigh(Z.T @ Z)
-    E = np.zeros((n, n_u))
-    E[np.arange(n), index] = 1.0
-    inp = SimpleNamespace(Z=torch.as_tensor(Z, dtype=torch.float32), Q=torch.as_tensor(Q),
-                          lam_eig=torch.as_tensor(lam_eig), ZEQ=torch.as_tensor((Z.T @ E).T @ Q), weights_u=None)
+    inp, bits_u, index, *_ = _whitened_input(np.random.default_rng(4), n_u=25, n=150, r=10, k=6, weighted=False)
     args = (inp, torch.as_tensor(bits_u), torch.as_tensor(index))
     rows, grid = okr._out_of_fold_bits(*args, [1e-3, 1e-1], seed=2)
     assert isinstance(grid, list) and len(grid) == 2
