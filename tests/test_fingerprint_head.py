@@ -250,7 +250,7 @@ def test_out_of_fold_bit_predictions_are_the_naive_ridge_fitted_without_the_fold
     n, r = 200, 12
     inp, bits_u, index, Z, w = _whitened_input(rng, n_u=30, n=n, r=r, k=7, weighted=weighted)
     lam = 1e-2
-    rows, predicted = okr._out_of_fold_bits(inp, torch.as_tensor(bits_u), torch.as_tensor(index), lam, seed=5)
+    rows, (predicted,) = okr._out_of_fold_bits(inp, torch.as_tensor(bits_u), torch.as_tensor(index), [lam], seed=5)
     fold = np.random.default_rng(5).integers(0, okr.HEAD_FOLDS, len(bits_u))[index]
     Zf32 = Z.astype(np.float32).astype(np.float64)  # the features are kept in float32
     for f in range(okr.HEAD_FOLDS):
@@ -273,7 +273,7 @@ def test_out_of_fold_bits_for_a_lam_grid_are_each_lam_alone():
     rows, grid = okr._out_of_fold_bits(*args, [1e-3, 1e-1], seed=2)
     assert isinstance(grid, list) and len(grid) == 2
     for lam, predicted in zip([1e-3, 1e-1], grid):
-        rows_alone, alone = okr._out_of_fold_bits(*args, lam, seed=2)
+        rows_alone, (alone,) = okr._out_of_fold_bits(*args, [lam], seed=2)
         np.testing.assert_array_equal(rows, rows_alone)
         np.testing.assert_allclose(predicted, alone, rtol=1e-12, atol=1e-12)
     assert np.abs(grid[0] - grid[1]).max() > 1e-3  # the lam matters here

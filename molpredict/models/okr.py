@@ -507,10 +507,9 @@ def _head_system(inp: "_WhitenedInput", bits_u: torch.Tensor, keep: np.ndarray
     return (C + C.T) / 2, ZtY
 
 
-def _out_of_fold_bits(inp: "_WhitenedInput", bits_u: torch.Tensor, index: torch.Tensor,
-                      lam: float | Sequence[float], seed: int, keep: np.ndarray | None = None,
-                      system: tuple[torch.Tensor, torch.Tensor] | None = None
-                      ) -> tuple[np.ndarray, np.ndarray | list[np.ndarray]]:
+def _out_of_fold_bits(inp: "_WhitenedInput", bits_u: torch.Tensor, index: torch.Tensor, lams: Sequence[float],
+                      seed: int, keep: np.ndarray | None = None,
+                      system: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Out-of-fold ridge predictions of the training spectra's fingerprint bits, for the head's Platt scalings.
 
     Folds are drawn over the structures (``HEAD_FOLDS``); a seeded sample of at most ``HEAD_PLATT_SAMPLE``
@@ -518,17 +517,17 @@ def _out_of_fold_bits(inp: "_WhitenedInput", bits_u: torch.Tensor, index: torch.
     fold's rows, ``(C - Z_f^T Z_f + n' lam I) M_f = Z^T Y - Z_f^T Y_f`` with ``C = Q diag(lam_eig) Q^T`` from the
     input side, so a fold costs one product over its rows and one solve of order r. ``keep`` (r,) bool: the
     coordinates read (:func:`_head_directions`; default all). ``system``: :func:`_head_system`'s ``(C, Z^T Y)``
-    for these ``keep`` when the caller has it (an order-r product it need not make twice). ``lam`` a sequence:
-    the predictions of each, from one pass over the folds' rows.
+    for these ``keep`` when the caller has it (an order-r product it need not make twice). Every lam of ``lams``
+    is solved from one pass over the folds' rows.
 
     Returns
     -------
     rows : ndarray of shape (n_sample,), int64
         The sampled training spectra.
-    predictions : ndarray of shape (n_sample, bits), float64
-        A list of them, one per ``lam``, when ``lam`` is a sequence.
+    predictions : list of ndarray of shape (n_sample, bits), float64
+        One per lam of ``lams``.
     """
-    lams = [float(lam)] if np.ndim(lam) == 0 else [float(x) for x in lam]
+    lams = [float(lam) for lam in lams]
     keep = np.ones(inp.Q.shape[0], dtype=bool) if keep is None else keep
     columns = torch.as_tensor(np.flatnonzero(keep), device=inp.Z.device)
     n = int(inp.Z.shape[0])
@@ -570,7 +569,7 @@ def _out_of_fold_bits(inp: "_WhitenedInput", bits_u: torch.Tensor, index: torch.
             for start in range(0, len(mine), HEAD_ROW_BLOCK):
                 part = mine[start:start + HEAD_ROW_BLOCK]
                 predicted[part] = (features(torch.as_tensor(rows[part], device=inp.Z.device)) @ Mf).cpu().numpy()
-    return rows, (predictions[0] if np.ndim(lam) == 0 else predictions)
+    return rows, predictions
 
 
 def _spread_ratio(first: np.ndarray, second: np.ndarray, offsets: np.ndarray) -> float:
@@ -1087,7 +1086,7 @@ class _OKRBase(Model):
             model_scores = np.asarray(best["scores"], dtype=np.float64)
             bits = sparse_candidate_bits(ranking.molecules)  # (n_candidates, size); dense it was the training's peak
             val_features = inp.val_features().T
-            grid: dict[str, dict[str, float]] = {}
+            per_lam: dict[str, dict[str, float]] = {}  # each lam's best weight and its validation metric
             choice: tuple[tuple[float, float, float], dict[str, Any]] | None = None
             for i, lam in enumerate(lams):
                 lam_predicted, predicted[i] = predicted[i], None  # (n_sample, bits) each: freed once used
@@ -1100,8 +1099,8 @@ class _OKRBase(Model):
                 scale = _spread_ratio(model_scores, head_scores, ranking.flat()[0])
                 tried = {str(w): float(ranking.ranked_metrics(model_scores + w * scale * head_scores)[metric])
                          for w in HEAD_WEIGHTS}
-                grid[str(lam)] = tried
                 weight = max(HEAD_WEIGHTS, key=lambda w: (tried[str(w)], -w))
+                per_lam[str(lam)] = {"weight": weight, f"val_{metric}": tried[str(weight)]}
                 # ties: the larger lam (the smoother ridge), then the smaller weight
                 key = (tried[str(weight)], lam, -weight)
                 if choice is None or key > choice[0]:
@@ -1113,8 +1112,7 @@ class _OKRBase(Model):
         kept = weight > 0 and gain >= float(getattr(self, "rank_min_gain", 0.0))
         point["fingerprint_head"] = {"lam": chosen["lam"], "directions": int(keep.sum()), "scale": scale,
                                      f"val_{metric}": tried, "weight": weight, "gain": gain, "kept": kept,
-                                     "lams": {lam: {"weight": max(HEAD_WEIGHTS, key=lambda w: (t[str(w)], -w)),
-                                                    f"val_{metric}": max(t.values())} for lam, t in grid.items()},
+                                     "lams": per_lam,
                                      "seconds": time.perf_counter() - started}
         if not kept:
             return
