@@ -184,6 +184,34 @@ def test_ffn_learns_and_ranks_by_cosine():
     assert reloaded.best_epoch_ == model.best_epoch_
 
 
+def test_ffn_likelihood_scoring_ranks_by_the_bits_log_likelihood():
+    """``scoring=likelihood``: each score is the naive log-likelihood of the candidate's bits, sum over bits of
+    c log p + (1 - c) log(1 - p), less a constant of the query; the network and its training are the cosine's."""
+    spectra, mols, structures = ffn_data()
+    params = dict(hidden=64, n_layers=1, fp_size=256, max_epochs=20, patience=20, dropout=0.0, learning_rate=1e-2,
+                  batch_size=16, max_mz=500.0, device="cpu", seed=3)
+    cosine = FingerprintFFN(**params).fit(spectra, mols, val=(spectra, mols))
+    model = FingerprintFFN(scoring="likelihood", **params).fit(spectra, mols, val=(spectra, mols))
+    cands = molecules(structures + ["CC(=O)Oc1ccccc1C(=O)O"])
+    queries = [spectrum(900 + j, {60.0 + 25 * j: 1.0, 300.0 + 11 * j: 0.4}) for j in range(len(structures))]
+    proba = model.predict_proba(queries)
+    np.testing.assert_array_equal(proba, cosine.predict_proba(queries))
+    p = np.clip(proba, 1e-6, 1 - 1e-6)
+    bits = np.array([m.fingerprint(size=256) for m in cands], dtype=float)
+    naive = np.array([[sum(np.log(pb) if cb else np.log(1 - pb) for pb, cb in zip(row, c)) for c in bits]
+                      for row in p])
+    scores = model.score(queries, cands)
+    np.testing.assert_allclose(scores - scores[:, :1], naive - naive[:, :1], atol=1e-8)
+    assert (scores.argmax(axis=1) == np.arange(len(structures))).all()
+    # its candidate side is not the cosine's: a coordinates cache must not hand one the other's
+    assert model.coordinates_key() != cosine.coordinates_key()
+    reloaded = roundtrip(model)
+    assert reloaded.scoring == "likelihood"
+    np.testing.assert_array_equal(reloaded.score(queries, cands), scores)
+    with pytest.raises(SpecError, match="scoring must be one of cosine, likelihood"):
+        FingerprintFFN(scoring="dot", device="cpu").fit(spectra, mols)
+
+
 def test_ffn_is_deterministic_and_holds_out_structures():
     spectra, mols, _ = ffn_data(4)
     params = dict(hidden=16, n_layers=1, fp_size=64, max_epochs=3, patience=3, max_mz=500.0, device="cpu",

@@ -23,6 +23,7 @@ SPECTRUM_MODELS = [
     "random",
     "prior",
     "fingerprint-ffn:max_epochs=2,hidden=16",
+    "fingerprint-ffn:max_epochs=2,hidden=16,scoring=likelihood",
     "library-knn:k=3",
 ]
 TEXT_MODELS = [
