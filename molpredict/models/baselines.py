@@ -357,8 +357,8 @@ class FingerprintFFN(_FingerprintMixin, Model):
                  hidden: int = 512, n_layers: int = 2,
                  dropout: float = 0.2, learning_rate: float = 1e-3, weight_decay: float = 0.0,
                  batch_size: int = 256, max_epochs: int = 30, patience: int = 3, val_fraction: float = 0.1,
-                 scoring: str = "cosine", fingerprint: str = "morgan", radius: int = 2, fp_size: int = 4096, counts: bool = False,
-                 seed: int = 0, device: str = "auto", verbose: bool = False) -> None:
+                 scoring: str = "cosine", fingerprint: str = "morgan", radius: int = 2, fp_size: int = 4096,
+                 counts: bool = False, seed: int = 0, device: str = "auto", verbose: bool = False) -> None:
         self.bin_width = bin_width
         self.max_mz = max_mz
         self.intensity_power = intensity_power

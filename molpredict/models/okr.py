@@ -1086,6 +1086,7 @@ class _OKRBase(Model):
             model_scores = np.asarray(best["scores"], dtype=np.float64)
             bits = sparse_candidate_bits(ranking.molecules)  # (n_candidates, size); dense it was the training's peak
             val_features = inp.val_features().T
+            offsets = ranking.flat()[0]
             per_lam: dict[str, dict[str, float]] = {}  # each lam's best weight and its validation metric
             choice: tuple[tuple[float, float, float], dict[str, Any]] | None = None
             for i, lam in enumerate(lams):
@@ -1096,7 +1097,7 @@ class _OKRBase(Model):
                 logits32 = head_logits((val_features @ M).to(torch.float64).cpu().numpy(), slope,
                                        intercept).astype(np.float32)
                 head_scores = _scores_in_sets(ranking, lambda positions, ids: (bits[ids] @ logits32[positions].T).T)
-                scale = _spread_ratio(model_scores, head_scores, ranking.flat()[0])
+                scale = _spread_ratio(model_scores, head_scores, offsets)
                 tried = {str(w): float(ranking.ranked_metrics(model_scores + w * scale * head_scores)[metric])
                          for w in HEAD_WEIGHTS}
                 weight = max(HEAD_WEIGHTS, key=lambda w: (tried[str(w)], -w))
