@@ -48,6 +48,44 @@ def test_platt_columns_match_a_reference_logistic_fit_per_column():
     np.testing.assert_allclose(c2, c, rtol=1e-12)
 
 
+def _platt_problem(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    z = rng.normal(size=(300, 5)) * [1.0, 5.0, 0.1, 2.0, 1e-3]
+    y = (rng.random((300, 5)) < 1 / (1 + np.exp(-(z * [2.0, -0.5, 8.0, 0.0, 1.0] + [0.5, 0.0, 3.0, -4.0, 0.0]))))
+    return z, y.astype(float), rng.uniform(0.5, 2.0, 300)
+
+
+def test_platt_columns_on_torch_are_the_numpy_fit():
+    # what training runs on a GPU, here on the CPU: the same Newton steps in float64, blocked or not
+    z, y, w = _platt_problem()
+    a, c = platt_columns(z, y, w)
+    for block in (2, 256):
+        a_t, c_t = platt_columns(z, y, w, device="cpu", block=block)
+        np.testing.assert_allclose(a_t, a, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(c_t, c, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.cuda
+def test_platt_columns_on_cuda_are_the_numpy_fit():
+    z, y, w = _platt_problem(1)
+    a, c = platt_columns(z, y, w)
+    a_t, c_t = platt_columns(z, y, w, device="cuda", block=5)
+    np.testing.assert_allclose(a_t, a, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(c_t, c, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.cuda
+def test_the_head_fitted_on_cuda_is_the_cpu_head():
+    X, Y, val, _ = _data()
+    cpu = SISOKR(fingerprint_head=True, **PARAMS).fit(X, Y, val=val)
+    gpu = SISOKR(fingerprint_head=True, **{**PARAMS, "device": "cuda"}).fit(X, Y, val=val)
+    # its Platt scalings ran on the GPU (every bit at once): the same head weight, and the same coordinates
+    assert gpu.head_ is not None and cpu.head_ is not None
+    assert gpu.head_.weight == pytest.approx(cpu.head_.weight, rel=1e-6)
+    expected = cpu.predict_coordinates(X[:20])
+    assert np.abs(gpu.predict_coordinates(X[:20]) - expected).max() < 1e-5 * np.abs(expected).max()
+
+
 def test_a_constant_bit_gets_a_finite_capped_logit():
     z = np.random.default_rng(1).normal(size=(50, 2))
     y = np.zeros((50, 2))

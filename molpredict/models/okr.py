@@ -1087,13 +1087,16 @@ class _OKRBase(Model):
             bits = sparse_candidate_bits(ranking.molecules)  # (n_candidates, size); dense it was the training's peak
             val_features = inp.val_features().T
             offsets = ranking.flat()[0]
+            # on a GPU the Platt scalings run there, every bit at once (15,000 x 2,048 float64 steps: ~2.5 GB);
+            # on the CPU numpy is faster than torch
+            platt_on = ({"device": inp.device, "block": int(bits_u.shape[1])} if inp.device.type == "cuda" else {})
             per_lam: dict[str, dict[str, float]] = {}  # each lam's best weight and its validation metric
             choice: tuple[tuple[float, float, float], dict[str, Any]] | None = None
             for i, lam in enumerate(lams):
                 lam_predicted, predicted[i] = predicted[i], None  # (n_sample, bits) each: freed once used
                 M = torch.zeros((inp.Q.shape[0], bits_u.shape[1]), dtype=C.dtype, device=C.device)  # (r, bits)
                 M[kept_rows] = torch.linalg.solve(C + inp.n * lam * eye, ZtY)  # the ridge's core
-                slope, intercept = platt_columns(lam_predicted, observed)
+                slope, intercept = platt_columns(lam_predicted, observed, **platt_on)
                 logits32 = head_logits((val_features @ M).to(torch.float64).cpu().numpy(), slope,
                                        intercept).astype(np.float32)
                 head_scores = _scores_in_sets(ranking, lambda positions, ids: (bits[ids] @ logits32[positions].T).T)
