@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from molpredict.identification.calibration import (ALL_FEATURES, FEATURES, PROBABILITY_RANGE, Calibrator,
-                                                   confident_at_fdr,
-                                                   expected_calibration_error, grouped_folds, log_loss,
-                                                   ranking_features_flat, reliability_curve, structure_weights,
-                                                   top_index_flat)
+from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES, FEATURE_SETS, FEATURES,
+                                                   PROBABILITY_RANGE, SPECTRUM_FEATURES, Calibrator,
+                                                   confident_at_fdr, expected_calibration_error, grouped_folds,
+                                                   log_loss, ranking_features_flat, reliability_curve,
+                                                   spectrum_features, structure_weights, top_index_flat)
 
 
 @settings(max_examples=60, deadline=None)
@@ -162,8 +162,10 @@ def test_ranking_features_against_a_per_set_loop():
     known = rng.integers(0, 2, size=50).astype(float)
     prior = rng.uniform(size=50)
     one_formula = rng.integers(0, 2, size=50).astype(float)
+    entropy = rng.uniform(0, 3, size=50)
     x = ranking_features_flat(fused, offsets, 1.3, ALL_FEATURES, {"rank1_known": known, "rank1_prior": prior,
-                                                                   "one_formula": one_formula})
+                                                                   "one_formula": one_formula,
+                                                                   "spectral_entropy": entropy})
     top = top_index_flat(fused, offsets)
     for i, (a, b) in enumerate(zip(offsets[:-1], offsets[1:])):
         part = fused[a:b]
@@ -176,10 +178,30 @@ def test_ranking_features_against_a_per_set_loop():
                     "margin": s[0] - s[min(1, len(s) - 1)], "margin3": s[0] - s[min(2, len(s) - 1)],
                     "margin5": s[0] - s[min(4, len(s) - 1)], "entropy10": -np.sum(q * np.log(q)),
                     "log_n_candidates": math.log(b - a), "rank1_known": known[i], "rank1_prior": prior[i],
-                    "one_formula": one_formula[i]}
+                    "one_formula": one_formula[i], "spectral_entropy": entropy[i]}
         np.testing.assert_allclose(x[i], [expected[n] for n in ALL_FEATURES], atol=1e-9)
     with pytest.raises(ValueError):
         ranking_features_flat(fused, offsets, 1.0, ["rank1_known"])  # an extra feature must be supplied
+
+
+def test_spectrum_features_are_the_entropy_of_the_normalised_intensities():
+    from molpredict.spectra.record import Spectrum
+
+    def spectrum(intensities):
+        return Spectrum("s", np.arange(1.0, len(intensities) + 1.0) * 50.0, np.asarray(intensities, dtype=float))
+
+    # by hand: two equal peaks -> log 2; four equal -> log 4; (1, 3) -> -(1/4 log 1/4 + 3/4 log 3/4);
+    # one peak, no peak, zero and non-finite intensities -> what the positive peaks give
+    spectra = [spectrum([5.0, 5.0]), spectrum([1.0, 1.0, 1.0, 1.0]), spectrum([1.0, 3.0]), spectrum([7.0]),
+               spectrum([]), spectrum([0.0, 2.0, 2.0]), spectrum([np.nan, 4.0, 4.0]), "a text query"]
+    expected = [math.log(2), math.log(4), -(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), 0.0, 0.0,
+                math.log(2), math.log(2), 0.0]
+    features = spectrum_features(spectra)
+    assert set(features) == set(SPECTRUM_FEATURES)
+    np.testing.assert_allclose(features["spectral_entropy"], expected, atol=1e-12)
+    # it is a feature the caller supplies, and every feature set the calibration compares has a variant with it
+    assert set(SPECTRUM_FEATURES) <= set(EXTRA_FEATURES)
+    assert all(f"{name}+entropy" in FEATURE_SETS for name in FEATURE_SETS if "entropy" not in name)
 
 
 def test_prior_is_reference_equals_a_top_similarity_of_one():
@@ -393,6 +415,48 @@ def test_shared_validation_terms_give_each_query_its_sets_kind():
     assert terms.view(["spectrum"]).strata.tolist() == [0, 1, 1]
     joined = ValidationTerms.concatenate([terms, replace(terms, strata=None), terms])
     assert joined.strata.tolist() == [0, 1, 1, 2, 2, 2, 3, 4, 4]  # a part without strata is one stratum
+
+
+def test_spectral_entropy_reaches_the_calibration_from_validation_and_at_identify_alike():
+    """Validation terms over spectra carry each query spectrum's entropy through subset, view and concatenate,
+    and the calibration's features offer it; at identify time the evidence gives a query the same value from its
+    spectrum. Queries that are not spectra (text) have none, and it is not offered."""
+    from types import SimpleNamespace
+
+    from molpredict.chem.molecules import Molecule
+    from molpredict.identification.evidence import Evidence
+    from molpredict.models.base import CandidateSets, ValidationData
+    from molpredict.spectra.record import Spectrum
+    from molpredict.training.ranking_validation import ValidationTerms, calibration_data, shared_validation_terms
+
+    pool = [Molecule(s) for s in ("CCCO", "CC(C)O", "COCC")]
+    sets = [np.array([0, 1, 2])] * 3
+    candidates = CandidateSets(pool, sets, [s == 0 for s in sets], positions=[0, 1, 2])
+    labels = [SimpleNamespace(inchikey14=pool[0].inchikey14)] * 3
+    spectra = [Spectrum("a", np.array([50.0, 60.0]), np.array([1.0, 1.0])),
+               Spectrum("b", np.array([50.0]), np.array([3.0])),
+               Spectrum("c", np.array([50.0, 60.0, 70.0, 80.0]), np.array([2.0, 2.0, 2.0, 2.0]))]
+    expected = [math.log(2), 0.0, math.log(4)]
+    sub = SimpleNamespace(model=SimpleNamespace(validation_scores_=np.array([3.0, 1, 0, 0, 1, 3, 1, 3, 0])),
+                          prior=None)
+    terms = shared_validation_terms(sub, ValidationData(spectra, labels, candidates))
+    np.testing.assert_allclose(terms.spectrum_features[:, 0], expected)
+    np.testing.assert_allclose(terms.subset(np.array([2, 0])).spectrum_features[:, 0], [expected[2], expected[0]])
+    np.testing.assert_allclose(terms.view(["spectrum"]).spectrum_features[:, 0], expected)
+    joined = ValidationTerms.concatenate([terms, terms])
+    np.testing.assert_allclose(joined.spectrum_features[:, 0], expected * 2)
+    features, correct, available = calibration_data(terms, terms.terms["spectrum"], 1.0)
+    assert "spectral_entropy" in available and correct.tolist() == [True, False, False]
+    np.testing.assert_allclose(features[:, ALL_FEATURES.index("spectral_entropy")], expected)
+    # identify: the same value from each query's (cleaned) spectrum
+    queries = [SimpleNamespace(spectrum=x, ids=np.arange(3)) for x in spectra]
+    offsets = np.array([0, 3, 6, 9])
+    got = Evidence(None)._rank1_features_flat(queries, np.zeros(9), offsets, [{}] * 3, ["spectral_entropy"])
+    np.testing.assert_allclose(got["spectral_entropy"], expected)
+    # text queries: no spectrum features, and the calibration does not offer them
+    text = shared_validation_terms(sub, ValidationData(["x0", "x1", "x2"], labels, candidates))
+    assert text.spectrum_features is None
+    assert "spectral_entropy" not in calibration_data(text, text.terms["spectrum"], 1.0)[2]
 
 
 def test_log_loss_excess_by_hand():

@@ -29,8 +29,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from molpredict.errors import ModelFileError
-from molpredict.identification.calibration import (Calibrator, ranking_features, ranking_features_flat,
-                                                    top_index_flat)
+from molpredict.identification.calibration import (SPECTRUM_FEATURES, Calibrator, ranking_features,
+                                                   ranking_features_flat, spectrum_features, top_index_flat)
 from molpredict.identification.fusion import FRAGMENT_MODEL, FRAGMENTS, PRIOR, SPECTRUM, ScoreFusion, top_k_flat
 
 __all__ = ["ScoringVariant", "QueryScores", "Evidence", "WITH_PRIOR", "WITHOUT_PRIOR", "variant_name", "query_adduct"]
@@ -361,6 +361,10 @@ class Evidence:
         if "one_formula" in needs:
             out["one_formula"] = np.array([float(self.coordinates.source.one_formula(q.ids)) for q in queries],
                                           dtype=np.float64)
+        wanted = [name for name in SPECTRUM_FEATURES if name in needs]
+        if wanted:  # the query spectrum as the model cleaned it, as validation described its queries
+            described = spectrum_features([q.spectrum for q in queries])
+            out.update({name: described[name] for name in wanted})
         return out
 
     def scores(self, queries: Sequence[Any], raw: Sequence[np.ndarray], timings: Counter) -> list[QueryScores]:

@@ -21,11 +21,13 @@ import numpy as np
 
 from molpredict.chem.candidates import in_key_order, shares_one_formula
 from molpredict.chem.molecules import Molecule, n_workers
-from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES, FDR_Z, WEIGHTINGS, Calibrator,
-                                                   confident_at_fdr, expected_calibration_error, grouped_folds,
-                                                   ranking_features_flat, select_calibrator, structure_weights,
+from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES, FDR_Z, SPECTRUM_FEATURES,
+                                                   WEIGHTINGS, Calibrator, confident_at_fdr,
+                                                   expected_calibration_error, grouped_folds, ranking_features_flat,
+                                                   select_calibrator, spectrum_features, structure_weights,
                                                    top_index_flat)
 from molpredict.errors import InputError
+from molpredict.spectra.record import Spectrum
 from molpredict.identification.evidence import Evidence, query_adduct
 from molpredict.identification.fusion import (FRAGMENT_MODEL, FRAGMENTS, FUSION_KINDS, PRIOR, RERANK_TERMS, SPECTRUM,
                                               ScoreFusion, fit_fusion_kind, top_k_flat, true_ranks)
@@ -96,6 +98,9 @@ class ValidationTerms:
     strata : ndarray of shape (n_queries,), int, or None
         The collection of candidate sets each query was ranked in (the calibration is checked within each);
         None: one collection.
+    spectrum_features : ndarray of shape (n_queries, len(SPECTRUM_FEATURES)), or None
+        The calibration's features of each query spectrum
+        (:func:`~molpredict.identification.calibration.spectrum_features`); None when not computed.
     """
 
     offsets: np.ndarray
@@ -107,6 +112,7 @@ class ValidationTerms:
     molecules: list[Any] | None = None
     one_formula: np.ndarray | None = None
     strata: np.ndarray | None = None
+    spectrum_features: np.ndarray | None = None
 
     @property
     def n_queries(self) -> int:
@@ -128,18 +134,20 @@ class ValidationTerms:
             own = np.zeros(part.n_queries, dtype=np.int64) if part.strata is None else part.strata
             strata.append(own + next_stratum)
             next_stratum += int(own.max()) + 1 if len(own) else 1
+        described = None if any(p.spectrum_features is None for p in parts) \
+            else np.concatenate([p.spectrum_features for p in parts])
         return cls(np.concatenate(offsets), np.concatenate([p.is_true for p in parts]),
                    {k: np.concatenate([p.terms[k] for p in parts]) for k in parts[0].terms},
                    [g for p in parts for g in p.groups], known,
                    [q for p in parts for q in p.queries] if kept else None,  # type: ignore[union-attr]
                    [m for p in parts for m in p.molecules] if kept else None,  # type: ignore[union-attr]
-                   one_formula, np.concatenate(strata) if strata else None)
+                   one_formula, np.concatenate(strata) if strata else None, described)
 
     def view(self, names: Sequence[str]) -> "ValidationTerms":
         """The same queries with the terms ``names`` only."""
         return ValidationTerms(self.offsets, self.is_true, {n: self.terms[n] for n in names if n in self.terms},
                                self.groups, self.known, self.queries, self.molecules, self.one_formula,
-                               self.strata)
+                               self.strata, self.spectrum_features)
 
     def subset(self, queries: np.ndarray) -> "ValidationTerms":
         """The queries ``queries`` (indices) as their own flat arrays."""
@@ -150,7 +158,9 @@ class ValidationTerms:
                                {k: v[flat] for k, v in self.terms.items()}, [self.groups[q] for q in queries],
                                None if self.known is None else self.known[flat],
                                one_formula=None if self.one_formula is None else self.one_formula[queries],
-                               strata=None if self.strata is None else self.strata[queries])
+                               strata=None if self.strata is None else self.strata[queries],
+                               spectrum_features=None if self.spectrum_features is None
+                               else self.spectrum_features[queries])
 
 
 def validation_terms(identifier: Any, spectra: Sequence[Any], wanted: Sequence[str] = (),
@@ -200,7 +210,8 @@ def validation_terms(identifier: Any, spectra: Sequence[Any], wanted: Sequence[s
         terms={k: np.concatenate(v).astype(np.float64) for k, v in columns.items()},
         groups=[q.true_key for q in queries], known=known,
         queries=[(q.spectrum, query_adduct(q)) for q in queries], molecules=list(source.molecules(all_ids)),
-        one_formula=np.array([source.one_formula(q.ids) for q in queries], dtype=bool))
+        one_formula=np.array([source.one_formula(q.ids) for q in queries], dtype=bool),
+        spectrum_features=_spectrum_feature_matrix([q.spectrum for q in queries]))
 
 
 def shared_validation_terms(sub: Any, validation: Any, wanted: Sequence[str] = ()) -> ValidationTerms | None:
@@ -255,7 +266,17 @@ def shared_validation_terms(sub: Any, validation: Any, wanted: Sequence[str] = (
                            queries=[(inputs[p], None) for p in candidates.positions],
                            molecules=[pool[j] for j in flat],
                            one_formula=np.array([one_formula[m.tobytes()] for m in candidates.sets], dtype=bool)
-                           if one_formula else None, strata=candidates.collections.copy())
+                           if one_formula else None, strata=candidates.collections.copy(),
+                           spectrum_features=_spectrum_feature_matrix([inputs[p] for p in candidates.positions]))
+
+
+def _spectrum_feature_matrix(inputs: Sequence[Any]) -> np.ndarray | None:
+    """:func:`~molpredict.identification.calibration.spectrum_features` of each query as columns, shape
+    (n_queries, len(SPECTRUM_FEATURES)); None when the queries are not spectra (text)."""
+    if not inputs or not all(isinstance(x, Spectrum) for x in inputs):
+        return None
+    features = spectrum_features(inputs)
+    return np.column_stack([features[name] for name in SPECTRUM_FEATURES])
 
 
 def second_pass_scorers(sub: Any) -> dict[str, Any]:
@@ -396,6 +417,10 @@ def calibration_data(data: ValidationTerms, fused: np.ndarray, temperature: floa
     if PRIOR in data.terms:
         extra["rank1_prior"] = np.asarray(data.terms[PRIOR], dtype=np.float64)[top]
         available.append("rank1_prior")
+    if data.spectrum_features is not None:
+        for column, name in enumerate(SPECTRUM_FEATURES):
+            extra[name] = np.asarray(data.spectrum_features[:, column], dtype=np.float64)
+            available.append(name)
     features = ranking_features_flat(fused, data.offsets, temperature, ALL_FEATURES, extra)
     return features, true_ranks(fused, data.offsets, data.is_true) == 1, available
 
