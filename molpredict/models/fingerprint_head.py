@@ -75,30 +75,28 @@ def platt_columns(z: np.ndarray, y: np.ndarray, weights: np.ndarray | None = Non
     z, y = np.asarray(z), np.asarray(y)
     w = np.ones(len(z)) if weights is None else np.asarray(weights, dtype=np.float64)
     w = (w / w.sum() * len(z))[:, None]
-    if device is not None:
-        return _platt_columns_torch(z, y, w, iterations, l2, block, device)
+    if device is None:
+        def send(x: np.ndarray) -> np.ndarray:
+            return np.asarray(x, dtype=np.float64)
+
+        def back(x: np.ndarray) -> np.ndarray:
+            return x
+    else:  # the same steps on torch, ``block`` columns sent to the device at a time
+        import torch
+
+        device = torch.device(device)
+
+        def send(x: np.ndarray) -> "torch.Tensor":
+            return torch.as_tensor(np.asarray(x, dtype=np.float64), device=device)
+
+        def back(x: "torch.Tensor") -> np.ndarray:
+            return x.cpu().numpy()
+    w = send(w)
     a, c = np.empty(z.shape[1]), np.empty(z.shape[1])
     for start in range(0, z.shape[1], block):
         part = slice(start, start + block)
-        a[part], c[part] = _platt_block(np.asarray(z[:, part], dtype=np.float64),
-                                        np.asarray(y[:, part], dtype=np.float64), w, iterations, l2)
-    return a, c
-
-
-def _platt_columns_torch(z: np.ndarray, y: np.ndarray, w: np.ndarray, iterations: int, l2: float, block: int,
-                         device: Any) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`platt_columns` on torch: ``_platt_block``'s steps on ``device``, ``block`` columns sent at a time."""
-    import torch
-
-    device = torch.device(device)
-    w_t = torch.as_tensor(w, dtype=torch.float64, device=device)
-    a, c = np.empty(z.shape[1]), np.empty(z.shape[1])
-    for start in range(0, z.shape[1], block):
-        part = slice(start, start + block)
-        z_t = torch.as_tensor(np.asarray(z[:, part], dtype=np.float64), device=device)
-        y_t = torch.as_tensor(np.asarray(y[:, part], dtype=np.float64), device=device)
-        a_t, c_t = _platt_block(z_t, y_t, w_t, iterations, l2)
-        a[part], c[part] = a_t.cpu().numpy(), c_t.cpu().numpy()
+        a_part, c_part = _platt_block(send(z[:, part]), send(y[:, part]), w, iterations, l2)
+        a[part], c[part] = back(a_part), back(c_part)
     return a, c
 
 

@@ -27,10 +27,10 @@ from molpredict.identification.calibration import (ALL_FEATURES, EXTRA_FEATURES,
                                                    select_calibrator, spectrum_features, structure_weights,
                                                    top_index_flat)
 from molpredict.errors import InputError
-from molpredict.spectra.record import Spectrum
 from molpredict.identification.evidence import Evidence, query_adduct
 from molpredict.identification.fusion import (FRAGMENT_MODEL, FRAGMENTS, FUSION_KINDS, PRIOR, RERANK_TERMS, SPECTRUM,
                                               ScoreFusion, fit_fusion_kind, top_k_flat, true_ranks)
+from molpredict.spectra.record import Spectrum
 
 __all__ = ["candidate_sets_from_library", "ranking_candidates", "fit_submodel_scoring", "ValidationTerms",
            "validation_terms", "shared_validation_terms", "second_pass_scorers", "add_second_pass_terms",
